@@ -1,0 +1,5 @@
+import sys
+
+from llog.cli import main
+
+sys.exit(main())

@@ -1,0 +1,232 @@
+"""Configuration: one immutable :class:`Config`, built from options, environment and settings file.
+
+Where a value comes from, first match wins:
+
+1. ``options`` passed by the caller (the Spark connectors pass their ``llog.*`` options),
+2. ``LLOG_*`` environment variables,
+3. the local stack's settings file (``llog stack up`` writes it; see :func:`settings_file`),
+4. ``AWS_*`` fallbacks for S3 credentials and region,
+5. the defaults below.
+
+Option keys may be the environment name (``LLOG_S3_BUCKET``) or ``llog.`` plus the field name
+with dots or underscores (``llog.s3.bucket``, ``llog.s3_bucket``).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from llog.errors import ConfigError
+
+#: Environment names of every field, in the reference implementation's vocabulary.
+ENV_NAMES: dict[str, str] = {
+    "oxia_service_address": "LLOG_OXIA_SERVICE_ADDRESS",
+    "oxia_namespace": "LLOG_OXIA_NAMESPACE",
+    "root_prefix": "LLOG_ROOT_PREFIX",
+    "oxia_session_timeout_ms": "LLOG_OXIA_SESSION_TIMEOUT_MS",
+    "oxia_request_timeout_ms": "LLOG_OXIA_REQUEST_TIMEOUT_MS",
+    "client_identifier": "LLOG_CLIENT_IDENTIFIER",
+    "s3_bucket": "LLOG_S3_BUCKET",
+    "s3_endpoint_url": "LLOG_S3_ENDPOINT_URL",
+    "s3_region_name": "LLOG_S3_REGION_NAME",
+    "s3_access_key_id": "LLOG_S3_ACCESS_KEY_ID",
+    "s3_secret_access_key": "LLOG_S3_SECRET_ACCESS_KEY",
+    "s3_session_token": "LLOG_S3_SESSION_TOKEN",
+    "s3_max_attempts": "LLOG_S3_MAX_ATTEMPTS",
+    "s3_timeout_s": "LLOG_S3_TIMEOUT_S",
+    "batch_max_bytes": "LLOG_BATCH_MAX_BYTES",
+    "cas_max_attempts": "LLOG_CAS_MAX_ATTEMPTS",
+}
+
+#: AWS's own names, used when neither options, LLOG_* nor the settings file set a value.
+AWS_FALLBACKS: dict[str, tuple[str, ...]] = {
+    "s3_region_name": ("AWS_REGION", "AWS_DEFAULT_REGION"),
+    "s3_access_key_id": ("AWS_ACCESS_KEY_ID",),
+    "s3_secret_access_key": ("AWS_SECRET_ACCESS_KEY",),
+    "s3_session_token": ("AWS_SESSION_TOKEN",),
+}
+
+#: Session timeouts the Oxia server accepts.
+SESSION_TIMEOUT_RANGE_MS = (2_000, 300_000)
+
+_SECRET_FIELDS = {"s3_secret_access_key", "s3_session_token"}
+
+
+def llog_home() -> Path:
+    """Where llog keeps installed binaries and the local stack: ``$LLOG_HOME``, else the
+    ``.cache`` directory of the source checkout llog runs from, else ``~/.llog``."""
+    if os.environ.get("LLOG_HOME"):
+        return Path(os.environ["LLOG_HOME"]).expanduser().resolve()
+    checkout = Path(__file__).resolve().parents[1]
+    if (checkout / "setup.py").is_file() and (checkout / "llog").is_dir():
+        return checkout / ".cache"
+    return Path.home() / ".llog"
+
+
+def stack_dir() -> Path:
+    """State of the local stack (data, logs, pids, settings): ``$LLOG_STACK_DIR`` or
+    ``<llog_home>/stack``."""
+    if os.environ.get("LLOG_STACK_DIR"):
+        return Path(os.environ["LLOG_STACK_DIR"]).expanduser().resolve()
+    return llog_home() / "stack"
+
+
+def settings_file() -> Path:
+    """The settings file ``llog stack up`` writes: ``$LLOG_SETTINGS_FILE`` or
+    ``<stack_dir>/settings.json``. A JSON object of ``LLOG_*`` names to values."""
+    if os.environ.get("LLOG_SETTINGS_FILE"):
+        return Path(os.environ["LLOG_SETTINGS_FILE"]).expanduser().resolve()
+    return stack_dir() / "settings.json"
+
+
+@dataclass(frozen=True)
+class Config:
+    """Connection and tuning settings shared by every llog component."""
+
+    oxia_service_address: str | None = None
+    oxia_namespace: str = "default"
+    root_prefix: str = "llog"
+    oxia_session_timeout_ms: int = 30_000
+    #: Deadline of one Oxia request; the client library has none of its own.
+    oxia_request_timeout_ms: int = 10_000
+    client_identifier: str | None = None
+    s3_bucket: str | None = None
+    s3_endpoint_url: str | None = None
+    s3_region_name: str = "us-east-1"
+    s3_access_key_id: str | None = None
+    s3_secret_access_key: str | None = field(default=None, repr=False)
+    s3_session_token: str | None = field(default=None, repr=False)
+    #: Attempts per S3 request (botocore's standard retry mode).
+    s3_max_attempts: int = 5
+    #: Connect and read timeout of one S3 request, seconds.
+    s3_timeout_s: float = 60.0
+    #: Size at which writers split shared WAL blobs.
+    batch_max_bytes: int = 8 * 1024 * 1024
+    #: Attempts of one CAS loop on a contended ``meta/control`` before giving up.
+    cas_max_attempts: int = 64
+
+    def __post_init__(self) -> None:
+        problems = []
+        lo, hi = SESSION_TIMEOUT_RANGE_MS
+        if not lo <= self.oxia_session_timeout_ms <= hi:
+            problems.append(
+                f"LLOG_OXIA_SESSION_TIMEOUT_MS={self.oxia_session_timeout_ms} must be in {lo}..{hi}"
+            )
+        for name in ("oxia_request_timeout_ms", "s3_max_attempts", "batch_max_bytes", "cas_max_attempts"):
+            if getattr(self, name) < 1:
+                problems.append(f"{ENV_NAMES[name]}={getattr(self, name)} must be >= 1")
+        if self.s3_timeout_s <= 0:
+            problems.append(f"LLOG_S3_TIMEOUT_S={self.s3_timeout_s} must be > 0")
+        if not self.root_prefix or self.root_prefix.startswith("/") or self.root_prefix.endswith("/"):
+            problems.append(f"LLOG_ROOT_PREFIX={self.root_prefix!r} must be non-empty, without a leading or trailing '/'")
+        if problems:
+            raise ConfigError("invalid llog configuration: " + "; ".join(problems))
+
+    # --- construction -------------------------------------------------------------------------
+
+    @classmethod
+    def load(
+        cls,
+        options: Mapping[str, Any] | None = None,
+        env: Mapping[str, str] | None = None,
+        settings_path: Path | str | None = None,
+    ) -> "Config":
+        """Build a config from options, environment, settings file and defaults (module doc)."""
+        env = os.environ if env is None else env
+        layers = [
+            _from_options(options or {}),
+            {f: env[n] for f, n in ENV_NAMES.items() if env.get(n)},
+            _read_settings_file(Path(settings_path) if settings_path else settings_file()),
+            {f: env[n] for f, names in AWS_FALLBACKS.items() for n in reversed(names) if env.get(n)},
+        ]
+        values: dict[str, Any] = {}
+        for layer in reversed(layers):  # lowest precedence first, later layers overwrite
+            values.update(layer)
+        return cls(**_coerce(values))
+
+    @classmethod
+    def from_env(cls) -> "Config":
+        return cls.load()
+
+    def require(self, *fields: str) -> "Config":
+        """Raise one :class:`ConfigError` listing every named field that is unset."""
+        missing = [ENV_NAMES[f] for f in fields if not getattr(self, f)]
+        if missing:
+            raise ConfigError(
+                "missing llog settings: " + ", ".join(missing)
+                + f" (set them as environment variables, pass them as llog.* options, "
+                f"or run `llog stack up`, which writes {settings_file()})"
+            )
+        return self
+
+    def replace(self, **changes: Any) -> "Config":
+        return dataclasses.replace(self, **changes)
+
+    def to_options(self) -> dict[str, str]:
+        """The settings as ``LLOG_*`` string options, to ship to another process (a Spark
+        executor) that should use exactly this config."""
+        return {
+            ENV_NAMES[f.name]: str(getattr(self, f.name))
+            for f in dataclasses.fields(self)
+            if getattr(self, f.name) is not None
+        }
+
+
+def _option_field(key: str) -> str | None:
+    if key in ENV_NAMES.values():
+        return next(f for f, n in ENV_NAMES.items() if n == key)
+    if key.lower().startswith("llog."):
+        name = key[5:].lower().replace(".", "_").replace("-", "_")
+        return name if name in ENV_NAMES else None
+    return None
+
+
+def _from_options(options: Mapping[str, Any]) -> dict[str, Any]:
+    values, unknown = {}, []
+    for key, value in options.items():
+        name = _option_field(key)
+        if name is None:
+            if key.lower().startswith(("llog.", "llog_")):
+                unknown.append(key)
+            continue  # options of the caller's own (a connector's "topic", say)
+        if value is not None and value != "":
+            values[name] = value
+    if unknown:
+        known = ", ".join(sorted("llog." + f.replace("_", ".") for f in ENV_NAMES))
+        raise ConfigError(f"unknown llog option(s) {', '.join(sorted(unknown))}; known options: {known}")
+    return values
+
+
+def _read_settings_file(path: Path) -> dict[str, Any]:
+    if not path.is_file():
+        return {}
+    try:
+        raw = json.loads(path.read_text())
+    except (OSError, json.JSONDecodeError) as e:
+        raise ConfigError(f"cannot read llog settings file {path}: {e}") from e
+    if not isinstance(raw, dict):
+        raise ConfigError(f"llog settings file {path} must hold a JSON object of LLOG_* names")
+    return {f: raw[n] for f, n in ENV_NAMES.items() if raw.get(n) not in (None, "")}
+
+
+def _coerce(values: dict[str, Any]) -> dict[str, Any]:
+    types = {f.name: f.type for f in dataclasses.fields(Config)}
+    out = {}
+    for name, value in values.items():
+        kind = types[name]
+        try:
+            if kind == "int":
+                out[name] = int(value)
+            elif kind == "float":
+                out[name] = float(value)
+            else:
+                out[name] = str(value)
+        except (TypeError, ValueError):
+            raise ConfigError(f"{ENV_NAMES[name]}={value!r} is not a valid {kind}") from None
+    return out

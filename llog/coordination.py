@@ -1,0 +1,287 @@
+"""Oxia access: get, CAS, ceiling get, range scan, delete range, ephemeral claims (PROTOCOL.md
+section 2), each with a deadline and a bounded retry.
+
+The Oxia Python client (0.2.1) has no request timeouts: every request here carries a gRPC
+deadline (``LLOG_OXIA_REQUEST_TIMEOUT_MS``) added by a channel interceptor, connecting is
+checked with a bounded wait before the client is built, and ``close`` runs with a bound too.
+Transient failures (unavailable, deadline exceeded, expired session) are retried with jittered
+backoff; a conditional write whose earlier attempt failed in transit reports a conflict as
+``VersionConflict(outcome_unknown=True)``, since the conflict may be with itself.
+"""
+
+from __future__ import annotations
+
+import collections
+import logging
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import TypeVar
+
+import grpc
+import oxia
+import oxia.ex
+from oxia.internal.connection_pool import ConnectionPool
+from oxia.internal.proto.io.streamnative.oxia.proto import OxiaClientStub
+from tenacity import Retrying, retry_if_exception, stop_after_attempt, stop_after_delay, wait_random_exponential
+
+from llog.config import Config
+from llog.errors import ClaimHeld, CoordinationError, VersionConflict
+
+log = logging.getLogger(__name__)
+T = TypeVar("T")
+
+#: Streams that live as long as the client; they must not get a request deadline.
+_LONG_LIVED = ("GetShardAssignments", "GetNotifications", "GetSequenceUpdates", "WriteStream")
+_TRANSIENT_CODES = {
+    grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED, grpc.StatusCode.RESOURCE_EXHAUSTED,
+    grpc.StatusCode.ABORTED, grpc.StatusCode.UNKNOWN, grpc.StatusCode.INTERNAL,
+}
+_RETRY_ATTEMPTS = 8
+_CONNECT_TIMEOUT_S = 10.0
+_CLOSE_TIMEOUT_S = 5.0
+WRITE_OPS = ("put", "delete", "delete_range")
+
+
+@dataclass(frozen=True)
+class Versioned:
+    """A key's value and version id as Oxia returned them."""
+
+    key: str
+    value: bytes
+    version_id: int
+
+
+class _CallDetails(
+    collections.namedtuple("_CallDetails", ("method", "timeout", "metadata", "credentials", "wait_for_ready", "compression")),
+    grpc.ClientCallDetails,
+):
+    pass
+
+
+class _Deadline(grpc.UnaryUnaryClientInterceptor, grpc.UnaryStreamClientInterceptor):
+    """Gives every short request a deadline."""
+
+    def __init__(self, timeout_s: float):
+        self._timeout_s = timeout_s
+
+    def _details(self, d):
+        if d.timeout is not None or d.method.rsplit("/", 1)[-1] in _LONG_LIVED:
+            return d
+        return _CallDetails(d.method, self._timeout_s, d.metadata, d.credentials,
+                            getattr(d, "wait_for_ready", None), getattr(d, "compression", None))
+
+    def intercept_unary_unary(self, continuation, client_call_details, request):
+        return continuation(self._details(client_call_details), request)
+
+    def intercept_unary_stream(self, continuation, client_call_details, request):
+        return continuation(self._details(client_call_details), request)
+
+
+class _DeadlineConnectionPool(ConnectionPool):
+    def __init__(self, timeout_s: float):
+        super().__init__()
+        self._interceptor = _Deadline(timeout_s)
+
+    def get(self, address) -> OxiaClientStub:
+        with self._lock:
+            conn = self.connections.get(address)
+            if conn is None:
+                channel = grpc.insecure_channel(address)
+                conn = (channel, OxiaClientStub(grpc.intercept_channel(channel, self._interceptor)))
+                self.connections[address] = conn
+            return conn[1]
+
+
+class _OxiaClient(oxia.Client):
+    """``oxia.Client`` whose connections carry request deadlines."""
+
+    def __init__(self, config: Config):
+        super().__init__(config.oxia_service_address, namespace=config.oxia_namespace,
+                         session_timeout_ms=config.oxia_session_timeout_ms,
+                         client_identifier=config.client_identifier)
+        # Swap in the deadline pool before any request is made through it; the service
+        # discovery thread keeps its own (long-lived) stream on the old pool.
+        deadline_pool = _DeadlineConnectionPool(config.oxia_request_timeout_ms / 1000)
+        self._service_discovery._connection_pool = deadline_pool
+        self._old_connections, self._connections = self._connections, deadline_pool
+
+    def close(self):
+        # The discovery thread's stream lives on the old pool; closing it ends the stream, so
+        # the client's close can join that thread.
+        self._old_connections.close()
+        super().close()
+
+
+def _is_transient(error: BaseException) -> bool:
+    if isinstance(error, grpc.RpcError):
+        return error.code() in _TRANSIENT_CODES
+    return isinstance(error, oxia.ex.SessionNotFound)
+
+
+def _wait_ready(address: str, timeout_s: float) -> None:
+    channel = grpc.insecure_channel(address)
+    try:
+        grpc.channel_ready_future(channel).result(timeout=timeout_s)
+    except grpc.FutureTimeoutError:
+        raise CoordinationError(f"Oxia at {address} did not answer within {timeout_s:.0f}s "
+                                "(is it running? `llog stack status` shows the local one)") from None
+    finally:
+        channel.close()
+
+
+class Coordination:
+    """The only code that talks to Oxia. Thread-safe; one per process is enough."""
+
+    def __init__(self, config: Config):
+        config.require("oxia_service_address")
+        self.config = config
+        _wait_ready(config.oxia_service_address, _CONNECT_TIMEOUT_S)
+        try:
+            self._client = _OxiaClient(config)
+        except RuntimeError as e:  # the client's own 30 s wait for shard assignments
+            raise CoordinationError(f"cannot connect to Oxia at {config.oxia_service_address}: {e}") from e
+        self._deadline_s = max(30.0, 3 * config.oxia_request_timeout_ms / 1000)
+        self._lock = threading.Lock()
+        self.stats: collections.Counter[str] = collections.Counter()
+
+    # --- plumbing -----------------------------------------------------------------------------
+
+    def _call(self, op: str, what: str, fn: Callable[[], T], on_retry: Callable[[], None] | None = None) -> T:
+        with self._lock:
+            self.stats[op] += 1
+        retrying = Retrying(
+            retry=retry_if_exception(_is_transient),
+            stop=stop_after_attempt(_RETRY_ATTEMPTS) | stop_after_delay(self._deadline_s),
+            wait=wait_random_exponential(multiplier=0.05, max=2.0),
+            before_sleep=lambda state: (on_retry and on_retry(), log.warning(
+                "oxia %s %s failed (%s), retrying", op, what, state.outcome.exception())),
+            reraise=True,
+        )
+        try:
+            return retrying(fn)
+        except (grpc.RpcError, oxia.ex.SessionNotFound) as e:
+            raise CoordinationError(f"oxia {op} {what} failed: {e}") from e
+
+    # --- reads --------------------------------------------------------------------------------
+
+    def get(self, key: str, partition_key: str) -> Versioned | None:
+        def fn():
+            try:
+                k, value, version = self._client.get(key, partition_key=partition_key)
+            except oxia.ex.KeyNotFound:
+                return None
+            return Versioned(k, value, version.version_id())
+
+        return self._call("get", key, fn)
+
+    def ceiling(self, key: str, partition_key: str | None, within: str) -> Versioned | None:
+        """Lowest key >= ``key`` that starts with ``within``; None if there is none.
+
+        Oxia's CEILING answers with the next key in the whole keyspace, which may lie past the
+        prefix; that answer means "none" here (PROTOCOL.md section 5.2).
+        """
+
+        def fn():
+            try:
+                k, value, version = self._client.get(key, partition_key=partition_key,
+                                                     comparison_type=oxia.ComparisonType.CEILING)
+            except oxia.ex.KeyNotFound:
+                return None
+            return Versioned(k, value, version.version_id()) if k.startswith(within) else None
+
+        return self._call("get", f"ceiling {key}", fn)
+
+    def range_scan(self, start: str, end: str, partition_key: str) -> list[Versioned]:
+        """Records with keys in ``[start, end)`` in Oxia's key order."""
+
+        def fn():
+            return [Versioned(k, v, ver.version_id())
+                    for k, v, ver in self._client.range_scan(start, end, partition_key=partition_key)]
+
+        return self._call("range_scan", f"{start}..{end}", fn)
+
+    def list_keys(self, start: str, end: str, partition_key: str | None = None) -> list[str]:
+        return self._call("list", f"{start}..{end}",
+                          lambda: self._client.list(start, end, partition_key=partition_key))
+
+    # --- writes -------------------------------------------------------------------------------
+
+    def put(self, key: str, value: bytes, partition_key: str, expected_version: int | None = None,
+            ephemeral: bool = False) -> int:
+        """Write ``value``; with ``expected_version`` only if the key is at that version
+        (``oxia.EXPECTED_RECORD_DOES_NOT_EXIST`` = only if absent). Returns the new version id.
+        Raises :class:`VersionConflict` when the condition fails."""
+        in_transit_failure = False
+
+        def note_retry():
+            nonlocal in_transit_failure
+            in_transit_failure = True
+
+        def fn():
+            try:
+                _, version = self._client.put(key, value, partition_key=partition_key,
+                                              expected_version_id=expected_version, ephemeral=ephemeral)
+            except oxia.ex.UnexpectedVersionId:
+                raise VersionConflict(key, expected_version, outcome_unknown=in_transit_failure) from None
+            return version.version_id()
+
+        return self._call("put", key, fn, on_retry=note_retry)
+
+    def delete(self, key: str, partition_key: str, expected_version: int | None = None) -> bool:
+        """Delete ``key`` (only at ``expected_version`` if given). False if it did not exist."""
+
+        def fn():
+            try:
+                return self._client.delete(key, partition_key=partition_key, expected_version_id=expected_version)
+            except oxia.ex.UnexpectedVersionId:
+                raise VersionConflict(key, expected_version) from None
+
+        return self._call("delete", key, fn)
+
+    def delete_range(self, start: str, end: str, partition_key: str) -> None:
+        """Delete every key in ``[start, end)`` on ``partition_key``'s shard."""
+        self._call("delete_range", f"{start}..{end}",
+                   lambda: self._client.delete_range(start, end, partition_key=partition_key))
+
+    # --- claims (PROTOCOL.md section 6) -------------------------------------------------------
+
+    def claim(self, key: str, value: bytes, partition_key: str) -> int:
+        """Create an ephemeral record that must not exist yet; returns its version id.
+        Raises :class:`ClaimHeld` if someone holds it. Session expiry frees it after a crash."""
+        try:
+            return self.put(key, value, partition_key, expected_version=oxia.EXPECTED_RECORD_DOES_NOT_EXIST,
+                            ephemeral=True)
+        except VersionConflict as e:
+            holder = self.get(key, partition_key)
+            if e.outcome_unknown and holder is not None and holder.value == value:
+                return holder.version_id  # our own earlier attempt landed
+            raise ClaimHeld(f"{key} is held" + (f" by {holder.value.decode(errors='replace')}" if holder else "")) from None
+
+    def release(self, key: str, partition_key: str, version_id: int) -> bool:
+        """Delete a claim only if it is still the version we created."""
+        try:
+            return self.delete(key, partition_key, expected_version=version_id)
+        except VersionConflict:
+            return False
+
+    # --- lifecycle ----------------------------------------------------------------------------
+
+    def writes(self) -> int:
+        with self._lock:
+            return sum(self.stats[op] for op in WRITE_OPS)
+
+    def close(self) -> None:
+        """Close the client; bounded, since the client's close can hang after a server restart."""
+        closer = threading.Thread(target=self._client.close, daemon=True, name="llog-oxia-close")
+        closer.start()
+        closer.join(_CLOSE_TIMEOUT_S)
+        if closer.is_alive():
+            log.warning("oxia client close did not finish within %.0fs; abandoning it", _CLOSE_TIMEOUT_S)
+
+    def __enter__(self) -> "Coordination":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+

@@ -1,0 +1,148 @@
+"""Every error llog raises, in one place.
+
+Each class names one thing that went wrong and carries the numbers a caller needs to act on it
+(the topic-partition, the offsets, the key). All derive from :class:`LlogError`, so a caller can
+catch the family or one member.
+"""
+
+from __future__ import annotations
+
+
+class LlogError(Exception):
+    """Base class of every llog error."""
+
+
+# --- configuration and input -----------------------------------------------------------------
+
+
+class ConfigError(LlogError):
+    """A setting is missing or malformed."""
+
+
+class InvalidTopicName(LlogError, ValueError):
+    """A topic name breaks Kafka's rule (PROTOCOL.md section 1)."""
+
+    def __init__(self, topic: object, reason: str):
+        self.topic = topic
+        super().__init__(f"invalid topic name {topic!r}: {reason}")
+
+
+class InvalidPartition(LlogError, ValueError):
+    """A partition number is not an int >= 0."""
+
+    def __init__(self, partition: object):
+        self.partition = partition
+        super().__init__(f"invalid partition {partition!r}: must be an int >= 0")
+
+
+class InvalidPayload(LlogError, TypeError):
+    """A record value is not bytes (or is null)."""
+
+
+class EmptyAppend(LlogError, ValueError):
+    """An append carried no groups, or a group carried no records."""
+
+
+class InvalidOffset(LlogError, ValueError):
+    """An offset argument is not an int >= 1, or a range is reversed."""
+
+
+# --- log state --------------------------------------------------------------------------------
+
+
+class PartitionNotInitialized(LlogError):
+    """``meta/control`` does not exist for this topic-partition (PROTOCOL.md section 5.1)."""
+
+    def __init__(self, topic: str, partition: int):
+        self.topic, self.partition = topic, partition
+        super().__init__(
+            f"{topic}[{partition}] is not initialized: no meta/control record "
+            "(write to it first, or call initialize_partition)"
+        )
+
+
+class OffsetOutOfRange(LlogError):
+    """An offset lies outside ``[1, high_watermark]``."""
+
+    def __init__(self, topic: str, partition: int, offset: int, high_watermark: int):
+        self.topic, self.partition = topic, partition
+        self.offset, self.high_watermark = offset, high_watermark
+        super().__init__(
+            f"offset {offset} of {topic}[{partition}] is out of range: "
+            f"readable offsets are 1..{high_watermark}"
+            + (" (the partition is empty)" if high_watermark == 0 else "")
+        )
+
+
+class LogFenced(LlogError):
+    """The partition is FENCED; appends are rejected (PROTOCOL.md section 7)."""
+
+    def __init__(self, topic: str, partition: int):
+        self.topic, self.partition = topic, partition
+        super().__init__(f"{topic}[{partition}] is FENCED: appends are rejected until it is unfenced")
+
+
+class InconsistentReadState(LlogError):
+    """The sparse index has a gap or an entry that contradicts its neighbours (section 5.5)."""
+
+
+class MaxRetriesExceeded(LlogError):
+    """A CAS loop or a transient-error retry gave up."""
+
+    def __init__(self, what: str, attempts: int, last_error: BaseException | None = None):
+        self.what, self.attempts, self.last_error = what, attempts, last_error
+        detail = f": last error {type(last_error).__name__}: {last_error}" if last_error else ""
+        super().__init__(f"{what} gave up after {attempts} attempts{detail}")
+
+
+class AppendFailed(LlogError):
+    """Some partitions of a shared append committed and others failed. ``results`` holds the
+    committed ones, ``errors`` maps each failed ``(topic, partition)`` to its exception."""
+
+    def __init__(self, results: list, errors: dict):
+        self.results, self.errors = results, errors
+        failed = "; ".join(f"{t}[{p}]: {e}" for (t, p), e in errors.items())
+        super().__init__(f"append failed on {len(errors)} partition(s) ({failed}); "
+                         f"{len(results)} group(s) were committed and stay committed")
+
+
+class AppendOutcomeUnknown(LlogError):
+    """A reserving CAS failed in transit and it cannot be told whether it landed.
+
+    Raised only when the reservation is neither visible as ``pending`` nor as the index entry it
+    would have produced. The caller may retry (at-least-once) or stop.
+    """
+
+
+# --- storage and encoding ---------------------------------------------------------------------
+
+
+class CorruptBatch(LlogError):
+    """A bytes-batch-v1 body or LLS1 blob failed validation (PROTOCOL.md section 3)."""
+
+
+class CorruptRecord(LlogError):
+    """An Oxia value is not the JSON record its key promises (PROTOCOL.md section 2)."""
+
+
+class StorageError(LlogError):
+    """Object storage failed after bounded retries, or an object is missing."""
+
+
+class CoordinationError(LlogError):
+    """Oxia failed after bounded retries or did not answer before the deadline."""
+
+
+class VersionConflict(LlogError):
+    """A conditional Oxia write found another version than the one expected."""
+
+    def __init__(self, key: str, expected_version: int | None, outcome_unknown: bool = False):
+        self.key, self.expected_version = key, expected_version
+        # True when an earlier attempt of the same write failed in transit: the write may have
+        # landed, and the conflict may be with ourselves.
+        self.outcome_unknown = outcome_unknown
+        super().__init__(f"version conflict on {key} (expected version {expected_version})")
+
+
+class ClaimHeld(LlogError):
+    """An ephemeral claim already exists (PROTOCOL.md section 6, claims)."""

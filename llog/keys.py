@@ -1,0 +1,168 @@
+"""Every Oxia key and S3 object name llog uses (PROTOCOL.md sections 2 and 3).
+
+No other module formats a key or an object name. Topic names and partitions are validated here,
+before they can reach a key.
+"""
+
+from __future__ import annotations
+
+import re
+import uuid
+from dataclasses import dataclass
+
+from llog.errors import InvalidPartition, InvalidTopicName
+
+_TOPIC_CHARS = re.compile(r"[A-Za-z0-9._-]+")
+MAX_TOPIC_LENGTH = 249
+OFFSET_WIDTH = 20
+
+
+def validate_topic(topic: object) -> str:
+    """Kafka's rule: 1..249 characters of ``[A-Za-z0-9._-]``, not ``.`` or ``..`` (section 1)."""
+    if not isinstance(topic, str):
+        raise InvalidTopicName(topic, f"must be a str, not {type(topic).__name__}")
+    if not topic:
+        raise InvalidTopicName(topic, "must not be empty")
+    if len(topic) > MAX_TOPIC_LENGTH:
+        raise InvalidTopicName(topic, f"is {len(topic)} characters long, the limit is {MAX_TOPIC_LENGTH}")
+    if topic in (".", ".."):
+        raise InvalidTopicName(topic, "'.' and '..' are reserved")
+    if not _TOPIC_CHARS.fullmatch(topic):
+        bad = sorted({c for c in topic if not _TOPIC_CHARS.fullmatch(c)})
+        raise InvalidTopicName(topic, f"contains {''.join(bad)!r}; allowed are letters, digits, '.', '_' and '-'")
+    return topic
+
+
+def validate_partition(partition: object) -> int:
+    # bool is an int subclass; True is not a partition.
+    if not isinstance(partition, int) or isinstance(partition, bool) or partition < 0:
+        raise InvalidPartition(partition)
+    return partition
+
+
+@dataclass(frozen=True, order=True)
+class TopicPartition:
+    """One log: ``(topic, partition)``, validated on construction."""
+
+    topic: str
+    partition: int
+
+    def __post_init__(self) -> None:
+        validate_topic(self.topic)
+        validate_partition(self.partition)
+
+    def __str__(self) -> str:
+        return f"{self.topic}[{self.partition}]"
+
+
+@dataclass(frozen=True)
+class PartitionKeys:
+    """The Oxia keys of one topic-partition under root prefix ``R`` (section 2).
+
+    ``partition_key`` routes every one of them to the same Oxia shard.
+    """
+
+    root: str
+    tp: TopicPartition
+
+    @property
+    def base(self) -> str:
+        return f"{self.root}/{self.tp.topic}/partitions/{self.tp.partition}"
+
+    @property
+    def partition_key(self) -> str:
+        return f"{self.tp.topic}:{self.tp.partition}"
+
+    @property
+    def control(self) -> str:
+        return f"{self.base}/meta/control"
+
+    @property
+    def compaction_cursor(self) -> str:
+        return f"{self.base}/meta/compaction-cursor"
+
+    @property
+    def compaction(self) -> str:
+        return f"{self.base}/meta/compaction"
+
+    @property
+    def compactor_claim(self) -> str:
+        return f"{self.base}/meta/compactor-claim"
+
+    @property
+    def index_prefix(self) -> str:
+        return f"{self.base}/index/"
+
+    def index(self, end_offset: int) -> str:
+        return f"{self.index_prefix}{end_offset:0{OFFSET_WIDTH}d}"
+
+    @property
+    def index_end(self) -> str:
+        """Exclusive upper bound of every index key ('~' sorts after every digit)."""
+        return f"{self.index_prefix}~"
+
+    def index_end_offset(self, key: str) -> int:
+        """The end offset an index key names; rejects keys outside this partition's index."""
+        if not key.startswith(self.index_prefix):
+            raise ValueError(f"{key!r} is not an index key of {self.tp}")
+        suffix = key[len(self.index_prefix):]
+        if len(suffix) != OFFSET_WIDTH or not suffix.isdigit():
+            raise ValueError(f"{key!r} does not end in a {OFFSET_WIDTH}-digit offset")
+        return int(suffix)
+
+    def consumer_group(self, group: str) -> str:
+        return f"{self.base}/consumers/{group}"
+
+    def compacted_object(self, blob_id: str | None = None) -> str:
+        return f"{self.base}/data/compacted/{blob_id or uuid.uuid4()}"
+
+
+def partition_keys(root: str, topic: str, partition: int) -> PartitionKeys:
+    return PartitionKeys(root, TopicPartition(topic, partition))
+
+
+def partitions_root(root: str, topic: str) -> str:
+    """``R/{topic}/partitions/``: every key of a topic lies below it."""
+    return f"{root}/{topic}/partitions/"
+
+
+def partition_scan_key(root: str, topic: str, partition_segment: str) -> str:
+    """The smallest key of depth ``P/meta/control`` whose partition segment is >= the given one.
+
+    Oxia sorts keys segment by segment (a segment followed by '/' sorts after a last segment),
+    so empty trailing segments make this a lower bound for every per-partition key at that depth.
+    """
+    return f"{partitions_root(root, topic)}{partition_segment}//"
+
+
+def parse_partition_segment(root: str, topic: str, key: str) -> str | None:
+    """The raw partition segment of a per-partition key of ``topic``, or None if ``key`` lies
+    elsewhere."""
+    prefix = partitions_root(root, topic)
+    if not key.startswith(prefix):
+        return None
+    segment, slash, _ = key[len(prefix):].partition("/")
+    return segment if slash else None
+
+
+def shared_wal_object(root: str, blob_id: str | None = None) -> str:
+    """``R/wal-shared/{uuid}`` (section 3)."""
+    return f"{root}/wal-shared/{blob_id or uuid.uuid4()}"
+
+
+def shared_wal_prefix(root: str) -> str:
+    return f"{root}/wal-shared/"
+
+
+def s3_uri(bucket: str, key: str) -> str:
+    return f"s3://{bucket}/{key}"
+
+
+def parse_s3_uri(uri: str) -> tuple[str, str]:
+    """``s3://bucket/key`` -> ``(bucket, key)``."""
+    if not uri.startswith("s3://"):
+        raise ValueError(f"not an s3:// URI: {uri!r}")
+    bucket, _, key = uri[5:].partition("/")
+    if not bucket or not key:
+        raise ValueError(f"s3 URI {uri!r} needs a bucket and a key")
+    return bucket, key

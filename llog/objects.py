@@ -1,0 +1,180 @@
+"""Object storage access over boto3: put, get, range get, list, batch delete (PROTOCOL.md
+section 3). The only module that calls boto3.
+
+Requests use botocore's standard retry mode (``LLOG_S3_MAX_ATTEMPTS``) and connect/read
+timeouts (``LLOG_S3_TIMEOUT_S``); reading a response body is retried here as well, since a body
+that breaks off mid-stream is outside botocore's retries. Bodies carry their own CRC, so
+request checksums are only sent where S3 requires them.
+"""
+
+from __future__ import annotations
+
+import collections
+import logging
+import threading
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from datetime import datetime
+
+import boto3
+import botocore.exceptions
+from botocore.config import Config as BotoConfig
+from tenacity import Retrying, retry_if_exception_type, stop_after_attempt, wait_random_exponential
+
+from llog.config import Config
+from llog.errors import StorageError
+from llog.keys import parse_s3_uri, s3_uri
+
+log = logging.getLogger(__name__)
+_BODY_ERRORS = (
+    botocore.exceptions.ResponseStreamingError,
+    botocore.exceptions.ReadTimeoutError,
+    botocore.exceptions.ConnectionError,
+)
+_DELETE_BATCH = 1000  # S3's limit per DeleteObjects request
+
+
+@dataclass(frozen=True)
+class ObjectInfo:
+    key: str
+    size: int
+    last_modified: datetime
+
+
+def make_s3_client(config: Config, max_pool_connections: int = 32):
+    """A boto3 S3 client for ``config`` (also used by benchmarks for raw baselines)."""
+    return boto3.session.Session().client(
+        "s3",
+        endpoint_url=config.s3_endpoint_url,
+        region_name=config.s3_region_name,
+        aws_access_key_id=config.s3_access_key_id,
+        aws_secret_access_key=config.s3_secret_access_key,
+        aws_session_token=config.s3_session_token,
+        config=BotoConfig(
+            retries={"max_attempts": config.s3_max_attempts, "mode": "standard"},
+            connect_timeout=min(config.s3_timeout_s, 10.0),
+            read_timeout=config.s3_timeout_s,
+            max_pool_connections=max_pool_connections,
+            request_checksum_calculation="when_required",
+            response_checksum_validation="when_required",
+            s3={"addressing_style": "path"},
+        ),
+    )
+
+
+class ObjectStore:
+    """Thread-safe access to the configured bucket (writes) and any ``s3://`` URI (reads)."""
+
+    def __init__(self, config: Config):
+        self.config = config
+        self._s3 = make_s3_client(config)
+        self._lock = threading.Lock()
+        self.stats: collections.Counter[str] = collections.Counter()
+
+    def _count(self, op: str, nbytes: int = 0) -> None:
+        with self._lock:
+            self.stats[op] += 1
+            self.stats[f"{op}_bytes"] += nbytes
+
+    def _fail(self, op: str, target: str, error: Exception) -> StorageError:
+        return StorageError(f"s3 {op} {target} failed: {error}")
+
+    # --- writes -------------------------------------------------------------------------------
+
+    def put(self, key: str, pieces: Sequence[object] | bytes) -> str:
+        """Write an object to the configured bucket; returns its ``s3://`` URI.
+
+        ``pieces`` are written back to back (one copy to join them).
+        """
+        bucket = self.config.require("s3_bucket").s3_bucket
+        body = pieces if isinstance(pieces, bytes) else b"".join(pieces)
+        self._count("put", len(body))
+        try:
+            self._s3.put_object(Bucket=bucket, Key=key, Body=body)
+        except (botocore.exceptions.BotoCoreError, botocore.exceptions.ClientError) as e:
+            raise self._fail("put", s3_uri(bucket, key), e) from e
+        return s3_uri(bucket, key)
+
+    def delete_many(self, uris: Sequence[str]) -> int:
+        """Delete objects in batches of 1000; returns how many were deleted."""
+        by_bucket: dict[str, list[str]] = collections.defaultdict(list)
+        for uri in uris:
+            bucket, key = parse_s3_uri(uri)
+            by_bucket[bucket].append(key)
+        deleted = 0
+        for bucket, keys in by_bucket.items():
+            for i in range(0, len(keys), _DELETE_BATCH):
+                chunk = keys[i:i + _DELETE_BATCH]
+                self._count("delete")
+                try:
+                    response = self._s3.delete_objects(
+                        Bucket=bucket, Delete={"Objects": [{"Key": k} for k in chunk], "Quiet": True})
+                except (botocore.exceptions.BotoCoreError, botocore.exceptions.ClientError) as e:
+                    raise self._fail("delete", f"{len(chunk)} objects in {bucket}", e) from e
+                errors = response.get("Errors", [])
+                if errors:
+                    raise StorageError(f"s3 delete in {bucket} failed for {len(errors)} objects, first: {errors[0]}")
+                deleted += len(chunk)
+        return deleted
+
+    # --- reads --------------------------------------------------------------------------------
+
+    def get(self, uri: str, byte_offset: int | None = None, byte_length: int | None = None) -> bytes:
+        """The object at ``uri``, or ``byte_length`` bytes of it from ``byte_offset``."""
+        return self.get_with_size(uri, byte_offset, byte_length)[0]
+
+    def get_with_size(self, uri: str, byte_offset: int | None = None,
+                      byte_length: int | None = None) -> tuple[bytes, int]:
+        """Like :meth:`get`, also returning the whole object's size (from Content-Range)."""
+        bucket, key = parse_s3_uri(uri)
+        kwargs = {"Bucket": bucket, "Key": key}
+        if byte_offset is not None:
+            if byte_length is None or byte_length < 1:
+                raise ValueError(f"range get of {uri} needs byte_length >= 1, got {byte_length}")
+            kwargs["Range"] = f"bytes={byte_offset}-{byte_offset + byte_length - 1}"
+
+        def fetch() -> tuple[bytes, int]:
+            response = self._s3.get_object(**kwargs)
+            body = response["Body"].read()
+            content_range = response.get("ContentRange")
+            size = int(content_range.rsplit("/", 1)[1]) if content_range else len(body)
+            return body, size
+
+        self._count("range_get" if byte_offset is not None else "get")
+        try:
+            body, size = Retrying(
+                retry=retry_if_exception_type(_BODY_ERRORS),
+                stop=stop_after_attempt(self.config.s3_max_attempts),
+                wait=wait_random_exponential(multiplier=0.05, max=2.0),
+                reraise=True,
+            )(fetch)
+        except botocore.exceptions.ClientError as e:
+            code = e.response.get("Error", {}).get("Code")
+            if code in ("NoSuchKey", "404"):
+                raise StorageError(f"object {uri} does not exist") from None
+            if code == "InvalidRange":
+                raise StorageError(f"range {kwargs.get('Range')} lies outside object {uri}") from None
+            raise self._fail("get", uri, e) from e
+        except botocore.exceptions.BotoCoreError as e:
+            raise self._fail("get", uri, e) from e
+        with self._lock:
+            self.stats["get_bytes"] += len(body)
+        if byte_length is not None and len(body) != byte_length:
+            raise StorageError(f"range get of {uri} returned {len(body)} bytes, expected {byte_length} "
+                               f"(the object is {size} bytes)")
+        return body, size
+
+    def list(self, prefix: str, bucket: str | None = None) -> Iterator[ObjectInfo]:
+        """Objects under ``prefix`` in ``bucket`` (default: the configured one)."""
+        bucket = bucket or self.config.require("s3_bucket").s3_bucket
+        paginator = self._s3.get_paginator("list_objects_v2")
+        try:
+            for page in paginator.paginate(Bucket=bucket, Prefix=prefix):
+                self._count("list")
+                for obj in page.get("Contents", []):
+                    yield ObjectInfo(obj["Key"], obj["Size"], obj["LastModified"])
+        except (botocore.exceptions.BotoCoreError, botocore.exceptions.ClientError) as e:
+            raise self._fail("list", f"s3://{bucket}/{prefix}", e) from e
+
+    def close(self) -> None:
+        self._s3.close()

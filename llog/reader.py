@@ -1,0 +1,288 @@
+"""The read path (PROTOCOL.md section 5).
+
+Offsets resolve to index entries (a range scan, then a ceiling get for the tail, then
+``pending``), entries group by blob, each blob is fetched once per call (a range GET spanning the
+slices needed), and bodies decode straight into Arrow arrays over the fetched bytes. A gap in the
+index is an error, never a skip.
+
+Compaction may be midway (section 6, between the end-key overwrite and the delete range): a
+COMPACTED entry then overlaps the WAL entries below it. Both hold the same records, so the
+resolver takes each offset from the first entry in key order that covers it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+
+import numpy as np
+import pyarrow as pa
+
+from llog.codec import decode_batch, offsets_prefix_length, record_span
+from llog.config import Config
+from llog.control import ControlState, read_control
+from llog.coordination import Coordination
+from llog.errors import InconsistentReadState, InvalidOffset, OffsetOutOfRange, StorageError
+from llog.keys import PartitionKeys, TopicPartition
+from llog.objects import ObjectStore
+from llog.records import IndexEntry, LocatedEntry
+
+#: Schema of the Arrow batches :meth:`LogReader.read_batches` returns.
+RECORD_SCHEMA = pa.schema([
+    pa.field("offset", pa.int64(), nullable=False),
+    pa.field("value", pa.binary(), nullable=False),
+    pa.field("created_at_ms", pa.int64(), nullable=False),
+])
+#: Offsets :meth:`LogReader.iter_from` resolves per round trip.
+ITER_WINDOW = 100_000
+
+
+@dataclass(frozen=True)
+class Record:
+    topic: str
+    partition: int
+    offset: int
+    value: bytes
+    created_at_ms: int
+
+
+@dataclass(frozen=True)
+class ReadRequest:
+    """Offsets ``start..end`` (inclusive) of one topic-partition; ``end=None`` means up to the
+    high watermark at the time of the read."""
+
+    topic: str
+    partition: int
+    start: int
+    end: int | None = None
+
+
+@dataclass(frozen=True)
+class PartitionBatches:
+    """What one :class:`ReadRequest` returned: Arrow batches in offset order
+    (:data:`RECORD_SCHEMA`), and the high watermark seen."""
+
+    topic: str
+    partition: int
+    start: int
+    end: int
+    high_watermark: int
+    batches: list[pa.RecordBatch]
+
+    @property
+    def count(self) -> int:
+        return sum(b.num_rows for b in self.batches)
+
+    def table(self) -> pa.Table:
+        return pa.Table.from_batches(self.batches, schema=RECORD_SCHEMA)
+
+
+@dataclass(frozen=True)
+class _Slice:
+    """Offsets ``lo..hi`` to take from ``located``."""
+
+    located: LocatedEntry
+    lo: int
+    hi: int
+
+
+def _check_offset(name: str, value: object) -> int:
+    if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+        raise InvalidOffset(f"{name} must be an int >= 1 (offsets start at 1), got {value!r}")
+    return value
+
+
+class LogReader:
+    """Reads records by offset. Thread-safe; reuse one per process."""
+
+    def __init__(self, config: Config, coordination: Coordination | None = None,
+                 objects: ObjectStore | None = None, max_workers: int = 8):
+        self.config = config.require("oxia_service_address")
+        self._owns = coordination is None, objects is None
+        self.coordination = coordination or Coordination(config)
+        self.objects = objects or ObjectStore(config)
+        self._pool = ThreadPoolExecutor(max_workers=max_workers, thread_name_prefix="llog-read")
+
+    @classmethod
+    def from_env(cls, **kwargs) -> "LogReader":
+        return cls(Config.load(), **kwargs)
+
+    def keys(self, topic: str, partition: int) -> PartitionKeys:
+        return PartitionKeys(self.config.root_prefix, TopicPartition(topic, partition))
+
+    def high_watermark(self, topic: str, partition: int) -> int:
+        """Last readable offset (0 for an empty partition)."""
+        return read_control(self.coordination, self.keys(topic, partition)).record.high_watermark
+
+    # --- resolving offsets to entries (sections 5.1 to 5.3, 5.5) -----------------------------
+
+    def _control(self, keys: PartitionKeys, start: int, end: int | None) -> tuple[ControlState, int]:
+        state = read_control(self.coordination, keys)
+        hw = state.record.high_watermark
+        _check_offset("start offset", start)
+        if end is None:
+            end = hw
+        elif _check_offset("end offset", end) < start:
+            raise InvalidOffset(f"end offset {end} is before start offset {start}")
+        if start > hw or end > hw:
+            raise OffsetOutOfRange(keys.tp.topic, keys.tp.partition, end if start <= hw else start, hw)
+        return state, end
+
+    def _resolve(self, keys: PartitionKeys, state: ControlState, start: int, end: int) -> list[_Slice]:
+        """Cover ``start..end`` with entries: a range scan of the keys below ``end``, a ceiling
+        get for the entry covering ``end``, ``pending`` for the unmaterialized tail."""
+        pk = keys.partition_key
+        candidates = [
+            LocatedEntry(keys.index_end_offset(v.key), IndexEntry.from_json(v.value, v.key))
+            for v in self.coordination.range_scan(keys.index(start), keys.index(end), pk)
+        ]
+        tail = self.coordination.ceiling(keys.index(end), pk, keys.index_prefix)
+        if tail is not None:
+            candidates.append(LocatedEntry(keys.index_end_offset(tail.key), IndexEntry.from_json(tail.value, tail.key)))
+        if state.record.pending is not None:
+            candidates.append(state.record.pending.located())
+        candidates.sort(key=lambda c: c.end_offset)  # stable: an index entry before its pending twin
+
+        slices, position = [], start
+        for located in candidates:
+            if position > end:
+                break
+            if located.end_offset < position:
+                continue  # already covered (an overlapping entry of a compaction midway)
+            if located.start_offset > position:
+                raise InconsistentReadState(
+                    f"{keys.tp}: no index entry covers offset {position} (next entry covers "
+                    f"{located.start_offset}..{located.end_offset}); the high watermark is "
+                    f"{state.record.high_watermark}"
+                )
+            slices.append(_Slice(located, position, min(end, located.end_offset)))
+            position = min(end, located.end_offset) + 1
+        if position <= end:
+            raise InconsistentReadState(
+                f"{keys.tp}: offsets {position}..{end} are below the high watermark "
+                f"{state.record.high_watermark} but no index entry or pending append covers them"
+            )
+        return slices
+
+    # --- fetching and decoding (section 5.4) --------------------------------------------------
+
+    def _fetch(self, slices: Sequence[_Slice]) -> dict[int, pa.BinaryArray]:
+        """Decode every slice's entry, fetching each blob once: one range GET spanning the
+        entries' bodies when they all have byte ranges, else one GET of the object."""
+        by_blob: dict[str, list[_Slice]] = {}
+        for s in slices:
+            by_blob.setdefault(s.located.entry.data_key, []).append(s)
+
+        def fetch_blob(uri: str, group: list[_Slice]) -> list[tuple[int, pa.BinaryArray]]:
+            ranged = all(s.located.entry.byte_offset is not None for s in group)
+            if ranged:
+                lo = min(s.located.entry.byte_offset for s in group)
+                hi = max(s.located.entry.byte_offset + s.located.entry.byte_length for s in group)
+                blob = memoryview(self.objects.get(uri, lo, hi - lo))
+            else:
+                lo, blob = 0, memoryview(self.objects.get(uri))
+            out = []
+            for s in group:
+                e = s.located.entry
+                body = blob if e.byte_offset is None else blob[e.byte_offset - lo: e.byte_offset - lo + e.byte_length]
+                where = f"{uri} (offsets {s.located.start_offset}..{s.located.end_offset})"
+                out.append((id(s), decode_batch(body, e.msg_count, where)))
+            return out
+
+        decoded: dict[int, pa.BinaryArray] = {}
+        if len(by_blob) == 1:
+            (uri, group), = by_blob.items()
+            decoded.update(fetch_blob(uri, group))
+        else:
+            for part in self._pool.map(lambda item: fetch_blob(*item), by_blob.items()):
+                decoded.update(part)
+        return decoded
+
+    @staticmethod
+    def _to_batch(s: _Slice, values: pa.BinaryArray) -> pa.RecordBatch:
+        first = s.lo - s.located.start_offset
+        count = s.hi - s.lo + 1
+        return pa.RecordBatch.from_arrays(
+            [pa.array(np.arange(s.lo, s.hi + 1, dtype=np.int64)), values.slice(first, count),
+             pa.array(np.full(count, s.located.entry.created_at_ms, dtype=np.int64))],
+            schema=RECORD_SCHEMA,
+        )
+
+    # --- public reads -------------------------------------------------------------------------
+
+    def read_batches(self, requests: Sequence[ReadRequest]) -> list[PartitionBatches]:
+        """Read several topic-partition ranges as Arrow batches, one result per request.
+
+        Resolution runs concurrently per partition; then every blob is fetched once for the
+        whole call, even when several partitions share it.
+        """
+        def resolve(req: ReadRequest):
+            keys = self.keys(req.topic, req.partition)
+            state, end = self._control(keys, req.start, req.end)
+            return req, state, end, self._resolve(keys, state, req.start, end)
+
+        resolved = list(self._pool.map(resolve, requests)) if len(requests) > 1 else [resolve(r) for r in requests]
+        decoded = self._fetch([s for *_, slices in resolved for s in slices])
+        return [
+            PartitionBatches(req.topic, req.partition, req.start, end, state.record.high_watermark,
+                             [self._to_batch(s, decoded[id(s)]) for s in slices])
+            for req, state, end, slices in resolved
+        ]
+
+    def read_range(self, topic: str, partition: int, start: int, end: int | None = None) -> list[Record]:
+        """Records ``start..end`` (inclusive; ``end=None``: to the high watermark)."""
+        result = self.read_batches([ReadRequest(topic, partition, start, end)])[0]
+        return list(_records(topic, partition, result.batches))
+
+    def read_offset(self, topic: str, partition: int, offset: int) -> Record:
+        """One record. A slice of a shared WAL blob is fetched with one range GET and fully
+        checked; a record of a whole-object (compacted) body with two small range GETs (header
+        and offsets, then the record), checked for magic, count and bounds."""
+        keys = self.keys(topic, partition)
+        state, _ = self._control(keys, offset, offset)
+        s, = self._resolve(keys, state, offset, offset)
+        entry = s.located.entry
+        if entry.byte_offset is not None:
+            return next(_records(topic, partition, [self._to_batch(s, self._fetch([s])[id(s)])]))
+        index = offset - s.located.start_offset
+        where = f"{entry.data_key} (offsets {s.located.start_offset}..{s.located.end_offset})"
+        prefix, size = self.objects.get_with_size(entry.data_key, 0, offsets_prefix_length(index))
+        begin, stop = record_span(prefix, index, entry.msg_count, size, where)
+        value = self.objects.get(entry.data_key, begin, stop - begin) if stop > begin else b""
+        return Record(topic, partition, offset, value, entry.created_at_ms)
+
+    def iter_from(self, topic: str, partition: int, start: int, end: int | None = None,
+                  window: int = ITER_WINDOW) -> Iterator[Record]:
+        """Records from ``start`` to ``end`` (default: the high watermark when called), resolved
+        and fetched ``window`` offsets at a time."""
+        if end is None:
+            end = self.high_watermark(topic, partition)
+            if _check_offset("start offset", start) > end:
+                return
+        position = start
+        while position <= end:
+            upto = min(end, position + window - 1)
+            result = self.read_batches([ReadRequest(topic, partition, position, upto)])[0]
+            yield from _records(topic, partition, result.batches)
+            position = upto + 1
+
+    def close(self) -> None:
+        self._pool.shutdown(wait=True)
+        if self._owns[0]:
+            self.coordination.close()
+        if self._owns[1]:
+            self.objects.close()
+
+    def __enter__(self) -> "LogReader":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+
+def _records(topic: str, partition: int, batches: Sequence[pa.RecordBatch]) -> Iterator[Record]:
+    for batch in batches:
+        offsets, values, times = (batch.column(i).to_pylist() for i in range(3))
+        for offset, value, ts in zip(offsets, values, times):
+            yield Record(topic, partition, offset, value, ts)

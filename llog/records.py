@@ -1,0 +1,217 @@
+"""Typed Oxia records and their JSON form (PROTOCOL.md section 2).
+
+The only place that turns JSON into records and back. Readers ignore unknown fields;
+:class:`ControlRecord` keeps them in ``extra`` so a CAS writes them back unchanged.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import asdict, dataclass, field, replace
+from typing import Any
+
+from llog.errors import CorruptRecord
+
+OPEN = "OPEN"
+FENCED = "FENCED"
+WAL = "WAL"
+COMPACTED = "COMPACTED"
+BYTES_BATCH_V1 = "bytes-batch-v1"
+
+
+def now_ms() -> int:
+    return int(time.time() * 1000)
+
+
+def _load(raw: bytes | str, key: str) -> dict[str, Any]:
+    try:
+        value = json.loads(raw)
+    except (ValueError, TypeError) as e:
+        raise CorruptRecord(f"{key}: value is not JSON: {e}") from None
+    if not isinstance(value, dict):
+        raise CorruptRecord(f"{key}: value must be a JSON object, got {type(value).__name__}")
+    return value
+
+
+def _dump(value: dict[str, Any]) -> bytes:
+    return json.dumps(value, separators=(",", ":")).encode()
+
+
+def _field(obj: dict[str, Any], name: str, kind: type | tuple[type, ...], key: str, optional: bool = False):
+    value = obj.get(name)
+    if value is None and optional:
+        return None
+    if not isinstance(value, kind) or (kind is int and isinstance(value, bool)):
+        raise CorruptRecord(f"{key}: field {name!r} must be {getattr(kind, '__name__', kind)}, got {value!r}")
+    return value
+
+
+@dataclass(frozen=True)
+class IndexEntry:
+    """``P/index/{end_offset:020d}``: one batch of ``msg_count`` offsets ending at the key's offset.
+
+    ``byte_offset``/``byte_length`` locate the body inside a shared WAL blob; None means the whole
+    object is the body.
+    """
+
+    type: str
+    msg_count: int
+    data_key: str
+    encoding: str = BYTES_BATCH_V1
+    created_at_ms: int = 0
+    byte_offset: int | None = None
+    byte_length: int | None = None
+
+    def to_json(self) -> bytes:
+        return _dump({k: v for k, v in asdict(self).items() if v is not None})
+
+    @classmethod
+    def from_json(cls, raw: bytes | str, key: str = "index entry") -> "IndexEntry":
+        obj = _load(raw, key)
+        entry = cls(
+            type=_field(obj, "type", str, key),
+            msg_count=_field(obj, "msg_count", int, key),
+            data_key=_field(obj, "data_key", str, key),
+            encoding=_field(obj, "encoding", str, key),
+            created_at_ms=_field(obj, "created_at_ms", int, key, optional=True) or 0,
+            byte_offset=_field(obj, "byte_offset", int, key, optional=True),
+            byte_length=_field(obj, "byte_length", int, key, optional=True),
+        )
+        if entry.type not in (WAL, COMPACTED):
+            raise CorruptRecord(f"{key}: unknown entry type {entry.type!r}")
+        if entry.msg_count < 1:
+            raise CorruptRecord(f"{key}: msg_count must be >= 1, got {entry.msg_count}")
+        if (entry.byte_offset is None) != (entry.byte_length is None):
+            raise CorruptRecord(f"{key}: byte_offset and byte_length must be both set or both absent")
+        return entry
+
+
+@dataclass(frozen=True)
+class LocatedEntry:
+    """An index entry (or a pending append) with the offsets it covers."""
+
+    end_offset: int
+    entry: IndexEntry
+    from_pending: bool = False
+
+    @property
+    def start_offset(self) -> int:
+        return self.end_offset - self.entry.msg_count + 1
+
+    def covers(self, offset: int) -> bool:
+        return self.start_offset <= offset <= self.end_offset
+
+
+@dataclass(frozen=True)
+class PendingAppend:
+    """``meta/control.pending``: an append whose offsets are reserved, index entry maybe not yet
+    written (PROTOCOL.md section 4)."""
+
+    append_id: str
+    start_offset: int
+    end_offset: int
+    msg_count: int
+    data_key: str
+    entry_type: str = WAL
+    encoding: str = BYTES_BATCH_V1
+    created_at_ms: int = 0
+    byte_offset: int | None = None
+    byte_length: int | None = None
+
+    def to_index_entry(self) -> IndexEntry:
+        return IndexEntry(
+            type=self.entry_type,
+            msg_count=self.msg_count,
+            data_key=self.data_key,
+            encoding=self.encoding,
+            created_at_ms=self.created_at_ms,
+            byte_offset=self.byte_offset,
+            byte_length=self.byte_length,
+        )
+
+    def located(self) -> LocatedEntry:
+        return LocatedEntry(self.end_offset, self.to_index_entry(), from_pending=True)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {k: v for k, v in asdict(self).items() if v is not None}
+
+    @classmethod
+    def from_dict(cls, obj: Any, key: str) -> "PendingAppend":
+        if not isinstance(obj, dict):
+            raise CorruptRecord(f"{key}: pending must be an object or null, got {obj!r}")
+        pending = cls(
+            append_id=_field(obj, "append_id", str, key),
+            start_offset=_field(obj, "start_offset", int, key),
+            end_offset=_field(obj, "end_offset", int, key),
+            msg_count=_field(obj, "msg_count", int, key),
+            data_key=_field(obj, "data_key", str, key),
+            entry_type=_field(obj, "entry_type", str, key),
+            encoding=_field(obj, "encoding", str, key),
+            created_at_ms=_field(obj, "created_at_ms", int, key, optional=True) or 0,
+            byte_offset=_field(obj, "byte_offset", int, key, optional=True),
+            byte_length=_field(obj, "byte_length", int, key, optional=True),
+        )
+        if pending.end_offset - pending.start_offset + 1 != pending.msg_count or pending.msg_count < 1:
+            raise CorruptRecord(f"{key}: pending range {pending.start_offset}..{pending.end_offset} "
+                                f"does not hold msg_count={pending.msg_count}")
+        return pending
+
+
+@dataclass(frozen=True)
+class ControlRecord:
+    """``P/meta/control``: log state, the next offset, and at most one pending append."""
+
+    log_state: str = OPEN
+    sequence_counter: int = 1
+    pending: PendingAppend | None = None
+    #: Fields this version does not know (extensions); written back unchanged by every CAS.
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def high_watermark(self) -> int:
+        """Last readable offset (0 when the log is empty)."""
+        return self.sequence_counter - 1
+
+    @property
+    def fenced(self) -> bool:
+        return self.log_state == FENCED
+
+    def with_changes(self, **changes: Any) -> "ControlRecord":
+        return replace(self, **changes)
+
+    def to_json(self) -> bytes:
+        return _dump({
+            **self.extra,
+            "log_state": self.log_state,
+            "sequence_counter": self.sequence_counter,
+            "pending": self.pending.to_dict() if self.pending else None,
+        })
+
+    @classmethod
+    def from_json(cls, raw: bytes | str, key: str = "meta/control") -> "ControlRecord":
+        obj = _load(raw, key)
+        state = _field(obj, "log_state", str, key)
+        if state not in (OPEN, FENCED):
+            raise CorruptRecord(f"{key}: unknown log_state {state!r}")
+        counter = _field(obj, "sequence_counter", int, key)
+        if counter < 1:
+            raise CorruptRecord(f"{key}: sequence_counter must be >= 1, got {counter}")
+        raw_pending = obj.get("pending")
+        pending = None if raw_pending is None else PendingAppend.from_dict(raw_pending, key)
+        extra = {k: v for k, v in obj.items() if k not in ("log_state", "sequence_counter", "pending")}
+        return cls(state, counter, pending, extra)
+
+
+@dataclass(frozen=True)
+class CompactionCursor:
+    """``P/meta/compaction-cursor``: the first offset not yet compacted."""
+
+    offset: int = 1
+
+    def to_json(self) -> bytes:
+        return _dump({"offset": self.offset})
+
+    @classmethod
+    def from_json(cls, raw: bytes | str, key: str = "meta/compaction-cursor") -> "CompactionCursor":
+        return cls(_field(_load(raw, key), "offset", int, key))

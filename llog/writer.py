@@ -1,0 +1,257 @@
+"""The write path: one shared WAL blob, then one commit per partition (PROTOCOL.md section 4).
+
+``append_shared(groups)`` encodes each topic-partition's records as one bytes-batch-v1 body,
+packs the bodies into one LLS1 blob, PUTs it (the only S3 write), then commits the partitions
+concurrently, each with three Oxia writes: the reserving CAS on ``meta/control``, the index
+entry, and the CAS that clears ``pending``.
+"""
+
+from __future__ import annotations
+
+import logging
+import uuid
+from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+
+import pyarrow as pa
+
+from llog import failpoints
+from llog.codec import SharedSlice, encode_batch, pack_shared, to_binary_array
+from llog.config import Config
+from llog.control import ControlState, clear_pending, initialize_partition, read_control, update_control
+from llog.coordination import Coordination
+from llog.errors import AppendFailed, AppendOutcomeUnknown, EmptyAppend, LogFenced, PartitionNotInitialized
+from llog.keys import PartitionKeys, TopicPartition, shared_wal_object
+from llog.objects import ObjectStore
+from llog.records import BYTES_BATCH_V1, WAL, ControlRecord, IndexEntry, PendingAppend, now_ms
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class AppendGroup:
+    """Records for one topic-partition: a sequence of ``bytes`` or an Arrow binary array."""
+
+    topic: str
+    partition: int
+    records: Sequence[bytes] | pa.Array
+
+
+@dataclass(frozen=True)
+class AppendResult:
+    """Where a group's records landed: offsets ``start_offset..end_offset``."""
+
+    topic: str
+    partition: int
+    start_offset: int
+    end_offset: int
+    index_key: str
+    wal_uri: str
+
+    @property
+    def count(self) -> int:
+        return self.end_offset - self.start_offset + 1
+
+
+@dataclass(frozen=True)
+class _Commit:
+    """One partition's part of a shared append, ready to commit."""
+
+    keys: PartitionKeys
+    slice: SharedSlice
+    wal_uri: str
+    created_at_ms: int
+
+
+class LogWriter:
+    """Appends records to topic-partitions. Thread-safe; reuse one per process.
+
+    With ``auto_initialize`` a partition is created on its first append (as Kafka creates
+    topics on first use); without it, appending to a partition that was never initialized raises
+    :class:`PartitionNotInitialized`.
+    """
+
+    def __init__(self, config: Config, coordination: Coordination | None = None,
+                 objects: ObjectStore | None = None, auto_initialize: bool = False, max_workers: int = 16):
+        self.config = config.require("oxia_service_address", "s3_bucket")
+        self._owns = coordination is None, objects is None
+        self.coordination = coordination or Coordination(config)
+        self.objects = objects or ObjectStore(config)
+        self.auto_initialize = auto_initialize
+        self._pool = ThreadPoolExecutor(max_workers=max_workers, thread_name_prefix="llog-commit")
+
+    @classmethod
+    def from_env(cls, **kwargs) -> "LogWriter":
+        return cls(Config.load(), **kwargs)
+
+    def keys(self, topic: str, partition: int) -> PartitionKeys:
+        return PartitionKeys(self.config.root_prefix, TopicPartition(topic, partition))
+
+    def initialize_partition(self, topic: str, partition: int) -> bool:
+        """Section 4.1. Returns True if this call created the partition."""
+        return initialize_partition(self.coordination, self.keys(topic, partition))
+
+    def append(self, topic: str, partition: int, records: Sequence[bytes] | pa.Array) -> AppendResult:
+        """Append to one partition (a shared append of one group)."""
+        return self.append_shared([AppendGroup(topic, partition, records)])[0]
+
+    def append_shared(self, groups: Sequence[AppendGroup]) -> list[AppendResult]:
+        """Append every group through one shared WAL blob; one result per group, in order.
+
+        Groups of the same topic-partition are written as one body, in the order given, and
+        get consecutive offsets. Input is validated before anything is written. If some
+        partitions commit and others fail, :class:`AppendFailed` carries both; if all fail,
+        the first error is raised (e.g. :class:`LogFenced`). A failed append leaves at most an
+        unreferenced blob, which garbage collection removes.
+        """
+        if not groups:
+            raise EmptyAppend("append_shared needs at least one group")
+        merged: dict[TopicPartition, list[tuple[int, pa.BinaryArray]]] = {}
+        for i, group in enumerate(groups):
+            tp = TopicPartition(group.topic, group.partition)
+            merged.setdefault(tp, []).append((i, to_binary_array(group.records, f"groups[{i}].records ({tp})")))
+        bodies = []
+        for tp, arrays in merged.items():
+            values = arrays[0][1] if len(arrays) == 1 else pa.concat_arrays([a for _, a in arrays])
+            bodies.append((tp.topic, tp.partition, encode_batch(values)))
+
+        created_at_ms = now_ms()
+        pieces, _, slices = pack_shared(bodies, created_at_ms)
+        wal_uri = self.objects.put(shared_wal_object(self.config.root_prefix), pieces)
+        failpoints.hit("writer.after_blob_put")
+
+        commits = [_Commit(self.keys(s.topic, s.partition), s, wal_uri, created_at_ms) for s in slices]
+        futures = [self._pool.submit(self._commit, c) for c in commits]
+        committed: dict[TopicPartition, tuple[int, str]] = {}
+        errors: dict[tuple[str, int], BaseException] = {}
+        for commit, future in zip(commits, futures):
+            try:
+                committed[commit.keys.tp] = future.result()
+            except Exception as e:  # noqa: BLE001 - reported per partition below
+                errors[(commit.keys.tp.topic, commit.keys.tp.partition)] = e
+
+        results: list[tuple[int, AppendResult]] = []
+        for tp, arrays in merged.items():
+            if tp not in committed:
+                continue
+            start, index_key = committed[tp]
+            for i, values in arrays:
+                results.append((i, AppendResult(tp.topic, tp.partition, start, start + len(values) - 1,
+                                                index_key, wal_uri)))
+                start += len(values)
+        ordered = [r for _, r in sorted(results, key=lambda x: x[0])]
+        if errors:
+            if not ordered:
+                raise next(iter(errors.values()))
+            raise AppendFailed(ordered, errors)
+        return ordered
+
+    # --- one partition (section 4.3 to 4.5) ---------------------------------------------------
+
+    def _commit(self, commit: _Commit) -> tuple[int, str]:
+        keys, s = commit.keys, commit.slice
+        append_id = str(uuid.uuid4())
+
+        def pending_from(start: int) -> PendingAppend:
+            return PendingAppend(
+                append_id=append_id, start_offset=start, end_offset=start + s.msg_count - 1,
+                msg_count=s.msg_count, data_key=commit.wal_uri, entry_type=WAL, encoding=BYTES_BATCH_V1,
+                created_at_ms=commit.created_at_ms, byte_offset=s.body_offset, byte_length=s.body_length,
+            )
+
+        def reserve(control: ControlRecord) -> ControlRecord:
+            if control.fenced:
+                raise LogFenced(keys.tp.topic, keys.tp.partition)
+            reserved.append(control.sequence_counter)
+            return control.with_changes(sequence_counter=control.sequence_counter + s.msg_count,
+                                         pending=pending_from(control.sequence_counter))
+
+        def landed(current: ControlState) -> ControlState | None:
+            return self._find_landed_reservation(keys, append_id, reserved, current, commit)
+
+        reserved: list[int] = []  # the start offset each CAS attempt proposed
+        state = self._reserve(keys, reserve, landed)
+        pending = state.record.pending
+        if pending is None or pending.append_id != append_id:
+            # The reservation landed in transit and someone else already finished it.
+            start = next(p for p in reserved if self._entry_is_ours(keys, p + s.msg_count - 1, commit))
+            return start, keys.index(start + s.msg_count - 1)
+        failpoints.hit("writer.after_reserve")
+
+        entry = pending.to_index_entry()
+        self.coordination.put(keys.index(pending.end_offset), entry.to_json(), keys.partition_key)
+        failpoints.hit("writer.after_index_put")
+        clear_pending(self.coordination, keys, append_id, state, self.config.cas_max_attempts)
+        return pending.start_offset, keys.index(pending.end_offset)
+
+    def _reserve(self, keys: PartitionKeys, reserve, landed) -> ControlState:
+        try:
+            return update_control(self.coordination, keys, reserve, self.config.cas_max_attempts,
+                                  "reserving offsets", on_outcome_unknown=landed)
+        except PartitionNotInitialized:
+            if not self.auto_initialize:
+                raise
+            self.initialize_partition(keys.tp.topic, keys.tp.partition)
+            return update_control(self.coordination, keys, reserve, self.config.cas_max_attempts,
+                                  "reserving offsets", on_outcome_unknown=landed)
+
+    def _owner(self, keys: PartitionKeys, offset: int, current: ControlState) -> IndexEntry | None:
+        """The index entry (or pending append) covering ``offset``, if any."""
+        found = self.coordination.ceiling(keys.index(offset), keys.partition_key, keys.index_prefix)
+        if found is not None:
+            entry = IndexEntry.from_json(found.value, found.key)
+            if keys.index_end_offset(found.key) - entry.msg_count + 1 <= offset:
+                return entry
+        pending = current.record.pending
+        if pending is not None and pending.start_offset <= offset <= pending.end_offset:
+            return pending.to_index_entry()
+        return None
+
+    def _entry_is_ours(self, keys: PartitionKeys, end_offset: int, commit: _Commit) -> bool:
+        found = self.coordination.get(keys.index(end_offset), keys.partition_key)
+        if found is None:
+            return False
+        entry = IndexEntry.from_json(found.value, keys.index(end_offset))
+        return entry.data_key == commit.wal_uri and entry.byte_offset == commit.slice.body_offset
+
+    def _find_landed_reservation(self, keys: PartitionKeys, append_id: str, reserved: list[int],
+                                 current: ControlState, commit: _Commit) -> ControlState | None:
+        """After a reserving CAS failed in transit and then conflicted: did an attempt land?
+
+        For each start offset an attempt proposed, look at what now owns that offset. Ours
+        (``pending`` names this append, or the index entry points at this append's bytes): it
+        landed. Another WAL append, or nobody because the counter never got there: that attempt
+        did not land. If every attempt is accounted for as not landed, the CAS loop goes on;
+        otherwise (say the range was compacted meanwhile) :class:`AppendOutcomeUnknown`.
+        """
+        if current.record.pending is not None and current.record.pending.append_id == append_id:
+            return current
+        undecided = []
+        for start in reserved:
+            if current.record.sequence_counter <= start:
+                continue
+            owner = self._owner(keys, start, current)
+            if owner is not None and owner.data_key == commit.wal_uri and owner.byte_offset == commit.slice.body_offset:
+                return current
+            if owner is None or owner.type != WAL:
+                undecided.append(start)
+        if not undecided:
+            return None
+        raise AppendOutcomeUnknown(
+            f"reserving offsets on {keys.tp} failed in transit and the log has moved on; the append "
+            f"({commit.slice.msg_count} records in {commit.wal_uri}) may or may not be in the log"
+        )
+
+    def close(self) -> None:
+        self._pool.shutdown(wait=True)
+        if self._owns[0]:
+            self.coordination.close()
+        if self._owns[1]:
+            self.objects.close()
+
+    def __enter__(self) -> "LogWriter":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
