@@ -110,7 +110,7 @@ class LogWriter:
         merged: dict[TopicPartition, list[tuple[int, pa.BinaryArray]]] = {}
         for i, group in enumerate(groups):
             tp = TopicPartition(group.topic, group.partition)
-            merged.setdefault(tp, []).append((i, to_binary_array(group.records, f"groups[{i}].records ({tp})")))
+            merged.setdefault(tp, []).append((i, to_binary_array(group.records, f"{tp}: groups[{i}].records")))
         bodies = []
         for tp, arrays in merged.items():
             values = arrays[0][1] if len(arrays) == 1 else pa.concat_arrays([a for _, a in arrays])

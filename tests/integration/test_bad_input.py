@@ -1,0 +1,104 @@
+"""Bad input gets a specific error and leaves nothing behind in Oxia or S3; corrupt or missing
+stored data is detected, never returned."""
+
+from __future__ import annotations
+
+import pytest
+
+from llog.errors import (
+    CorruptBatch, EmptyAppend, InconsistentReadState, InvalidOffset, InvalidPartition, InvalidPayload,
+    InvalidTopicName, OffsetOutOfRange, PartitionNotInitialized,
+)
+from llog.keys import PartitionKeys, TopicPartition, parse_s3_uri, shared_wal_prefix
+from llog.reader import LogReader
+from llog.writer import AppendGroup, LogWriter
+
+
+@pytest.fixture
+def writer(config):
+    with LogWriter(config, auto_initialize=True) as w:
+        yield w
+
+
+@pytest.fixture
+def reader(config):
+    with LogReader(config) as r:
+        yield r
+
+
+def nothing_written(writer: LogWriter, config) -> bool:
+    no_blobs = not list(writer.objects.list(shared_wal_prefix(config.root_prefix)))
+    return no_blobs and writer.coordination.writes() == 0 and writer.objects.stats["put"] == 0
+
+
+@pytest.mark.parametrize("groups, error, message", [
+    ([], EmptyAppend, "at least one group"),
+    ([AppendGroup("t", 0, [])], EmptyAppend, "at least one record"),
+    ([AppendGroup("bad topic", 0, [b"x"])], InvalidTopicName, "contains ' '"),
+    ([AppendGroup("a/b", 0, [b"x"])], InvalidTopicName, "contains '/'"),
+    ([AppendGroup("..", 0, [b"x"])], InvalidTopicName, "reserved"),
+    ([AppendGroup("x" * 250, 0, [b"x"])], InvalidTopicName, "limit is 249"),
+    ([AppendGroup("t", -1, [b"x"])], InvalidPartition, "int >= 0"),
+    ([AppendGroup("t", 0, [b"ok", "text"])], InvalidPayload, r"records\[1\] is str"),
+    ([AppendGroup("t", 0, [b"ok", None])], InvalidPayload, r"records\[1\] is NoneType"),
+    ([AppendGroup("t", 0, [b"ok"]), AppendGroup("t", 1, [1])], InvalidPayload, r"groups\[1\]"),
+    ([AppendGroup("t", 0, b"not a list")], InvalidPayload, "sequence of bytes"),
+])
+def test_bad_appends_fail_before_anything_is_written(config, writer, groups, error, message):
+    with pytest.raises(error, match=message):
+        writer.append_shared(groups)
+    assert nothing_written(writer, config)
+
+
+def test_append_to_uninitialized_partition_without_auto_initialize(config):
+    with LogWriter(config) as writer:
+        with pytest.raises(PartitionNotInitialized, match=r"t\[3\] is not initialized"):
+            writer.append("t", 3, [b"x"])
+        assert writer.coordination.get(writer.keys("t", 3).control, "t:3") is None
+        assert writer.initialize_partition("t", 3) is True
+        assert writer.initialize_partition("t", 3) is False  # idempotent
+        assert writer.append("t", 3, [b"x"]).start_offset == 1
+
+
+def test_bad_reads(writer, reader):
+    writer.append("t", 0, [b"a", b"b", b"c"])
+    with pytest.raises(PartitionNotInitialized):
+        reader.read_offset("t", 1, 1)
+    with pytest.raises(OffsetOutOfRange, match=r"offset 4 of t\[0\] is out of range: readable offsets are 1..3"):
+        reader.read_offset("t", 0, 4)
+    with pytest.raises(OffsetOutOfRange):
+        reader.read_range("t", 0, 2, 9)
+    with pytest.raises(InvalidOffset, match="offsets start at 1"):
+        reader.read_offset("t", 0, 0)
+    with pytest.raises(InvalidOffset, match="before start"):
+        reader.read_range("t", 0, 3, 2)
+    with pytest.raises(InvalidTopicName):
+        reader.read_range("no/slash", 0, 1)
+    assert list(reader.iter_from("t", 0, 4)) == []  # nothing past the high watermark: an empty tail
+
+
+def test_corrupt_blob_is_detected(config, writer, reader):
+    result = writer.append_shared([AppendGroup("t", 0, [b"a" * 100] * 10), AppendGroup("t", 1, [b"b"])])[0]
+    bucket, key = parse_s3_uri(result.wal_uri)
+    blob = bytearray(writer.objects.get(result.wal_uri))
+    blob[-5] ^= 0xFF  # a data byte of partition 1's body
+    writer.objects._s3.put_object(Bucket=bucket, Key=key, Body=bytes(blob))
+    assert reader.read_offset("t", 0, 3).value == b"a" * 100  # partition 0's slice is intact
+    with pytest.raises(CorruptBatch, match="CRC mismatch"):
+        reader.read_range("t", 1, 1)
+
+    writer.objects._s3.put_object(Bucket=bucket, Key=key, Body=bytes(blob[:40]))
+    with pytest.raises(Exception, match="range|bytes"):
+        reader.read_range("t", 0, 1)
+
+
+def test_missing_index_entry_is_a_gap_not_a_skip(config, writer, reader):
+    for i in range(3):
+        writer.append("t", 0, [f"{i}".encode()] * 5)
+    keys = PartitionKeys(config.root_prefix, TopicPartition("t", 0))
+    writer.coordination.delete(keys.index(10), keys.partition_key)
+    assert [r.value for r in reader.read_range("t", 0, 1, 5)] == [b"0"] * 5
+    with pytest.raises(InconsistentReadState, match="no index entry covers offset 6"):
+        reader.read_range("t", 0, 1, 15)
+    with pytest.raises(InconsistentReadState):
+        reader.read_offset("t", 0, 7)
