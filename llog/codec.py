@@ -49,11 +49,12 @@ def to_binary_array(values: object, what: str = "records") -> pa.BinaryArray:
             raise InvalidPayload(f"{what} must be a sequence of bytes values, got {type(values).__name__}")
         kinds = {type(v) for v in values}
         if not kinds <= {bytes, bytearray, memoryview}:
-            bad = next(i for i, v in enumerate(values) if not isinstance(v, _BYTES_LIKE))
-            raise InvalidPayload(
-                f"{what}[{bad}] is {type(values[bad]).__name__}, not bytes"
-                + (" (encode text first, e.g. value.encode('utf-8'))" if isinstance(values[bad], str) else "")
-            )
+            bad = next((i for i, v in enumerate(values) if not isinstance(v, _BYTES_LIKE)), None)
+            if bad is not None:
+                raise InvalidPayload(
+                    f"{what}[{bad}] is {type(values[bad]).__name__}, not bytes"
+                    + (" (encode text first, e.g. value.encode('utf-8'))" if isinstance(values[bad], str) else "")
+                )
         array = pa.array(values if kinds == {bytes} else [bytes(v) for v in values], type=pa.binary())
     if len(array) == 0:
         raise EmptyAppend(f"{what} must hold at least one record")
@@ -234,6 +235,8 @@ def unpack_shared(blob: bytes | memoryview, where: str = "shared WAL blob") -> t
         raise CorruptBatch(f"{where}: header length {header_length} runs past the {len(view)}-byte blob")
     try:
         header = json.loads(bytes(view[SHARED_PREFIX.size:bodies_start]))
+        if not isinstance(header, dict):
+            raise TypeError(f"the header is a JSON {type(header).__name__}, not an object")
         if header.get("version") != SHARED_VERSION:
             raise CorruptBatch(f"{where}: unsupported LLS1 version {header.get('version')!r}")
         slices = [
@@ -241,6 +244,11 @@ def unpack_shared(blob: bytes | memoryview, where: str = "shared WAL blob") -> t
             for p in header["partitions"]
         ]
         created_at_ms = int(header["created_at_ms"])
+        for s in slices:
+            for name in ("partition", "msg_count", "body_offset", "body_length"):
+                value = getattr(s, name)
+                if not isinstance(value, int) or isinstance(value, bool) or value < 0:
+                    raise TypeError(f"{name} of {s.topic}[{s.partition}] is {value!r}, not an int >= 0")
     except (ValueError, KeyError, TypeError) as e:
         raise CorruptBatch(f"{where}: malformed LLS1 header: {e}") from None
     for s in slices:

@@ -106,7 +106,7 @@ class PartitionKeys:
         if not key.startswith(self.index_prefix):
             raise ValueError(f"{key!r} is not an index key of {self.tp}")
         suffix = key[len(self.index_prefix):]
-        if len(suffix) != OFFSET_WIDTH or not suffix.isdigit():
+        if len(suffix) != OFFSET_WIDTH or not (suffix.isascii() and suffix.isdigit()):
             raise ValueError(f"{key!r} does not end in a {OFFSET_WIDTH}-digit offset")
         return int(suffix)
 

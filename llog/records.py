@@ -78,13 +78,19 @@ class IndexEntry:
             byte_offset=_field(obj, "byte_offset", int, key, optional=True),
             byte_length=_field(obj, "byte_length", int, key, optional=True),
         )
-        if entry.type not in (WAL, COMPACTED):
-            raise CorruptRecord(f"{key}: unknown entry type {entry.type!r}")
-        if entry.msg_count < 1:
-            raise CorruptRecord(f"{key}: msg_count must be >= 1, got {entry.msg_count}")
-        if (entry.byte_offset is None) != (entry.byte_length is None):
-            raise CorruptRecord(f"{key}: byte_offset and byte_length must be both set or both absent")
-        return entry
+        return _check_entry(entry, key)
+
+
+def _check_entry(entry: IndexEntry, key: str) -> IndexEntry:
+    if entry.type not in (WAL, COMPACTED):
+        raise CorruptRecord(f"{key}: unknown entry type {entry.type!r}")
+    if entry.msg_count < 1:
+        raise CorruptRecord(f"{key}: msg_count must be >= 1, got {entry.msg_count}")
+    if (entry.byte_offset is None) != (entry.byte_length is None):
+        raise CorruptRecord(f"{key}: byte_offset and byte_length must be both set or both absent")
+    if entry.byte_offset is not None and (entry.byte_offset < 0 or entry.byte_length < 1):
+        raise CorruptRecord(f"{key}: byte range {entry.byte_offset}+{entry.byte_length} is invalid")
+    return entry
 
 
 @dataclass(frozen=True)
@@ -152,9 +158,12 @@ class PendingAppend:
             byte_offset=_field(obj, "byte_offset", int, key, optional=True),
             byte_length=_field(obj, "byte_length", int, key, optional=True),
         )
-        if pending.end_offset - pending.start_offset + 1 != pending.msg_count or pending.msg_count < 1:
+        if pending.end_offset - pending.start_offset + 1 != pending.msg_count or pending.msg_count < 1 \
+                or pending.start_offset < 1:
             raise CorruptRecord(f"{key}: pending range {pending.start_offset}..{pending.end_offset} "
                                 f"does not hold msg_count={pending.msg_count}")
+        # The pending becomes an index entry: it must be one that readers accept.
+        _check_entry(pending.to_index_entry(), f"{key} (pending)")
         return pending
 
 
@@ -214,4 +223,7 @@ class CompactionCursor:
 
     @classmethod
     def from_json(cls, raw: bytes | str, key: str = "meta/compaction-cursor") -> "CompactionCursor":
-        return cls(_field(_load(raw, key), "offset", int, key))
+        offset = _field(_load(raw, key), "offset", int, key)
+        if offset < 1:
+            raise CorruptRecord(f"{key}: offset must be >= 1, got {offset}")
+        return cls(offset)
