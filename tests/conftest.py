@@ -1,0 +1,41 @@
+"""Shared fixtures: one local stack (real Oxia + SeaweedFS) per test session."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from uuid import uuid4
+
+import pytest
+
+from llog.config import Config
+from llog.local_stack import down, free_ports, install, up
+
+_INTEGRATION_DIR = Path(__file__).parent / "integration"
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    config.addinivalue_line("markers", "integration: needs real processes (Oxia, SeaweedFS, Spark)")
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    for item in items:
+        if _INTEGRATION_DIR in item.path.parents:
+            item.add_marker(pytest.mark.integration)
+
+
+@pytest.fixture(scope="session")
+def stack(tmp_path_factory: pytest.TempPathFactory) -> Config:
+    """A running local stack on free ports, as the config that reaches it."""
+    install()
+    stack_dir = tmp_path_factory.mktemp("stack")
+    up(stack_dir=stack_dir, ports=free_ports())
+    try:
+        yield Config.load(env={}, settings_path=stack_dir / "settings.json")
+    finally:
+        down(stack_dir, purge=True)
+
+
+@pytest.fixture
+def config(stack: Config) -> Config:
+    """The stack's config with a root prefix of its own, so tests do not see each other's data."""
+    return stack.replace(root_prefix=f"t{uuid4().hex[:12]}")

@@ -1,0 +1,135 @@
+"""The local stack with real processes: up, idempotence, down, port conflicts, the CLI."""
+
+from __future__ import annotations
+
+import argparse
+import socket
+from dataclasses import replace
+from pathlib import Path
+
+import boto3
+import oxia
+import pytest
+
+from llog.config import Config
+from llog.errors import LlogError
+from llog.local_stack import (
+    DEFAULT_PORTS,
+    S3_ACCESS_KEY_ID,
+    S3_SECRET_ACCESS_KEY,
+    add_stack_command,
+    down,
+    free_ports,
+    install,
+    resolve_ports,
+    status,
+    up,
+)
+
+
+def _pid_exists(pid: int) -> bool:
+    return Path(f"/proc/{pid}/cmdline").exists() and Path(f"/proc/{pid}/cmdline").read_bytes() != b""
+
+
+def _processes_using(path: Path) -> list[int]:
+    """Pids whose command line mentions ``path``."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                if str(path).encode() in (entry / "cmdline").read_bytes():
+                    found.append(int(entry.name))
+            except OSError:
+                continue
+    return found
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="llog")
+    add_stack_command(parser.add_subparsers(dest="command", required=True))
+    return parser
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _installed() -> None:
+    install()
+
+
+def test_up_status_use_idempotent_down(tmp_path: Path) -> None:
+    ports = free_ports()
+    try:
+        info = up(stack_dir=tmp_path, ports=ports, bucket="llog-test")
+        assert info["running"]
+        assert info["oxia"]["healthy"] and info["seaweedfs"]["healthy"]
+        assert info["oxia"]["port"] == ports.oxia and info["oxia"]["metrics_port"] == ports.oxia_metrics
+        assert info["seaweedfs"]["s3_port"] == ports.s3 and info["seaweedfs"]["filer_port"] == ports.filer
+        pids = info["oxia"]["pid"], info["seaweedfs"]["pid"]
+        assert all(_pid_exists(pid) for pid in pids)
+        assert status(tmp_path) == info
+
+        config = Config.load(env={}, settings_path=tmp_path / "settings.json")
+        assert config.oxia_service_address == f"127.0.0.1:{ports.oxia}"
+        assert config.s3_endpoint_url == f"http://127.0.0.1:{ports.s3}"
+        assert (config.s3_bucket, config.s3_access_key_id) == ("llog-test", S3_ACCESS_KEY_ID)
+
+        s3 = boto3.client(
+            "s3", endpoint_url=config.s3_endpoint_url, region_name="us-east-1",
+            aws_access_key_id=S3_ACCESS_KEY_ID, aws_secret_access_key=S3_SECRET_ACCESS_KEY,
+        )
+        s3.put_object(Bucket="llog-test", Key="a/b", Body=b"hello")
+        assert s3.get_object(Bucket="llog-test", Key="a/b")["Body"].read() == b"hello"
+
+        client = oxia.Client(config.oxia_service_address)
+        try:
+            client.put("k", b"v", partition_key="k")
+            key, value, _ = client.get("k", partition_key="k")
+            assert (key, value) == ("k", b"v")
+        finally:
+            client.close()
+
+        again = up(stack_dir=tmp_path, ports=ports, bucket="llog-test")
+        assert (again["oxia"]["pid"], again["seaweedfs"]["pid"]) == pids
+
+        stopped = down(tmp_path)
+        assert len(stopped) == 2 and all(str(pid) in " ".join(stopped) for pid in pids)
+        assert not any(_pid_exists(pid) for pid in pids)
+        after = status(tmp_path)
+        assert not after["running"] and after["oxia"]["pid"] is None and after["seaweedfs"]["pid"] is None
+        assert not (tmp_path / "settings.json").exists() and not (tmp_path / "stack.json").exists()
+        assert down(tmp_path) == []
+    finally:
+        down(tmp_path, purge=True)
+    assert not (tmp_path / "oxia").exists() and not (tmp_path / "seaweedfs").exists()
+
+
+def test_port_in_use_is_named_and_nothing_starts(tmp_path: Path) -> None:
+    ports = free_ports()
+    with socket.socket() as squatter:
+        squatter.bind(("127.0.0.1", ports.s3))
+        squatter.listen()
+        with pytest.raises(LlogError, match=rf"port {ports.s3} \(SeaweedFS S3\) on 127.0.0.1 is already in use"):
+            up(stack_dir=tmp_path, ports=ports)
+    assert not status(tmp_path)["running"]
+    assert not (tmp_path / "stack.json").exists()
+    assert _processes_using(tmp_path) == []
+
+
+
+def test_not_healthy_in_time_stops_and_shows_the_log(tmp_path: Path) -> None:
+    with pytest.raises(LlogError, match=r"oxia did not become healthy within 0 s(.|\n)*oxia\.log"):
+        up(stack_dir=tmp_path, ports=free_ports(), timeout_s=0)
+    assert not (tmp_path / "stack.json").exists() and not (tmp_path / "settings.json").exists()
+    assert _processes_using(tmp_path) == []
+
+def test_cli_status_of_empty_stack_dir(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    args = _parser().parse_args(["stack", "status", "--stack-dir", str(tmp_path)])
+    assert args.func(args) == 0
+    assert "not running" in capsys.readouterr().out
+
+
+def test_port_flags_override_env_override_defaults() -> None:
+    args = _parser().parse_args(["stack", "up", "--oxia-port", "21000", "--s3-port", "21001"])
+    assert (args.oxia_port, args.s3_port, args.master_port) == (21000, 21001, None)
+    env = {"LLOG_STACK_OXIA_PORT": "22000", "LLOG_STACK_MASTER_PORT": "22001"}
+    ports = resolve_ports({"oxia": args.oxia_port, "s3": args.s3_port, "master": args.master_port}, env=env)
+    assert ports == replace(DEFAULT_PORTS, oxia=21000, s3=21001, master=22001)
