@@ -15,8 +15,12 @@ CASES = {"core": "bench.core"}
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m bench")
-    parser.add_argument("cases", nargs="*", choices=list(CASES), default=list(CASES))
+    parser.add_argument("cases", nargs="*", metavar="CASE", help=f"any of {', '.join(CASES)} (default: all)")
     args = parser.parse_args(argv)
+    unknown = sorted(set(args.cases) - set(CASES))
+    if unknown:
+        parser.error(f"unknown case(s) {', '.join(unknown)}; known: {', '.join(CASES)}")
+    cases = args.cases or list(CASES)
     local_stack.install()
     with tempfile.TemporaryDirectory(prefix="llog-bench-") as tmp:
         stack_dir = Path(tmp) / "stack"
@@ -24,7 +28,7 @@ def main(argv: list[str] | None = None) -> int:
         local_stack.up(stack_dir=stack_dir, ports=local_stack.free_ports())
         try:
             config = Config.load(env={}, settings_path=stack_dir / "settings.json")
-            for case in args.cases:
+            for case in cases:
                 module = __import__(CASES[case], fromlist=["run"])
                 module.run(config)
         finally:
