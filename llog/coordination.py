@@ -7,6 +7,10 @@ checked with a bounded wait before the client is built, and ``close`` runs with 
 Transient failures (unavailable, deadline exceeded, expired session) are retried with jittered
 backoff; a conditional write whose earlier attempt failed in transit reports a conflict as
 ``VersionConflict(outcome_unknown=True)``, since the conflict may be with itself.
+
+Gets and puts from concurrent threads to the same shard share one RPC (:class:`_Combiner`), as
+Oxia's Go client batches them: a writer committing eight partitions at once sends one Write per
+protocol step instead of eight. Each key keeps its own condition and result.
 """
 
 from __future__ import annotations
@@ -22,6 +26,7 @@ import grpc
 import oxia
 import oxia.ex
 from oxia.internal.connection_pool import ConnectionPool
+from oxia.internal.proto.io.streamnative.oxia import proto as pb
 from oxia.internal.proto.io.streamnative.oxia.proto import OxiaClientStub
 from tenacity import Retrying, retry_if_exception, stop_after_attempt, stop_after_delay, wait_random_exponential
 
@@ -113,6 +118,73 @@ class _OxiaClient(oxia.Client):
         super().close()
 
 
+class _Slot:
+    __slots__ = ("request", "result", "error", "done")
+
+    def __init__(self, request):
+        self.request, self.result, self.error = request, None, None
+        self.done = threading.Event()
+
+
+class _Combiner:
+    """Concurrent requests to one shard share one RPC.
+
+    The first caller to find the shard idle sends everything queued and keeps sending what
+    queues up meanwhile; the others wait for their own result. An idle shard adds no delay.
+    ``send(requests)`` returns one result or exception per request; an RPC failure fails every
+    request of that batch, and each caller's own retry decides what to do.
+    """
+
+    def __init__(self, send: Callable[[list], list]):
+        self._send = send
+        self._lock = threading.Lock()
+        self._queue: list[_Slot] = []
+        self._busy = False
+
+    def run(self, request):
+        slot = _Slot(request)
+        with self._lock:
+            self._queue.append(slot)
+            lead = not self._busy
+            self._busy = True
+        if lead:
+            self._drain()
+        slot.done.wait()  # every send has a gRPC deadline, so this ends
+        if slot.error is not None:
+            raise slot.error
+        return slot.result
+
+    def _drain(self) -> None:
+        while True:
+            with self._lock:
+                batch, self._queue = self._queue, []
+                if not batch:
+                    self._busy = False
+                    return
+            try:
+                results = self._send([slot.request for slot in batch])
+            except BaseException as e:  # noqa: BLE001 - handed to every waiting caller
+                results = [e] * len(batch)
+            for slot, result in zip(batch, results):
+                if isinstance(result, BaseException):
+                    slot.error = result
+                else:
+                    slot.result = result
+                slot.done.set()
+
+
+def _status_error(status) -> BaseException | None:
+    if status == pb.Status.OK:
+        return None
+    if status == pb.Status.KEY_NOT_FOUND:
+        return oxia.ex.KeyNotFound()
+    if status == pb.Status.UNEXPECTED_VERSION_ID:
+        return oxia.ex.UnexpectedVersionId()
+    if status == pb.Status.SESSION_DOES_NOT_EXIST:
+        return oxia.ex.SessionNotFound()
+    return oxia.ex.OxiaException(f"unknown status: {status}")
+
+
 def _is_transient(error: BaseException) -> bool:
     if isinstance(error, grpc.RpcError):
         return error.code() in _TRANSIENT_CODES
@@ -143,7 +215,47 @@ class Coordination:
             raise CoordinationError(f"cannot connect to Oxia at {config.oxia_service_address}: {e}") from e
         self._deadline_s = max(30.0, 3 * config.oxia_request_timeout_ms / 1000)
         self._lock = threading.Lock()
+        self._combiners: dict[tuple[str, int], _Combiner] = {}
         self.stats: collections.Counter[str] = collections.Counter()
+
+    # --- batched single-key requests ----------------------------------------------------------
+
+    def _shard(self, key: str, partition_key: str) -> int:
+        return self._client._service_discovery.get_leader(key, partition_key)[0]
+
+    def _combiner(self, kind: str, shard: int) -> _Combiner:
+        with self._lock:
+            combiner = self._combiners.get((kind, shard))
+            if combiner is None:
+                send = self._send_gets if kind == "read" else self._send_puts
+                combiner = self._combiners[(kind, shard)] = _Combiner(lambda requests: send(shard, requests))
+            return combiner
+
+    def _send_gets(self, shard: int, requests: list) -> list:
+        with self._lock:
+            self.stats["read_rpc"] += 1
+        stub = self._client._service_discovery.get_stub(shard)
+        responses = [g for r in stub.read(pb.ReadRequest(shard=shard, gets=requests)) for g in r.gets]
+        results = []
+        for request, response in zip(requests, responses):
+            error = _status_error(response.status)
+            if isinstance(error, oxia.ex.KeyNotFound):
+                results.append(None)
+            else:
+                key = response.key if response.key is not None else request.key
+                results.append(error or Versioned(key, response.value, response.version.version_id))
+        return results
+
+    def _send_puts(self, shard: int, requests: list) -> list:
+        with self._lock:
+            self.stats["write_rpc"] += 1
+        stub = self._client._service_discovery.get_stub(shard)
+        response = stub.write(pb.WriteRequest(shard=shard, puts=requests))
+        return [_status_error(r.status) or r.version.version_id for r in response.puts]
+
+    def _get(self, key: str, partition_key: str, comparison) -> Versioned | None:
+        request = pb.GetRequest(key=key, include_value=True, comparison_type=comparison)
+        return self._combiner("read", self._shard(key, partition_key)).run(request)
 
     # --- plumbing -----------------------------------------------------------------------------
 
@@ -166,14 +278,7 @@ class Coordination:
     # --- reads --------------------------------------------------------------------------------
 
     def get(self, key: str, partition_key: str) -> Versioned | None:
-        def fn():
-            try:
-                k, value, version = self._client.get(key, partition_key=partition_key)
-            except oxia.ex.KeyNotFound:
-                return None
-            return Versioned(k, value, version.version_id())
-
-        return self._call("get", key, fn)
+        return self._call("get", key, lambda: self._get(key, partition_key, pb.KeyComparisonType.EQUAL))
 
     def ceiling(self, key: str, partition_key: str | None, within: str) -> Versioned | None:
         """Lowest key >= ``key`` that starts with ``within``; None if there is none.
@@ -183,12 +288,15 @@ class Coordination:
         """
 
         def fn():
-            try:
-                k, value, version = self._client.get(key, partition_key=partition_key,
-                                                     comparison_type=oxia.ComparisonType.CEILING)
-            except oxia.ex.KeyNotFound:
-                return None
-            return Versioned(k, value, version.version_id()) if k.startswith(within) else None
+            if partition_key is not None:
+                found = self._get(key, partition_key, pb.KeyComparisonType.CEILING)
+            else:  # every shard: the client merges their answers in key order
+                try:
+                    k, value, version = self._client.get(key, comparison_type=oxia.ComparisonType.CEILING)
+                except oxia.ex.KeyNotFound:
+                    return None
+                found = Versioned(k, value, version.version_id())
+            return found if found is not None and found.key.startswith(within) else None
 
         return self._call("get", f"ceiling {key}", fn)
 
@@ -220,11 +328,14 @@ class Coordination:
 
         def fn():
             try:
-                _, version = self._client.put(key, value, partition_key=partition_key,
-                                              expected_version_id=expected_version, ephemeral=ephemeral)
+                if ephemeral:  # needs the client's session
+                    return self._client.put(key, value, partition_key=partition_key,
+                                            expected_version_id=expected_version, ephemeral=True)[1].version_id()
+                request = pb.PutRequest(key=key, value=value, partition_key=partition_key,
+                                        expected_version_id=expected_version)
+                return self._combiner("write", self._shard(key, partition_key)).run(request)
             except oxia.ex.UnexpectedVersionId:
                 raise VersionConflict(key, expected_version, outcome_unknown=in_transit_failure) from None
-            return version.version_id()
 
         return self._call("put", key, fn, on_retry=note_retry)
 
