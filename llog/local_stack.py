@@ -584,7 +584,9 @@ def _stop_recorded(paths: _Paths) -> list[str]:
     stopped = []
     for service in ("seaweedfs", "oxia"):
         entry = record.get(service, {})
-        if _alive(entry.get("pid"), entry.get("binary")):
+        # A child of this process is ours even before it has exec'ed (its cmdline not yet the binary).
+        ours = entry.get("pid") in _children and _children[entry["pid"]].poll() is None
+        if ours or _alive(entry.get("pid"), entry.get("binary")):
             _stop(entry["pid"], entry["binary"])
             stopped.append(f"{service} (pid {entry['pid']})")
     paths.record.unlink(missing_ok=True)
