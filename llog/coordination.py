@@ -18,7 +18,7 @@ from __future__ import annotations
 import collections
 import logging
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import TypeVar
 
@@ -259,9 +259,10 @@ class Coordination:
 
     # --- plumbing -----------------------------------------------------------------------------
 
-    def _call(self, op: str, what: str, fn: Callable[[], T], on_retry: Callable[[], None] | None = None) -> T:
+    def _call(self, op: str, what: str, fn: Callable[[], T], on_retry: Callable[[], None] | None = None,
+              count: int = 1) -> T:
         with self._lock:
-            self.stats[op] += 1
+            self.stats[op] += count
         retrying = Retrying(
             retry=retry_if_exception(_is_transient),
             stop=stop_after_attempt(_RETRY_ATTEMPTS) | stop_after_delay(self._deadline_s),
@@ -312,6 +313,58 @@ class Coordination:
     def list_keys(self, start: str, end: str, partition_key: str | None = None) -> list[str]:
         return self._call("list", f"{start}..{end}",
                           lambda: self._client.list(start, end, partition_key=partition_key))
+
+    def get_many(self, requests: Sequence[tuple[str, str]], ceiling_within: Sequence[str] | None = None
+                 ) -> list[Versioned | None]:
+        """Several gets in one Read RPC per shard: ``(key, partition_key)`` each; with
+        ``ceiling_within`` (one prefix per request) CEILING gets answered like :meth:`ceiling`."""
+        comparison = pb.KeyComparisonType.CEILING if ceiling_within is not None else pb.KeyComparisonType.EQUAL
+        out: list[Versioned | None] = [None] * len(requests)
+        for shard, indexes in self._by_shard((key, pk) for key, pk in requests).items():
+            batch = [pb.GetRequest(key=requests[i][0], include_value=True, comparison_type=comparison) for i in indexes]
+            results = self._call("get", f"{len(batch)} keys", lambda: self._raise_first(self._send_gets(shard, batch)),
+                                 count=len(batch))
+            for i, found in zip(indexes, results):
+                if found is not None and (ceiling_within is None or found.key.startswith(ceiling_within[i])):
+                    out[i] = found
+        return out
+
+    def put_many(self, items: Sequence[tuple[str, bytes, str, int | None]]) -> list[int | VersionConflict]:
+        """Several puts in one Write RPC per shard: ``(key, value, partition_key,
+        expected_version)`` each. Returns the new version id, or the :class:`VersionConflict`
+        of a put whose condition failed (``outcome_unknown`` as in :meth:`put`)."""
+        out: list[int | VersionConflict] = [0] * len(items)
+        for shard, indexes in self._by_shard((key, pk) for key, _, pk, _ in items).items():
+            batch = [pb.PutRequest(key=items[i][0], value=items[i][1], partition_key=items[i][2],
+                                   expected_version_id=items[i][3]) for i in indexes]
+            retried = False
+
+            def note_retry():
+                nonlocal retried
+                retried = True
+
+            results = self._call("put", f"{len(batch)} keys", lambda: self._send_puts(shard, batch),
+                                 on_retry=note_retry, count=len(batch))
+            for i, result in zip(indexes, results):
+                if isinstance(result, oxia.ex.UnexpectedVersionId):
+                    result = VersionConflict(items[i][0], items[i][3], outcome_unknown=retried)
+                elif isinstance(result, BaseException):
+                    raise CoordinationError(f"oxia put {items[i][0]} failed: {result!r}")
+                out[i] = result
+        return out
+
+    def _by_shard(self, keys) -> dict[int, list[int]]:
+        groups: dict[int, list[int]] = {}
+        for i, (key, partition_key) in enumerate(keys):
+            groups.setdefault(self._shard(key, partition_key), []).append(i)
+        return groups
+
+    @staticmethod
+    def _raise_first(results: list) -> list:
+        for result in results:
+            if isinstance(result, BaseException):
+                raise result
+        return results
 
     # --- writes -------------------------------------------------------------------------------
 

@@ -23,10 +23,10 @@ from llog.codec import decode_batch, offsets_prefix_length, record_span
 from llog.config import Config
 from llog.control import ControlState, read_control
 from llog.coordination import Coordination
-from llog.errors import InconsistentReadState, InvalidOffset, OffsetOutOfRange, StorageError
+from llog.errors import InconsistentReadState, InvalidOffset, OffsetOutOfRange, PartitionNotInitialized
 from llog.keys import PartitionKeys, TopicPartition
 from llog.objects import ObjectStore
-from llog.records import IndexEntry, LocatedEntry
+from llog.records import ControlRecord, IndexEntry, LocatedEntry
 
 #: Schema of the Arrow batches :meth:`LogReader.read_batches` returns.
 RECORD_SCHEMA = pa.schema([
@@ -117,8 +117,9 @@ class LogReader:
 
     # --- resolving offsets to entries (sections 5.1 to 5.3, 5.5) -----------------------------
 
-    def _control(self, keys: PartitionKeys, start: int, end: int | None) -> tuple[ControlState, int]:
-        state = read_control(self.coordination, keys)
+    def _control(self, keys: PartitionKeys, start: int, end: int | None,
+                 state: ControlState | None = None) -> tuple[ControlState, int]:
+        state = state or read_control(self.coordination, keys)
         hw = state.record.high_watermark
         _check_offset("start offset", start)
         if end is None:
@@ -169,35 +170,33 @@ class LogReader:
 
     def _fetch(self, slices: Sequence[_Slice]) -> dict[int, pa.BinaryArray]:
         """Decode every slice's entry, fetching each blob once: one range GET spanning the
-        entries' bodies when they all have byte ranges, else one GET of the object."""
+        entries' bodies when they all have byte ranges, else one GET of the object. Bodies are
+        decoded in parallel (their CRC runs outside the GIL)."""
         by_blob: dict[str, list[_Slice]] = {}
         for s in slices:
             by_blob.setdefault(s.located.entry.data_key, []).append(s)
 
-        def fetch_blob(uri: str, group: list[_Slice]) -> list[tuple[int, pa.BinaryArray]]:
-            ranged = all(s.located.entry.byte_offset is not None for s in group)
-            if ranged:
+        def fetch_blob(uri: str, group: list[_Slice]) -> list[tuple[_Slice, memoryview]]:
+            if all(s.located.entry.byte_offset is not None for s in group):
                 lo = min(s.located.entry.byte_offset for s in group)
                 hi = max(s.located.entry.byte_offset + s.located.entry.byte_length for s in group)
                 blob = memoryview(self.objects.get(uri, lo, hi - lo))
             else:
                 lo, blob = 0, memoryview(self.objects.get(uri))
-            out = []
-            for s in group:
-                e = s.located.entry
-                body = blob if e.byte_offset is None else blob[e.byte_offset - lo: e.byte_offset - lo + e.byte_length]
-                where = f"{uri} (offsets {s.located.start_offset}..{s.located.end_offset})"
-                out.append((id(s), decode_batch(body, e.msg_count, where)))
-            return out
+            return [(s, blob if s.located.entry.byte_offset is None else
+                     blob[s.located.entry.byte_offset - lo: s.located.entry.byte_offset - lo + s.located.entry.byte_length])
+                    for s in group]
 
-        decoded: dict[int, pa.BinaryArray] = {}
-        if len(by_blob) == 1:
-            (uri, group), = by_blob.items()
-            decoded.update(fetch_blob(uri, group))
-        else:
-            for part in self._pool.map(lambda item: fetch_blob(*item), by_blob.items()):
-                decoded.update(part)
-        return decoded
+        def decode(item: tuple[_Slice, memoryview]) -> tuple[int, pa.BinaryArray]:
+            s, body = item
+            where = f"{s.located.entry.data_key} (offsets {s.located.start_offset}..{s.located.end_offset})"
+            return id(s), decode_batch(body, s.located.entry.msg_count, where)
+
+        bodies = [body for part in self._map(lambda item: fetch_blob(*item), list(by_blob.items())) for body in part]
+        return dict(self._map(decode, bodies))
+
+    def _map(self, fn, items: list) -> list:
+        return list(self._pool.map(fn, items)) if len(items) > 1 else [fn(i) for i in items]
 
     @staticmethod
     def _to_batch(s: _Slice, values: pa.BinaryArray) -> pa.RecordBatch:
@@ -211,18 +210,36 @@ class LogReader:
 
     # --- public reads -------------------------------------------------------------------------
 
+    def _resolve_many(self, requests: Sequence[ReadRequest]) -> list[tuple[ReadRequest, ControlState, int, list[_Slice]]]:
+        """Resolve every request with two multi-key reads: all ``meta/control`` records, then
+        the ceiling entry of every start offset. A request that one entry does not cover falls
+        back to :meth:`_resolve` (range scan, ceiling, pending)."""
+        keys = [self.keys(r.topic, r.partition) for r in requests]
+        controls = self.coordination.get_many([(k.control, k.partition_key) for k in keys])
+        states = []
+        for req, k, found in zip(requests, keys, controls):
+            if found is None:
+                raise PartitionNotInitialized(k.tp.topic, k.tp.partition)
+            states.append(self._control(k, req.start, req.end, ControlState(
+                ControlRecord.from_json(found.value, k.control), found.version_id)))
+        firsts = self.coordination.get_many([(k.index(r.start), k.partition_key) for k, r in zip(keys, requests)],
+                                            ceiling_within=[k.index_prefix for k in keys])
+        out = []
+        for req, k, (state, end), first in zip(requests, keys, states, firsts):
+            located = first and LocatedEntry(k.index_end_offset(first.key), IndexEntry.from_json(first.value, first.key))
+            if located is not None and located.start_offset <= req.start and located.end_offset >= end:
+                out.append((req, state, end, [_Slice(located, req.start, end)]))
+            else:
+                out.append((req, state, end, self._resolve(k, state, req.start, end)))
+        return out
+
     def read_batches(self, requests: Sequence[ReadRequest]) -> list[PartitionBatches]:
         """Read several topic-partition ranges as Arrow batches, one result per request.
 
-        Resolution runs concurrently per partition; then every blob is fetched once for the
-        whole call, even when several partitions share it.
+        Resolution reads Oxia a few keys at a time per shard, not per request; then every blob
+        is fetched once for the whole call, even when several partitions share it.
         """
-        def resolve(req: ReadRequest):
-            keys = self.keys(req.topic, req.partition)
-            state, end = self._control(keys, req.start, req.end)
-            return req, state, end, self._resolve(keys, state, req.start, end)
-
-        resolved = list(self._pool.map(resolve, requests)) if len(requests) > 1 else [resolve(r) for r in requests]
+        resolved = self._resolve_many(requests)
         decoded = self._fetch([s for *_, slices in resolved for s in slices])
         return [
             PartitionBatches(req.topic, req.partition, req.start, end, state.record.high_watermark,
