@@ -21,7 +21,10 @@ from llog.codec import SharedSlice, encode_batch, pack_shared, to_binary_array
 from llog.config import Config
 from llog.control import ControlState, clear_pending, initialize_partition, read_control, update_control
 from llog.coordination import Coordination
-from llog.errors import AppendFailed, AppendOutcomeUnknown, EmptyAppend, LogFenced, PartitionNotInitialized
+from llog.errors import (
+    AppendFailed, AppendOutcomeUnknown, EmptyAppend, LlogError, LogFenced, PartitionNotInitialized,
+    VersionConflict,
+)
 from llog.keys import PartitionKeys, TopicPartition, shared_wal_object
 from llog.objects import ObjectStore
 from llog.records import BYTES_BATCH_V1, WAL, ControlRecord, IndexEntry, PendingAppend, now_ms
@@ -122,10 +125,9 @@ class LogWriter:
         failpoints.hit("writer.after_blob_put")
 
         commits = [_Commit(self.keys(s.topic, s.partition), s, wal_uri, created_at_ms) for s in slices]
-        futures = [self._pool.submit(self._commit, c) for c in commits]
-        committed: dict[TopicPartition, tuple[int, str]] = {}
-        errors: dict[tuple[str, int], BaseException] = {}
-        for commit, future in zip(commits, futures):
+        committed, contended, errors = self._commit_together(commits)
+        futures = [self._pool.submit(self._commit, c) for c in contended]
+        for commit, future in zip(contended, futures):
             try:
                 committed[commit.keys.tp] = future.result()
             except Exception as e:  # noqa: BLE001 - reported per partition below
@@ -147,25 +149,110 @@ class LogWriter:
             raise AppendFailed(ordered, errors)
         return ordered
 
+    # --- all partitions at once (section 4.3 to 4.5, uncontended) ------------------------------
+
+    def _commit_together(self, commits: list[_Commit]):
+        """Sections 4.3 to 4.5 for every partition in lockstep: read all controls, CAS all
+        reservations, put all index entries, CAS all clears, each step one RPC per shard.
+
+        Returns ``(committed, contended, errors)``: what committed; the partitions left to
+        :meth:`_commit`'s own CAS loop (not initialized, fenced, holding someone's pending append,
+        or whose reservation lost a race: nothing of theirs was reserved); and the partitions
+        that failed after their reservation may have landed, which must not be retried (the next
+        writer finishes a reservation left pending). A reservation whose reply was lost is
+        looked for before it is left to retry, so it is never made twice.
+        """
+        coordination, pk = self.coordination, lambda c: c.keys.partition_key
+        committed: dict[TopicPartition, tuple[int, str]] = {}
+        errors: dict[tuple[str, int], BaseException] = {}
+        try:
+            controls = coordination.get_many([(c.keys.control, pk(c)) for c in commits])
+        except LlogError:
+            return committed, commits, errors  # nothing reserved yet
+        contended, ready = [], []
+        for commit, found in zip(commits, controls):
+            state = found and ControlState(ControlRecord.from_json(found.value, found.key), found.version_id)
+            if state is None or state.record.pending is not None or state.record.fenced:
+                contended.append(commit)
+            else:
+                ready.append((commit, state, self._pending(commit, str(uuid.uuid4()), state.record.sequence_counter)))
+
+        def fail(batch, error: BaseException):
+            for commit, *_ in batch:
+                errors[(commit.keys.tp.topic, commit.keys.tp.partition)] = error
+            return committed, contended, errors
+
+        try:
+            reservations = coordination.put_many([
+                (c.keys.control, state.record.with_changes(sequence_counter=p.end_offset + 1, pending=p).to_json(),
+                 pk(c), state.version) for c, state, p in ready])
+        except LlogError as e:
+            return fail(ready, e)
+        reserved = []
+        for (commit, state, pending), result in zip(ready, reservations):
+            if isinstance(result, VersionConflict):
+                if not result.outcome_unknown:
+                    contended.append(commit)
+                    continue
+                try:
+                    landed = self._find_landed_reservation(commit.keys, pending.append_id, [pending.start_offset],
+                                                           read_control(coordination, commit.keys), commit)
+                except LlogError as e:
+                    fail([(commit,)], e)
+                    continue
+                if landed is None:
+                    contended.append(commit)
+                elif landed.record.pending is None or landed.record.pending.append_id != pending.append_id:
+                    committed[commit.keys.tp] = (pending.start_offset, commit.keys.index(pending.end_offset))
+                else:
+                    reserved.append((commit, landed, pending))
+            else:
+                reserved.append((commit, ControlState(state.record.with_changes(
+                    sequence_counter=pending.end_offset + 1, pending=pending), result), pending))
+        if not reserved:
+            return committed, contended, errors
+        failpoints.hit("writer.after_reserve")
+
+        try:
+            coordination.put_many([(c.keys.index(p.end_offset), p.to_index_entry().to_json(), pk(c), None)
+                                   for c, _, p in reserved])
+            failpoints.hit("writer.after_index_put")
+            clears = coordination.put_many([(c.keys.control, state.record.with_changes(pending=None).to_json(),
+                                             pk(c), state.version) for c, state, _ in reserved])
+        except LlogError as e:
+            return fail(reserved, e)
+        for (commit, _, pending), result in zip(reserved, clears):
+            try:
+                if isinstance(result, VersionConflict):  # e.g. fenced meanwhile: clear through the CAS loop
+                    clear_pending(coordination, commit.keys, pending.append_id,
+                                  read_control(coordination, commit.keys), self.config.cas_max_attempts)
+            except LlogError as e:
+                fail([(commit,)], e)
+                continue
+            committed[commit.keys.tp] = (pending.start_offset, commit.keys.index(pending.end_offset))
+        return committed, contended, errors
+
+    @staticmethod
+    def _pending(commit: _Commit, append_id: str, start: int) -> PendingAppend:
+        s = commit.slice
+        return PendingAppend(
+            append_id=append_id, start_offset=start, end_offset=start + s.msg_count - 1, msg_count=s.msg_count,
+            data_key=commit.wal_uri, entry_type=WAL, encoding=BYTES_BATCH_V1, created_at_ms=commit.created_at_ms,
+            byte_offset=s.body_offset, byte_length=s.body_length,
+        )
+
     # --- one partition (section 4.3 to 4.5) ---------------------------------------------------
 
     def _commit(self, commit: _Commit) -> tuple[int, str]:
         keys, s = commit.keys, commit.slice
         append_id = str(uuid.uuid4())
 
-        def pending_from(start: int) -> PendingAppend:
-            return PendingAppend(
-                append_id=append_id, start_offset=start, end_offset=start + s.msg_count - 1,
-                msg_count=s.msg_count, data_key=commit.wal_uri, entry_type=WAL, encoding=BYTES_BATCH_V1,
-                created_at_ms=commit.created_at_ms, byte_offset=s.body_offset, byte_length=s.body_length,
-            )
-
         def reserve(control: ControlRecord) -> ControlRecord:
             if control.fenced:
                 raise LogFenced(keys.tp.topic, keys.tp.partition)
             reserved.append(control.sequence_counter)
             return control.with_changes(sequence_counter=control.sequence_counter + s.msg_count,
-                                         pending=pending_from(control.sequence_counter))
+                                         pending=self._pending(commit, append_id, control.sequence_counter))
 
         def landed(current: ControlState) -> ControlState | None:
             return self._find_landed_reservation(keys, append_id, reserved, current, commit)
