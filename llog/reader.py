@@ -13,12 +13,12 @@ resolver takes each offset from the first entry in key order that covers it.
 from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
 import numpy as np
 import pyarrow as pa
 
+from llog.clients import ClientUser
 from llog.codec import decode_batch, offsets_prefix_length, record_span
 from llog.config import Config
 from llog.control import ControlState, read_control
@@ -93,16 +93,12 @@ def _check_offset(name: str, value: object) -> int:
     return value
 
 
-class LogReader:
+class LogReader(ClientUser):
     """Reads records by offset. Thread-safe; reuse one per process."""
 
     def __init__(self, config: Config, coordination: Coordination | None = None,
                  objects: ObjectStore | None = None, max_workers: int = 8):
-        self.config = config.require("oxia_service_address")
-        self._owns = coordination is None, objects is None
-        self.coordination = coordination or Coordination(config)
-        self.objects = objects or ObjectStore(config)
-        self._pool = ThreadPoolExecutor(max_workers=max_workers, thread_name_prefix="llog-read")
+        super().__init__(config.require("oxia_service_address"), coordination, objects, max_workers, "llog-read")
 
     @classmethod
     def from_env(cls, **kwargs) -> "LogReader":
@@ -284,18 +280,6 @@ class LogReader:
             yield from _records(topic, partition, result.batches)
             position = upto + 1
 
-    def close(self) -> None:
-        self._pool.shutdown(wait=True)
-        if self._owns[0]:
-            self.coordination.close()
-        if self._owns[1]:
-            self.objects.close()
-
-    def __enter__(self) -> "LogReader":
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self.close()
 
 
 def _records(topic: str, partition: int, batches: Sequence[pa.RecordBatch]) -> Iterator[Record]:

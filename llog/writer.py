@@ -11,12 +11,12 @@ from __future__ import annotations
 import logging
 import uuid
 from collections.abc import Sequence
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
 import pyarrow as pa
 
 from llog import failpoints
+from llog.clients import ClientUser
 from llog.codec import SharedSlice, encode_batch, pack_shared, to_binary_array
 from llog.config import Config
 from llog.control import ControlState, clear_pending, initialize_partition, read_control, update_control
@@ -67,7 +67,7 @@ class _Commit:
     created_at_ms: int
 
 
-class LogWriter:
+class LogWriter(ClientUser):
     """Appends records to topic-partitions. Thread-safe; reuse one per process.
 
     With ``auto_initialize`` a partition is created on its first append (as Kafka creates
@@ -77,12 +77,9 @@ class LogWriter:
 
     def __init__(self, config: Config, coordination: Coordination | None = None,
                  objects: ObjectStore | None = None, auto_initialize: bool = False, max_workers: int = 16):
-        self.config = config.require("oxia_service_address", "s3_bucket")
-        self._owns = coordination is None, objects is None
-        self.coordination = coordination or Coordination(config)
-        self.objects = objects or ObjectStore(config)
+        super().__init__(config.require("oxia_service_address", "s3_bucket"), coordination, objects, max_workers,
+                         "llog-commit")
         self.auto_initialize = auto_initialize
-        self._pool = ThreadPoolExecutor(max_workers=max_workers, thread_name_prefix="llog-commit")
 
     @classmethod
     def from_env(cls, **kwargs) -> "LogWriter":
@@ -330,15 +327,3 @@ class LogWriter:
             f"({commit.slice.msg_count} records in {commit.wal_uri}) may or may not be in the log"
         )
 
-    def close(self) -> None:
-        self._pool.shutdown(wait=True)
-        if self._owns[0]:
-            self.coordination.close()
-        if self._owns[1]:
-            self.objects.close()
-
-    def __enter__(self) -> "LogWriter":
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self.close()

@@ -10,20 +10,7 @@ from llog.errors import (
     InvalidTopicName, OffsetOutOfRange, PartitionNotInitialized,
 )
 from llog.keys import PartitionKeys, TopicPartition, parse_s3_uri, shared_wal_prefix
-from llog.reader import LogReader
 from llog.writer import AppendGroup, LogWriter
-
-
-@pytest.fixture
-def writer(config):
-    with LogWriter(config, auto_initialize=True) as w:
-        yield w
-
-
-@pytest.fixture
-def reader(config):
-    with LogReader(config) as r:
-        yield r
 
 
 def nothing_written(writer: LogWriter, config) -> bool:

@@ -12,7 +12,6 @@ from llog.fence import fence
 from llog.keys import PartitionKeys, TopicPartition, shared_wal_prefix
 from llog.objects import ObjectStore
 from llog.reader import LogReader
-from llog.writer import LogWriter
 from tests.helpers import writer_process
 from tests.helpers.invariants import check_acked_readable, check_monotonic, check_partition
 

@@ -6,25 +6,12 @@ from __future__ import annotations
 import random
 
 import pyarrow as pa
-import pytest
 
 from llog.codec import decode_batch, unpack_shared
-from llog.keys import parse_s3_uri, shared_wal_prefix
-from llog.reader import RECORD_SCHEMA, LogReader, ReadRequest
-from llog.writer import AppendGroup, LogWriter
+from llog.keys import shared_wal_prefix
+from llog.reader import RECORD_SCHEMA, ReadRequest
+from llog.writer import AppendGroup
 from tests.helpers.invariants import check_partition
-
-
-@pytest.fixture
-def writer(config):
-    with LogWriter(config, auto_initialize=True) as w:
-        yield w
-
-
-@pytest.fixture
-def reader(config):
-    with LogReader(config) as r:
-        yield r
 
 
 def values(prefix: str, n: int) -> list[bytes]:

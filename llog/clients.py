@@ -1,0 +1,32 @@
+"""What the writer and reader share: the Oxia and S3 clients they use and a thread pool."""
+
+from __future__ import annotations
+
+from concurrent.futures import ThreadPoolExecutor
+
+from llog.config import Config
+from llog.coordination import Coordination
+from llog.objects import ObjectStore
+
+
+class ClientUser:
+    """Uses the given clients, or creates its own; ``close`` closes only the ones it created."""
+
+    def __init__(self, config: Config, coordination: Coordination | None, objects: ObjectStore | None,
+                 max_workers: int, thread_name_prefix: str):
+        self.config = config
+        self.coordination = coordination or Coordination(config)
+        self.objects = objects or ObjectStore(config)
+        self._owned = [c for c, given in ((self.coordination, coordination), (self.objects, objects)) if given is None]
+        self._pool = ThreadPoolExecutor(max_workers=max_workers, thread_name_prefix=thread_name_prefix)
+
+    def close(self) -> None:
+        self._pool.shutdown(wait=True)
+        for client in self._owned:
+            client.close()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
