@@ -102,8 +102,9 @@ class LogWriter(ClientUser):
         Groups of the same topic-partition are written as one body, in the order given, and
         get consecutive offsets. Input is validated before anything is written. If some
         partitions commit and others fail, :class:`AppendFailed` carries both; if all fail,
-        the first error is raised (e.g. :class:`LogFenced`). A failed append leaves at most an
-        unreferenced blob, which garbage collection removes.
+        the first error is raised (e.g. :class:`LogFenced`). A partition that fails before its
+        offsets are reserved leaves nothing but the unreferenced blob (garbage collection removes
+        it); one that fails after is durable as ``pending``, and the next writer finishes it.
         """
         if not groups:
             raise EmptyAppend("append_shared needs at least one group")
