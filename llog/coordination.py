@@ -310,10 +310,6 @@ class Coordination:
 
         return self._call("range_scan", f"{start}..{end}", fn)
 
-    def list_keys(self, start: str, end: str, partition_key: str | None = None) -> list[str]:
-        return self._call("list", f"{start}..{end}",
-                          lambda: self._client.list(start, end, partition_key=partition_key))
-
     def get_many(self, requests: Sequence[tuple[str, str]], ceiling_within: Sequence[str] | None = None
                  ) -> list[Versioned | None]:
         """Several gets in one Read RPC per shard: ``(key, partition_key)`` each; with

@@ -193,17 +193,19 @@ class LogWriter(ClientUser):
                     contended.append(commit)
                     continue
                 try:
+                    current = read_control(coordination, commit.keys)
                     landed = self._find_landed_reservation(commit.keys, pending.append_id, [pending.start_offset],
-                                                           read_control(coordination, commit.keys), commit)
+                                                           current, commit)
                 except LlogError as e:
                     fail([(commit,)], e)
                     continue
                 if landed is None:
                     contended.append(commit)
-                elif landed.record.pending is None or landed.record.pending.append_id != pending.append_id:
+                elif current.record.pending is None or current.record.pending.append_id != pending.append_id:
+                    # Landed, and someone else already finished it.
                     committed[commit.keys.tp] = (pending.start_offset, commit.keys.index(pending.end_offset))
                 else:
-                    reserved.append((commit, landed, pending))
+                    reserved.append((commit, current, pending))
             else:
                 reserved.append((commit, ControlState(state.record.with_changes(
                     sequence_counter=pending.end_offset + 1, pending=pending), result), pending))
@@ -253,15 +255,17 @@ class LogWriter(ClientUser):
                                          pending=self._pending(commit, append_id, control.sequence_counter))
 
         def landed(current: ControlState) -> ControlState | None:
-            return self._find_landed_reservation(keys, append_id, reserved, current, commit)
+            nonlocal landed_start
+            landed_start = self._find_landed_reservation(keys, append_id, reserved, current, commit)
+            return None if landed_start is None else current
 
         reserved: list[int] = []  # the start offset each CAS attempt proposed
+        landed_start: int | None = None
         state = self._reserve(keys, reserve, landed)
         pending = state.record.pending
         if pending is None or pending.append_id != append_id:
             # The reservation landed in transit and someone else already finished it.
-            start = next(p for p in reserved if self._entry_is_ours(keys, p + s.msg_count - 1, commit))
-            return start, keys.index(start + s.msg_count - 1)
+            return landed_start, keys.index(landed_start + s.msg_count - 1)
         failpoints.hit("writer.after_reserve")
 
         entry = pending.to_index_entry()
@@ -293,16 +297,10 @@ class LogWriter(ClientUser):
             return pending.to_index_entry()
         return None
 
-    def _entry_is_ours(self, keys: PartitionKeys, end_offset: int, commit: _Commit) -> bool:
-        found = self.coordination.get(keys.index(end_offset), keys.partition_key)
-        if found is None:
-            return False
-        entry = IndexEntry.from_json(found.value, keys.index(end_offset))
-        return entry.data_key == commit.wal_uri and entry.byte_offset == commit.slice.body_offset
-
     def _find_landed_reservation(self, keys: PartitionKeys, append_id: str, reserved: list[int],
-                                 current: ControlState, commit: _Commit) -> ControlState | None:
+                                 current: ControlState, commit: _Commit) -> int | None:
         """After a reserving CAS failed in transit and then conflicted: did an attempt land?
+        Returns the start offset of the one that did, or None.
 
         For each start offset an attempt proposed, look at what now owns that offset. Ours
         (``pending`` names this append, or the index entry points at this append's bytes): it
@@ -311,14 +309,14 @@ class LogWriter(ClientUser):
         otherwise (say the range was compacted meanwhile) :class:`AppendOutcomeUnknown`.
         """
         if current.record.pending is not None and current.record.pending.append_id == append_id:
-            return current
+            return current.record.pending.start_offset
         undecided = []
         for start in reserved:
             if current.record.sequence_counter <= start:
                 continue
             owner = self._owner(keys, start, current)
             if owner is not None and owner.data_key == commit.wal_uri and owner.byte_offset == commit.slice.body_offset:
-                return current
+                return start
             if owner is None or owner.type != WAL:
                 undecided.append(start)
         if not undecided:
