@@ -6,7 +6,7 @@ PY     := $(VENV)/bin/python
 # Reinstall when setup.py changes.
 STAMP  := $(VENV)/.installed-$(shell sha1sum setup.py | cut -c1-12)
 
-.PHONY: install demo test bench stack-up stack-down stack-status
+.PHONY: install demo test bench proto stack-up stack-down stack-status
 
 $(STAMP): setup.py
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -26,6 +26,13 @@ test: install
 
 bench: install
 	$(PY) -m bench
+
+# llog/oxia_client_pb2.py: Oxia's client protocol for the protobuf runtime, generated from the
+# client.proto that the pinned oxia package ships. Rerun when that pin changes.
+proto: install
+	rm -rf .cache/proto && mkdir -p .cache/proto/llog
+	cp "$$($(PY) -c 'import oxia.internal.proto as p, os; print(os.path.dirname(p.__file__))')/client.proto" .cache/proto/llog/oxia_client.proto
+	$(PY) -m grpc_tools.protoc -I .cache/proto --python_out=. llog/oxia_client.proto
 
 stack-up: install
 	$(PY) -m llog stack up

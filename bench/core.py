@@ -3,8 +3,9 @@
 Workload (issue 2): 100-byte records, 8 partitions, 10,000 records per partition per
 ``append_shared`` (8 MB of record bytes per append). Writes: ``append_shared`` vs a plain boto3
 PUT of a blob of the same size. Reads: ``read_batches`` of one append's offsets in all 8
-partitions (one blob) vs a plain boto3 GET of the same blob. Both sides run one call at a time,
-against the same SeaweedFS, in the same run; MB/s count record bytes at the median call time.
+partitions (one blob) vs a plain boto3 GET of a blob of the same size. Both sides run one call
+at a time, their calls in turn, against the same SeaweedFS; MB/s count record bytes at the
+median call time.
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ import uuid
 import numpy as np
 import pyarrow as pa
 
-from bench.report import emit, mb_s, progress, timed
+from bench.report import emit, mb_s, progress, timed, timed_together
 from llog.config import Config
 from llog.objects import make_s3_client
 from llog.reader import LogReader, ReadRequest
@@ -46,45 +47,50 @@ def run(config: Config) -> dict:
             writer.initialize_partition(topic, p)
         results = []
         groups = [AppendGroup(topic, p, arrays[p]) for p in range(PARTITIONS)]
-
-        progress("core: append_shared (Arrow input)")
         puts0, writes0 = writer.objects.stats["put"], writer.coordination.writes()
-        write_s = timed(lambda: results.append(writer.append_shared(groups)), ROUNDS)
-        appends = ROUNDS + 1  # including the warm-up
+        results.append(writer.append_shared(groups))  # warm-up, and the size of a blob
+        s3 = make_s3_client(config)
+        blob = os.urandom(writer.objects.stats["put_bytes"] // writer.objects.stats["put"])
+        raw_keys = [f"{config.root_prefix}/raw/{i}" for i in range(ROUNDS + 1)]
+
+        progress("core: append_shared (Arrow input) and raw boto3 PUT, in turn")
+        put_keys = iter(raw_keys)
+        writes = timed_together({
+            "append_shared_arrow": lambda: results.append(writer.append_shared(groups)),
+            "raw_put": lambda: s3.put_object(Bucket=config.s3_bucket, Key=next(put_keys), Body=blob),
+        }, ROUNDS, warmup=0)
+        s3.put_object(Bucket=config.s3_bucket, Key=next(put_keys), Body=blob)  # as many raw blobs as appends
+        appends = len(results)
         s3_puts_per_append = (writer.objects.stats["put"] - puts0) / appends
         oxia_writes_per_partition_append = (writer.coordination.writes() - writes0) / (appends * PARTITIONS)
-        blob_bytes = writer.objects.stats["put_bytes"] // writer.objects.stats["put"]
 
         progress("core: append_shared (list of bytes input)")
         list_groups = [AppendGroup(topic, p, as_lists[p]) for p in range(PARTITIONS)]
         write_list_s = timed(lambda: writer.append_shared(list_groups), ROUNDS // 2)
 
-        progress("core: raw boto3 PUT / GET")
-        s3 = make_s3_client(config)
-        blob = os.urandom(blob_bytes)
-        raw_keys = [f"{config.root_prefix}/raw/{i}" for i in range(ROUNDS + 1)]
-        keys_iter = iter(raw_keys)
-        raw_put_s = timed(lambda: s3.put_object(Bucket=config.s3_bucket, Key=next(keys_iter), Body=blob), ROUNDS)
-        keys_iter = iter(raw_keys)
-        raw_get_s = timed(lambda: s3.get_object(Bucket=config.s3_bucket, Key=next(keys_iter))["Body"].read(), ROUNDS)
-
-        progress("core: read_batches, one append's offsets in every partition")
-        ranges = iter([[ReadRequest(topic, r.partition, r.start_offset, r.end_offset) for r in rs] for rs in results])
+        progress("core: read_batches of one append's offsets in every partition, and raw boto3 GET, in turn")
+        passes = 3  # each blob is read this many times
+        ranges = iter([[ReadRequest(topic, r.partition, r.start_offset, r.end_offset) for r in rs]
+                       for rs in results] * passes)
+        get_keys = iter(raw_keys * passes)
         counted = []
-        read_s = timed(lambda: counted.append(sum(b.count for b in reader.read_batches(next(ranges)))), ROUNDS - 1)
+        reads = timed_together({
+            "read_batches": lambda: counted.append(sum(b.count for b in reader.read_batches(next(ranges)))),
+            "raw_get": lambda: s3.get_object(Bucket=config.s3_bucket, Key=next(get_keys))["Body"].read(),
+        }, passes * len(results) - 1)
         assert all(c == PARTITIONS * RECORDS_PER_PARTITION for c in counted)
 
     total_records = PARTITIONS * RECORDS_PER_PARTITION
     cases = {
-        "append_shared_arrow": write_s, "append_shared_list": write_list_s,
-        "raw_put": raw_put_s, "raw_get": raw_get_s, "read_batches": read_s,
+        **writes, "append_shared_list": write_list_s, **reads,
     }
     for name, seconds in cases.items():
         emit({"bench": "core", "case": name, "rounds": len(seconds), "bytes_per_call": record_bytes,
               "median_s": round(float(np.median(seconds)), 5), "min_s": round(min(seconds), 5),
               "max_s": round(max(seconds), 5), "mb_s": round(mb_s(record_bytes, seconds), 1)})
-    write, raw_put = mb_s(record_bytes, write_s), mb_s(record_bytes, raw_put_s)
-    read, raw_get = mb_s(record_bytes, read_s), mb_s(record_bytes, raw_get_s)
+    write_s, read_s = writes["append_shared_arrow"], reads["read_batches"]
+    write, raw_put = mb_s(record_bytes, write_s), mb_s(record_bytes, writes["raw_put"])
+    read, raw_get = mb_s(record_bytes, read_s), mb_s(record_bytes, reads["raw_get"])
     summary = {
         "bench": "core",
         "write_mb_s": round(write, 1), "raw_put_mb_s": round(raw_put, 1), "write_ratio": round(write / raw_put, 3),

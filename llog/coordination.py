@@ -11,6 +11,9 @@ backoff; a conditional write whose earlier attempt failed in transit reports a c
 Gets and puts from concurrent threads to the same shard share one RPC (:class:`_Combiner`), as
 Oxia's Go client batches them: a writer committing eight partitions at once sends one Write per
 protocol step instead of eight. Each key keeps its own condition and result.
+
+Gets and puts travel as the protobuf runtime's messages (:mod:`llog.oxia_client_pb2`) on the
+client's own channels; the oxia client's pure-Python messages cost more than the RPC itself.
 """
 
 from __future__ import annotations
@@ -26,10 +29,10 @@ import grpc
 import oxia
 import oxia.ex
 from oxia.internal.connection_pool import ConnectionPool
-from oxia.internal.proto.io.streamnative.oxia import proto as pb
 from oxia.internal.proto.io.streamnative.oxia.proto import OxiaClientStub
 from tenacity import Retrying, retry_if_exception, stop_after_attempt, stop_after_delay, wait_random_exponential
 
+from llog import oxia_client_pb2 as wire
 from llog.config import Config
 from llog.errors import ClaimHeld, CoordinationError, VersionConflict
 
@@ -42,6 +45,8 @@ _TRANSIENT_CODES = {
     grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED, grpc.StatusCode.RESOURCE_EXHAUSTED,
     grpc.StatusCode.ABORTED, grpc.StatusCode.UNKNOWN, grpc.StatusCode.INTERNAL,
 }
+_READ = "/io.streamnative.oxia.proto.OxiaClient/Read"
+_WRITE = "/io.streamnative.oxia.proto.OxiaClient/Write"
 _RETRY_ATTEMPTS = 8
 _CONNECT_TIMEOUT_S = 10.0
 _CLOSE_TIMEOUT_S = 5.0
@@ -92,7 +97,10 @@ class _DeadlineConnectionPool(ConnectionPool):
         with self._lock:
             conn = self.connections.get(address)
             if conn is None:
-                channel = grpc.insecure_channel(address)
+                # Read and RangeScan are server streams; by default gRPC starts a thread to
+                # consume each one, which costs more than a small read itself.
+                channel = grpc.insecure_channel(
+                    address, options=[(grpc.experimental.ChannelOptions.SingleThreadedUnaryStream, 1)])
                 conn = (channel, OxiaClientStub(grpc.intercept_channel(channel, self._interceptor)))
                 self.connections[address] = conn
             return conn[1]
@@ -173,14 +181,14 @@ class _Combiner:
                 slot.done.set()
 
 
-def _status_error(status) -> BaseException | None:
-    if status == pb.Status.OK:
+def _status_error(status: int) -> BaseException | None:
+    if status == wire.OK:
         return None
-    if status == pb.Status.KEY_NOT_FOUND:
+    if status == wire.KEY_NOT_FOUND:
         return oxia.ex.KeyNotFound()
-    if status == pb.Status.UNEXPECTED_VERSION_ID:
+    if status == wire.UNEXPECTED_VERSION_ID:
         return oxia.ex.UnexpectedVersionId()
-    if status == pb.Status.SESSION_DOES_NOT_EXIST:
+    if status == wire.SESSION_DOES_NOT_EXIST:
         return oxia.ex.SessionNotFound()
     return oxia.ex.OxiaException(f"unknown status: {status}")
 
@@ -216,6 +224,7 @@ class Coordination:
         self._deadline_s = max(30.0, 3 * config.oxia_request_timeout_ms / 1000)
         self._lock = threading.Lock()
         self._combiners: dict[tuple[str, int], _Combiner] = {}
+        self._rpc_cache: dict[int, tuple[OxiaClientStub, Callable, Callable]] = {}
         self.stats: collections.Counter[str] = collections.Counter()
 
     # --- batched single-key requests ----------------------------------------------------------
@@ -231,30 +240,50 @@ class Coordination:
                 combiner = self._combiners[(kind, shard)] = _Combiner(lambda requests: send(shard, requests))
             return combiner
 
+    def _rpcs(self, shard: int) -> tuple[Callable, Callable]:
+        """The Read and Write calls to ``shard``'s leader, on the client's (deadline) channel."""
+        stub = self._client._service_discovery.get_stub(shard)
+        with self._lock:
+            rpcs = self._rpc_cache.get(id(stub))
+            if rpcs is None or rpcs[0] is not stub:
+                channel = stub._channel
+                rpcs = self._rpc_cache[id(stub)] = (stub, channel.unary_stream(
+                    _READ, request_serializer=wire.ReadRequest.SerializeToString,
+                    response_deserializer=wire.ReadResponse.FromString,
+                ), channel.unary_unary(
+                    _WRITE, request_serializer=wire.WriteRequest.SerializeToString,
+                    response_deserializer=wire.WriteResponse.FromString,
+                ))
+            return rpcs[1], rpcs[2]
+
     def _send_gets(self, shard: int, requests: list) -> list:
         with self._lock:
             self.stats["read_rpc"] += 1
-        stub = self._client._service_discovery.get_stub(shard)
-        responses = [g for r in stub.read(pb.ReadRequest(shard=shard, gets=requests)) for g in r.gets]
+        read, _ = self._rpcs(shard)
+        responses = [g for r in read(wire.ReadRequest(shard=shard, gets=requests)) for g in r.gets]
+        if len(responses) != len(requests):
+            raise CoordinationError(f"oxia answered {len(responses)} of {len(requests)} gets")
         results = []
         for request, response in zip(requests, responses):
             error = _status_error(response.status)
             if isinstance(error, oxia.ex.KeyNotFound):
                 results.append(None)
             else:
-                key = response.key if response.key is not None else request.key
+                key = response.key if response.HasField("key") else request.key
                 results.append(error or Versioned(key, response.value, response.version.version_id))
         return results
 
     def _send_puts(self, shard: int, requests: list) -> list:
         with self._lock:
             self.stats["write_rpc"] += 1
-        stub = self._client._service_discovery.get_stub(shard)
-        response = stub.write(pb.WriteRequest(shard=shard, puts=requests))
+        _, write = self._rpcs(shard)
+        response = write(wire.WriteRequest(shard=shard, puts=requests))
+        if len(response.puts) != len(requests):
+            raise CoordinationError(f"oxia answered {len(response.puts)} of {len(requests)} puts")
         return [_status_error(r.status) or r.version.version_id for r in response.puts]
 
-    def _get(self, key: str, partition_key: str, comparison) -> Versioned | None:
-        request = pb.GetRequest(key=key, include_value=True, comparison_type=comparison)
+    def _get(self, key: str, partition_key: str, comparison: int) -> Versioned | None:
+        request = wire.GetRequest(key=key, include_value=True, comparison_type=comparison)
         return self._combiner("read", self._shard(key, partition_key)).run(request)
 
     # --- plumbing -----------------------------------------------------------------------------
@@ -279,7 +308,7 @@ class Coordination:
     # --- reads --------------------------------------------------------------------------------
 
     def get(self, key: str, partition_key: str) -> Versioned | None:
-        return self._call("get", key, lambda: self._get(key, partition_key, pb.KeyComparisonType.EQUAL))
+        return self._call("get", key, lambda: self._get(key, partition_key, wire.EQUAL))
 
     def ceiling(self, key: str, partition_key: str | None, within: str) -> Versioned | None:
         """Lowest key >= ``key`` that starts with ``within``; None if there is none.
@@ -290,7 +319,7 @@ class Coordination:
 
         def fn():
             if partition_key is not None:
-                found = self._get(key, partition_key, pb.KeyComparisonType.CEILING)
+                found = self._get(key, partition_key, wire.CEILING)
             else:  # every shard: the client merges their answers in key order
                 try:
                     k, value, version = self._client.get(key, comparison_type=oxia.ComparisonType.CEILING)
@@ -310,18 +339,23 @@ class Coordination:
 
         return self._call("range_scan", f"{start}..{end}", fn)
 
-    def get_many(self, requests: Sequence[tuple[str, str]], ceiling_within: Sequence[str] | None = None
+    def get_many(self, requests: Sequence[tuple[str, str]], ceiling_within: Sequence[str | None] | None = None
                  ) -> list[Versioned | None]:
-        """Several gets in one Read RPC per shard: ``(key, partition_key)`` each; with
-        ``ceiling_within`` (one prefix per request) CEILING gets answered like :meth:`ceiling`."""
-        comparison = pb.KeyComparisonType.CEILING if ceiling_within is not None else pb.KeyComparisonType.EQUAL
+        """Several gets in one Read RPC per shard: ``(key, partition_key)`` each. Where
+        ``ceiling_within`` gives a prefix for a request, that get is a CEILING get answered like
+        :meth:`ceiling`; where it gives ``None`` (or is omitted), an exact get."""
+        prefixes = list(ceiling_within) if ceiling_within is not None else [None] * len(requests)
+        if len(prefixes) != len(requests):
+            raise ValueError(f"get_many: {len(prefixes)} ceiling prefixes for {len(requests)} requests")
         out: list[Versioned | None] = [None] * len(requests)
         for shard, indexes in self._by_shard((key, pk) for key, pk in requests).items():
-            batch = [pb.GetRequest(key=requests[i][0], include_value=True, comparison_type=comparison) for i in indexes]
+            batch = [wire.GetRequest(key=requests[i][0], include_value=True,
+                                     comparison_type=wire.EQUAL if prefixes[i] is None else wire.CEILING)
+                     for i in indexes]
             results = self._call("get", f"{len(batch)} keys", lambda: self._raise_first(self._send_gets(shard, batch)),
                                  count=len(batch))
             for i, found in zip(indexes, results):
-                if found is not None and (ceiling_within is None or found.key.startswith(ceiling_within[i])):
+                if found is not None and (prefixes[i] is None or found.key.startswith(prefixes[i])):
                     out[i] = found
         return out
 
@@ -331,8 +365,8 @@ class Coordination:
         of a put whose condition failed (``outcome_unknown`` as in :meth:`put`)."""
         out: list[int | VersionConflict] = [0] * len(items)
         for shard, indexes in self._by_shard((key, pk) for key, _, pk, _ in items).items():
-            batch = [pb.PutRequest(key=items[i][0], value=items[i][1], partition_key=items[i][2],
-                                   expected_version_id=items[i][3]) for i in indexes]
+            batch = [wire.PutRequest(key=items[i][0], value=items[i][1], partition_key=items[i][2],
+                                     expected_version_id=items[i][3]) for i in indexes]
             retried = False
 
             def note_retry():
@@ -380,8 +414,8 @@ class Coordination:
                 if ephemeral:  # needs the client's session
                     return self._client.put(key, value, partition_key=partition_key,
                                             expected_version_id=expected_version, ephemeral=True)[1].version_id()
-                request = pb.PutRequest(key=key, value=value, partition_key=partition_key,
-                                        expected_version_id=expected_version)
+                request = wire.PutRequest(key=key, value=value, partition_key=partition_key,
+                                          expected_version_id=expected_version)
                 return self._combiner("write", self._shard(key, partition_key)).run(request)
             except oxia.ex.UnexpectedVersionId:
                 raise VersionConflict(key, expected_version, outcome_unknown=in_transit_failure) from None

@@ -166,8 +166,8 @@ class LogReader(ClientUser):
 
     def _fetch(self, slices: Sequence[_Slice]) -> dict[int, pa.BinaryArray]:
         """Decode every slice's entry, fetching each blob once: one range GET spanning the
-        entries' bodies when they all have byte ranges, else one GET of the object. Bodies are
-        decoded in parallel (their CRC runs outside the GIL)."""
+        entries' bodies when they all have byte ranges, else one GET of the object. Blobs are
+        fetched in parallel; decoding (a CRC at several GB/s) runs in the calling thread."""
         by_blob: dict[str, list[_Slice]] = {}
         for s in slices:
             by_blob.setdefault(s.located.entry.data_key, []).append(s)
@@ -183,13 +183,12 @@ class LogReader(ClientUser):
                      blob[s.located.entry.byte_offset - lo: s.located.entry.byte_offset - lo + s.located.entry.byte_length])
                     for s in group]
 
-        def decode(item: tuple[_Slice, memoryview]) -> tuple[int, pa.BinaryArray]:
-            s, body = item
+        def decode(s: _Slice, body: memoryview) -> pa.BinaryArray:
             where = f"{s.located.entry.data_key} (offsets {s.located.start_offset}..{s.located.end_offset})"
-            return id(s), decode_batch(body, s.located.entry.msg_count, where)
+            return decode_batch(body, s.located.entry.msg_count, where)
 
-        bodies = [body for part in self._map(lambda item: fetch_blob(*item), list(by_blob.items())) for body in part]
-        return dict(self._map(decode, bodies))
+        fetched = self._map(lambda item: fetch_blob(*item), list(by_blob.items()))
+        return {id(s): decode(s, body) for part in fetched for s, body in part}
 
     def _map(self, fn, items: list) -> list:
         return list(self._pool.map(fn, items)) if len(items) > 1 else [fn(i) for i in items]
@@ -206,36 +205,33 @@ class LogReader(ClientUser):
 
     # --- public reads -------------------------------------------------------------------------
 
-    def _resolve_many(self, requests: Sequence[ReadRequest]) -> list[tuple[ReadRequest, ControlState, int, list[_Slice]]]:
-        """Resolve every request with two multi-key reads: all ``meta/control`` records, then
-        the ceiling entry of every start offset. A request that one entry does not cover falls
-        back to :meth:`_resolve` (range scan, ceiling, pending)."""
-        keys = [self.keys(r.topic, r.partition) for r in requests]
-        controls = self.coordination.get_many([(k.control, k.partition_key) for k in keys])
-        states = []
-        for req, k, found in zip(requests, keys, controls):
-            if found is None:
-                raise PartitionNotInitialized(k.tp.topic, k.tp.partition)
-            states.append(self._control(k, req.start, req.end, ControlState(
-                ControlRecord.from_json(found.value, k.control), found.version_id)))
-        firsts = self.coordination.get_many([(k.index(r.start), k.partition_key) for k, r in zip(keys, requests)],
-                                            ceiling_within=[k.index_prefix for k in keys])
-        out = []
-        for req, k, (state, end), first in zip(requests, keys, states, firsts):
-            located = first and LocatedEntry(k.index_end_offset(first.key), IndexEntry.from_json(first.value, first.key))
-            if located is not None and located.start_offset <= req.start and located.end_offset >= end:
-                out.append((req, state, end, [_Slice(located, req.start, end)]))
-            else:
-                out.append((req, state, end, self._resolve(k, state, req.start, end)))
-        return out
-
     def read_batches(self, requests: Sequence[ReadRequest]) -> list[PartitionBatches]:
         """Read several topic-partition ranges as Arrow batches, one result per request.
 
-        Resolution reads Oxia a few keys at a time per shard, not per request; then every blob
-        is fetched once for the whole call, even when several partitions share it.
+        Resolution is one multi-key Oxia read per shard for all requests: every partition's
+        ``meta/control`` record and the ceiling index entry of every start offset (section 5,
+        steps 1 and 2). A request one entry does not cover falls back to :meth:`_resolve`. Then
+        every blob is fetched once for the whole call, even when several partitions share it.
         """
-        resolved = self._resolve_many(requests)
+        requests = list(requests)
+        keys = [self.keys(r.topic, r.partition) for r in requests]
+        for r in requests:
+            _check_offset("start offset", r.start)  # before it goes into a key
+        found = self.coordination.get_many(
+            [(k.control, k.partition_key) for k in keys] + [(k.index(r.start), k.partition_key) for k, r in zip(keys, requests)],
+            ceiling_within=[None] * len(keys) + [k.index_prefix for k in keys],
+        )
+        resolved = []
+        for req, k, control, first in zip(requests, keys, found[:len(keys)], found[len(keys):]):
+            if control is None:
+                raise PartitionNotInitialized(k.tp.topic, k.tp.partition)
+            state, end = self._control(k, req.start, req.end,
+                                       ControlState(ControlRecord.from_json(control.value, k.control), control.version_id))
+            located = first and LocatedEntry(k.index_end_offset(first.key), IndexEntry.from_json(first.value, first.key))
+            if located is not None and located.start_offset <= req.start and located.end_offset >= end:
+                resolved.append((req, state, end, [_Slice(located, req.start, end)]))
+            else:
+                resolved.append((req, state, end, self._resolve(k, state, req.start, end)))
         decoded = self._fetch([s for *_, slices in resolved for s in slices])
         return [
             PartitionBatches(req.topic, req.partition, req.start, end, state.record.high_watermark,
