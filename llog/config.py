@@ -42,6 +42,7 @@ ENV_NAMES: dict[str, str] = {
     "s3_timeout_s": "LLOG_S3_TIMEOUT_S",
     "batch_max_bytes": "LLOG_BATCH_MAX_BYTES",
     "cas_max_attempts": "LLOG_CAS_MAX_ATTEMPTS",
+    "gc_grace_ms": "LLOG_GC_GRACE_MS",
 }
 
 #: AWS's own names, used when neither options, LLOG_* nor the settings file set a value.
@@ -110,6 +111,9 @@ class Config:
     batch_max_bytes: int = 8 * 1024 * 1024
     #: Attempts of one CAS loop on a contended ``meta/control`` before giving up.
     cas_max_attempts: int = 64
+    #: WAL blobs unreferenced and older than this may be garbage collected (PROTOCOL.md section
+    #: 9); so nothing commits a reference to a blob older than half of it.
+    gc_grace_ms: int = 3_600_000
 
     def __post_init__(self) -> None:
         problems = []
@@ -118,7 +122,7 @@ class Config:
             problems.append(
                 f"LLOG_OXIA_SESSION_TIMEOUT_MS={self.oxia_session_timeout_ms} must be in {lo}..{hi}"
             )
-        for name in ("oxia_request_timeout_ms", "s3_max_attempts", "batch_max_bytes", "cas_max_attempts"):
+        for name in ("oxia_request_timeout_ms", "s3_max_attempts", "batch_max_bytes", "cas_max_attempts", "gc_grace_ms"):
             if getattr(self, name) < 1:
                 problems.append(f"{ENV_NAMES[name]}={getattr(self, name)} must be >= 1")
         if self.s3_timeout_s <= 0:
@@ -179,8 +183,8 @@ class Config:
 
 
 def _option_field(key: str) -> str | None:
-    if key in ENV_NAMES.values():
-        return next(f for f, n in ENV_NAMES.items() if n == key)
+    if key.upper() in ENV_NAMES.values():  # Spark hands options over lower-cased
+        return next(f for f, n in ENV_NAMES.items() if n == key.upper())
     if key.lower().startswith("llog."):
         name = key[5:].lower().replace(".", "_").replace("-", "_")
         return name if name in ENV_NAMES else None

@@ -377,6 +377,7 @@ class Coordination:
                                  on_retry=note_retry, count=len(batch))
             for i, result in zip(indexes, results):
                 if isinstance(result, oxia.ex.UnexpectedVersionId):
+                    self._count_conflicts(1)
                     result = VersionConflict(items[i][0], items[i][3], outcome_unknown=retried)
                 elif isinstance(result, BaseException):
                     raise CoordinationError(f"oxia put {items[i][0]} failed: {result!r}")
@@ -418,9 +419,14 @@ class Coordination:
                                           expected_version_id=expected_version)
                 return self._combiner("write", self._shard(key, partition_key)).run(request)
             except oxia.ex.UnexpectedVersionId:
+                self._count_conflicts(1)
                 raise VersionConflict(key, expected_version, outcome_unknown=in_transit_failure) from None
 
         return self._call("put", key, fn, on_retry=note_retry)
+
+    def _count_conflicts(self, n: int) -> None:
+        with self._lock:
+            self.stats["cas_conflict"] += n
 
     def delete(self, key: str, partition_key: str, expected_version: int | None = None) -> bool:
         """Delete ``key`` (only at ``expected_version`` if given). False if it did not exist."""

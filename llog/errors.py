@@ -106,6 +106,12 @@ class AppendFailed(LlogError):
                          f"{len(results)} group(s) were committed and stay committed")
 
 
+class StaleBlob(LlogError):
+    """A staged blob is older than half the GC grace period, so committing a reference to it
+    could race garbage collection (PROTOCOL.md section 9). Upload the records again (a Spark
+    query does so when it re-runs the batch)."""
+
+
 class AppendOutcomeUnknown(LlogError):
     """A reserving CAS failed in transit and it cannot be told whether it landed.
 

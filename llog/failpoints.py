@@ -15,9 +15,17 @@ POINTS = {
     "writer.after_blob_put": "section 4.2 done: the WAL blob exists, nothing in Oxia yet",
     "writer.after_reserve": "section 4.3 done: offsets reserved, pending set, no index entry",
     "writer.after_index_put": "section 4.4 done: index entry written, pending not cleared",
+    "sink.before_commit": "a Spark batch's blobs are staged, its driver-side commit not begun",
+    "sink.after_commit": "a Spark batch is committed to the log, Spark has not recorded it",
+    "writer.after_staged_slice": "commit_staged has committed one slice, others perhaps not yet",
 }
 
 
 def hit(name: str) -> None:
+    """Kill this process at point ``name`` if ``LLOG_FAILPOINT`` names it. With
+    ``LLOG_FAILPOINT_GROUP=1`` the whole process group dies, as when the machine running a
+    Spark driver (JVM and Python workers) goes down."""
     if os.environ.get("LLOG_FAILPOINT") == name:
+        if os.environ.get("LLOG_FAILPOINT_GROUP") == "1":
+            os.killpg(os.getpgid(0), signal.SIGKILL)
         os.kill(os.getpid(), signal.SIGKILL)

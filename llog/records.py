@@ -168,6 +168,32 @@ class PendingAppend:
 
 
 @dataclass(frozen=True)
+class SinkProgress:
+    """``sinks[sink_id]`` in ``meta/control`` (PROTOCOL.md section 9): a sink (a streaming
+    query) has committed the first ``slices`` of its batch ``batch_id``'s slices for this
+    partition, and everything of its earlier batches. Written by the CAS that reserves offsets."""
+
+    batch_id: int
+    slices: int
+
+    def covers(self, batch_id: int, slice_no: int) -> bool:
+        """Whether slice ``slice_no`` (0-based) of batch ``batch_id`` is already committed."""
+        return batch_id < self.batch_id or (batch_id == self.batch_id and slice_no < self.slices)
+
+    def to_dict(self) -> dict[str, int]:
+        return {"batch_id": self.batch_id, "slices": self.slices}
+
+    @classmethod
+    def from_dict(cls, obj: Any, key: str) -> "SinkProgress":
+        if not isinstance(obj, dict):
+            raise CorruptRecord(f"{key}: sink progress must be an object, got {obj!r}")
+        progress = cls(_field(obj, "batch_id", int, key), _field(obj, "slices", int, key))
+        if progress.batch_id < 0 or progress.slices < 0:
+            raise CorruptRecord(f"{key}: sink progress must not be negative, got {obj!r}")
+        return progress
+
+
+@dataclass(frozen=True)
 class ControlRecord:
     """``P/meta/control``: log state, the next offset, and at most one pending append."""
 
@@ -188,6 +214,21 @@ class ControlRecord:
 
     def with_changes(self, **changes: Any) -> "ControlRecord":
         return replace(self, **changes)
+
+    def sink_progress(self, sink_id: str) -> SinkProgress | None:
+        """What sink ``sink_id`` has committed here (section 9), if anything."""
+        sinks = self.extra.get("sinks")
+        if sinks is None:
+            return None
+        if not isinstance(sinks, dict):
+            raise CorruptRecord(f"meta/control: 'sinks' must be an object, got {sinks!r}")
+        found = sinks.get(sink_id)
+        return None if found is None else SinkProgress.from_dict(found, f"meta/control sinks[{sink_id!r}]")
+
+    def with_sink_progress(self, sink_id: str, progress: SinkProgress) -> "ControlRecord":
+        self.sink_progress(sink_id)  # the existing entry must be well-formed
+        sinks = {**(self.extra.get("sinks") or {}), sink_id: progress.to_dict()}
+        return replace(self, extra={**self.extra, "sinks": sinks})
 
     def to_json(self) -> bytes:
         return _dump({

@@ -17,17 +17,17 @@ import pyarrow as pa
 
 from llog import failpoints
 from llog.clients import ClientUser
-from llog.codec import SharedSlice, encode_batch, pack_shared, to_binary_array
+from llog.codec import encode_batch, pack_shared, to_binary_array
 from llog.config import Config
 from llog.control import ControlState, clear_pending, initialize_partition, read_control, update_control
 from llog.coordination import Coordination
 from llog.errors import (
     AppendFailed, AppendOutcomeUnknown, EmptyAppend, LlogError, LogFenced, PartitionNotInitialized,
-    VersionConflict,
+    StaleBlob, VersionConflict,
 )
 from llog.keys import PartitionKeys, TopicPartition, shared_wal_object
 from llog.objects import ObjectStore
-from llog.records import BYTES_BATCH_V1, WAL, ControlRecord, IndexEntry, PendingAppend, now_ms
+from llog.records import BYTES_BATCH_V1, WAL, ControlRecord, IndexEntry, PendingAppend, SinkProgress, now_ms
 
 log = logging.getLogger(__name__)
 
@@ -58,13 +58,67 @@ class AppendResult:
 
 
 @dataclass(frozen=True)
+class StagedSlice:
+    """One topic-partition's body in an uploaded WAL blob, not yet in the log: what
+    :meth:`LogWriter.upload` returns and :meth:`LogWriter.commit_staged` commits. Plain data, so
+    it can travel from the process that uploaded it (a Spark task) to the one that commits."""
+
+    topic: str
+    partition: int
+    msg_count: int
+    body_offset: int
+    body_length: int
+    wal_uri: str
+    created_at_ms: int
+
+
+@dataclass(frozen=True)
+class SinkBatch:
+    """Who commits: batch ``batch_id`` of sink ``sink_id`` (a streaming query's id). Its
+    progress is recorded in each reserving CAS, so a replayed batch commits nothing twice."""
+
+    sink_id: str
+    batch_id: int
+
+
+@dataclass(frozen=True)
 class _Commit:
     """One partition's part of a shared append, ready to commit."""
 
     keys: PartitionKeys
-    slice: SharedSlice
-    wal_uri: str
-    created_at_ms: int
+    staged: StagedSlice
+
+
+def stage(objects: ObjectStore, root_prefix: str, groups: Sequence[AppendGroup]) -> list[StagedSlice]:
+    """:meth:`LogWriter.upload` without a writer: needs S3 only, so a Spark task stages its
+    records with no Oxia connection; the driver commits the slices."""
+    return _stage(objects, root_prefix, _merge(groups, "stage"))
+
+
+def _merge(groups: Sequence[AppendGroup], what: str) -> dict[TopicPartition, list[tuple[int, pa.BinaryArray]]]:
+    """Validate every group before any I/O; each topic-partition's arrays in order."""
+    if not groups:
+        raise EmptyAppend(f"{what} needs at least one group")
+    merged: dict[TopicPartition, list[tuple[int, pa.BinaryArray]]] = {}
+    for i, group in enumerate(groups):
+        tp = TopicPartition(group.topic, group.partition)
+        merged.setdefault(tp, []).append((i, to_binary_array(group.records, f"{tp}: groups[{i}].records")))
+    return merged
+
+
+def _stage(objects: ObjectStore, root_prefix: str,
+           merged: dict[TopicPartition, list[tuple[int, pa.BinaryArray]]]) -> list[StagedSlice]:
+    """Section 4.2: one bytes-batch-v1 body per topic-partition, packed into one LLS1 blob, PUT."""
+    bodies = []
+    for tp, arrays in merged.items():
+        values = arrays[0][1] if len(arrays) == 1 else pa.concat_arrays([a for _, a in arrays])
+        bodies.append((tp.topic, tp.partition, encode_batch(values)))
+    created_at_ms = now_ms()
+    pieces, _, slices = pack_shared(bodies, created_at_ms)
+    wal_uri = objects.put(shared_wal_object(root_prefix), pieces)
+    failpoints.hit("writer.after_blob_put")
+    return [StagedSlice(s.topic, s.partition, s.msg_count, s.body_offset, s.body_length, wal_uri, created_at_ms)
+            for s in slices]
 
 
 class LogWriter(ClientUser):
@@ -106,23 +160,9 @@ class LogWriter(ClientUser):
         offsets are reserved leaves nothing but the unreferenced blob (garbage collection removes
         it); one that fails after is durable as ``pending``, and the next writer finishes it.
         """
-        if not groups:
-            raise EmptyAppend("append_shared needs at least one group")
-        merged: dict[TopicPartition, list[tuple[int, pa.BinaryArray]]] = {}
-        for i, group in enumerate(groups):
-            tp = TopicPartition(group.topic, group.partition)
-            merged.setdefault(tp, []).append((i, to_binary_array(group.records, f"{tp}: groups[{i}].records")))
-        bodies = []
-        for tp, arrays in merged.items():
-            values = arrays[0][1] if len(arrays) == 1 else pa.concat_arrays([a for _, a in arrays])
-            bodies.append((tp.topic, tp.partition, encode_batch(values)))
-
-        created_at_ms = now_ms()
-        pieces, _, slices = pack_shared(bodies, created_at_ms)
-        wal_uri = self.objects.put(shared_wal_object(self.config.root_prefix), pieces)
-        failpoints.hit("writer.after_blob_put")
-
-        commits = [_Commit(self.keys(s.topic, s.partition), s, wal_uri, created_at_ms) for s in slices]
+        merged = self._merge(groups, "append_shared")
+        staged = self._upload(merged)
+        commits = [_Commit(self.keys(s.topic, s.partition), s) for s in staged]
         committed, contended, errors = self._commit_together(commits)
         futures = [self._pool.submit(self._commit, c) for c in contended]
         for commit, future in zip(contended, futures):
@@ -132,6 +172,7 @@ class LogWriter(ClientUser):
                 errors[(commit.keys.tp.topic, commit.keys.tp.partition)] = e
 
         results: list[tuple[int, AppendResult]] = []
+        wal_uri = staged[0].wal_uri
         for tp, arrays in merged.items():
             if tp not in committed:
                 continue
@@ -146,6 +187,67 @@ class LogWriter(ClientUser):
                 raise next(iter(errors.values()))
             raise AppendFailed(ordered, errors)
         return ordered
+
+    def upload(self, groups: Sequence[AppendGroup]) -> list[StagedSlice]:
+        """Section 4.2 only: encode the groups and PUT them as one shared WAL blob. Nothing is
+        written to Oxia; until :meth:`commit_staged` commits the slices, the blob is garbage.
+        Groups of one topic-partition become one body, in the order given."""
+        return self._upload(self._merge(groups, "upload"))
+
+    def commit_staged(self, staged: Sequence[StagedSlice], sink: SinkBatch | None = None) -> list[AppendResult | None]:
+        """Sections 4.3 to 4.5 for slices :meth:`upload` staged, here or in other processes.
+        One result per slice; ``None`` where ``sink`` had committed that slice before.
+
+        Partitions commit concurrently; the slices of one partition commit one after another in
+        the order given, and with ``sink`` slice ``n`` of a partition records progress
+        ``(batch_id, n + 1)`` in its reserving CAS. Replaying the same batch with the same slices
+        (a restarted query, a commit that failed halfway) skips what is committed and commits
+        the rest, so every slice lands exactly once. A slice older than half the GC grace
+        period raises :class:`StaleBlob` before anything is committed. Failures are reported as
+        :meth:`append_shared` reports them.
+        """
+        if not staged:
+            return []
+        limit, now = self.config.gc_grace_ms // 2, now_ms()
+        stale = [s for s in staged if now - s.created_at_ms > limit]
+        if stale:
+            raise StaleBlob(f"{len(stale)} staged slice(s), first in {stale[0].wal_uri}, were uploaded more than "
+                            f"{limit} ms ago (half of LLOG_GC_GRACE_MS); upload the records again")
+        by_partition: dict[TopicPartition, list[int]] = {}
+        for i, s in enumerate(staged):
+            by_partition.setdefault(TopicPartition(s.topic, s.partition), []).append(i)
+        results: list[AppendResult | None] = [None] * len(staged)
+
+        def commit_partition(tp: TopicPartition, indexes: list[int]) -> None:
+            keys = self.keys(tp.topic, tp.partition)
+            for n, i in enumerate(indexes):
+                done = self._commit(_Commit(keys, staged[i]), sink and (sink, n))
+                if done is not None:
+                    start, index_key = done
+                    results[i] = AppendResult(tp.topic, tp.partition, start, start + staged[i].msg_count - 1,
+                                              index_key, staged[i].wal_uri)
+                    failpoints.hit("writer.after_staged_slice")
+
+        futures = {tp: self._pool.submit(commit_partition, tp, ix) for tp, ix in by_partition.items()}
+        errors: dict[tuple[str, int], BaseException] = {}
+        for tp, future in futures.items():
+            try:
+                future.result()
+            except Exception as e:  # noqa: BLE001 - reported per partition below
+                errors[(tp.topic, tp.partition)] = e
+        if errors:
+            committed = [r for r in results if r is not None]
+            if not committed and len(errors) == len(futures):
+                raise next(iter(errors.values()))
+            raise AppendFailed(committed, errors)
+        return results
+
+    @staticmethod
+    def _merge(groups: Sequence[AppendGroup], what: str) -> dict[TopicPartition, list[tuple[int, pa.BinaryArray]]]:
+        return _merge(groups, what)
+
+    def _upload(self, merged: dict[TopicPartition, list[tuple[int, pa.BinaryArray]]]) -> list[StagedSlice]:
+        return _stage(self.objects, self.config.root_prefix, merged)
 
     # --- all partitions at once (section 4.3 to 4.5, uncontended) ------------------------------
 
@@ -234,22 +336,32 @@ class LogWriter(ClientUser):
 
     @staticmethod
     def _pending(commit: _Commit, append_id: str, start: int) -> PendingAppend:
-        s = commit.slice
+        s = commit.staged
         return PendingAppend(
             append_id=append_id, start_offset=start, end_offset=start + s.msg_count - 1, msg_count=s.msg_count,
-            data_key=commit.wal_uri, entry_type=WAL, encoding=BYTES_BATCH_V1, created_at_ms=commit.created_at_ms,
+            data_key=s.wal_uri, entry_type=WAL, encoding=BYTES_BATCH_V1, created_at_ms=s.created_at_ms,
             byte_offset=s.body_offset, byte_length=s.body_length,
         )
 
     # --- one partition (section 4.3 to 4.5) ---------------------------------------------------
 
-    def _commit(self, commit: _Commit) -> tuple[int, str]:
-        keys, s = commit.keys, commit.slice
+    def _commit(self, commit: _Commit, sink: tuple[SinkBatch, int] | None = None) -> tuple[int, str] | None:
+        """One partition through the CAS loop: ``(start_offset, index_key)``, or None when
+        ``sink`` (a sink batch and this slice's number in it) shows the slice committed."""
+        keys, s = commit.keys, commit.staged
         append_id = str(uuid.uuid4())
+        already = False
 
-        def reserve(control: ControlRecord) -> ControlRecord:
+        def reserve(control: ControlRecord) -> ControlRecord | None:
+            nonlocal already
             if control.fenced:
                 raise LogFenced(keys.tp.topic, keys.tp.partition)
+            if sink is not None:
+                (batch, slice_no), progress = sink, control.sink_progress(sink[0].sink_id)
+                if progress is not None and progress.covers(batch.batch_id, slice_no):
+                    already = True
+                    return None
+                control = control.with_sink_progress(batch.sink_id, SinkProgress(batch.batch_id, slice_no + 1))
             reserved.append(control.sequence_counter)
             return control.with_changes(sequence_counter=control.sequence_counter + s.msg_count,
                                          pending=self._pending(commit, append_id, control.sequence_counter))
@@ -262,6 +374,8 @@ class LogWriter(ClientUser):
         reserved: list[int] = []  # the start offset each CAS attempt proposed
         landed_start: int | None = None
         state = self._reserve(keys, reserve, landed)
+        if already:
+            return None
         pending = state.record.pending
         if pending is None or pending.append_id != append_id:
             # The reservation landed in transit and someone else already finished it.
@@ -315,7 +429,7 @@ class LogWriter(ClientUser):
             if current.record.sequence_counter <= start:
                 continue
             owner = self._owner(keys, start, current)
-            if owner is not None and owner.data_key == commit.wal_uri and owner.byte_offset == commit.slice.body_offset:
+            if owner is not None and owner.data_key == commit.staged.wal_uri and owner.byte_offset == commit.staged.body_offset:
                 return start
             if owner is None or owner.type != WAL:
                 undecided.append(start)
@@ -323,6 +437,6 @@ class LogWriter(ClientUser):
             return None
         raise AppendOutcomeUnknown(
             f"reserving offsets on {keys.tp} failed in transit and the log has moved on; the append "
-            f"({commit.slice.msg_count} records in {commit.wal_uri}) may or may not be in the log"
+            f"({commit.staged.msg_count} records in {commit.staged.wal_uri}) may or may not be in the log"
         )
 

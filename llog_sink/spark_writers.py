@@ -1,0 +1,92 @@
+"""The Spark data source writers behind ``format("llog")``: streaming and batch, Arrow in.
+
+Tasks stage (``task_writer.py``); the driver commits (``commit.py``). Both writers share that
+code; they differ only in who the sink is. A streaming query is sink ``queryId`` (stable across
+restarts from the same checkpoint), so replayed batches commit nothing twice. A batch write is
+not replayed by Spark and commits without sink progress, unless the caller names a sink and a
+batch (``llog.sink.id`` / ``llog.sink.batch.id`` options, as ``foreach_batch.write_batch`` does).
+
+Options: ``topic``, ``partitions`` (default 1), and any ``llog.*`` connection setting
+(``llog.s3.bucket``, ``llog.oxia.service.address``, ...; see ``llog/config.py``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Mapping
+
+import pyarrow as pa
+from pyspark import TaskContext
+from pyspark.sql.datasource import DataSourceArrowWriter, DataSourceStreamArrowWriter
+from pyspark.sql.types import StructType
+
+from llog.config import Config
+from llog_sink.commit import commit_batch
+from llog_sink.rows import InvalidSinkInput, SinkLayout
+from llog_sink.task_writer import SinkCommitMessage, write_task
+
+#: Options the sink reads itself; ``llog.*`` options go to the core config.
+SINK_ID_OPTION, BATCH_ID_OPTION = "llog.sink.id", "llog.sink.batch.id"
+_OWN = {"topic", "partitions", "path", SINK_ID_OPTION, BATCH_ID_OPTION}
+
+
+def _int_option(options: Mapping[str, str], name: str, default: int) -> int:
+    raw = options.get(name)
+    if raw in (None, ""):
+        return default
+    try:
+        return int(raw)
+    except ValueError:
+        raise InvalidSinkInput(f"option {name!r} must be an integer, got {raw!r}") from None
+
+
+class _SinkSettings:
+    """Parsed once on the driver; pickled with the writer to the tasks."""
+
+    def __init__(self, schema: StructType, options: Mapping[str, str]):
+        self.config = Config.load({k: v for k, v in options.items() if k not in _OWN}).require(
+            "oxia_service_address", "s3_bucket")
+        self.layout = SinkLayout.from_schema(schema, options.get("topic") or None,
+                                             _int_option(options, "partitions", 1))
+        self.sink_id = options.get(SINK_ID_OPTION) or None
+        self.batch_id = _int_option(options, BATCH_ID_OPTION, 0)
+
+
+def _task_id() -> int:
+    context = TaskContext.get()
+    return context.partitionId() if context is not None else 0
+
+
+class LlogStreamWriter(DataSourceStreamArrowWriter):
+    """``df.writeStream.format("llog")``."""
+
+    def __init__(self, schema: StructType, options: Mapping[str, str]):
+        self.settings = _SinkSettings(schema, options)
+
+    def write(self, iterator: Iterator[pa.RecordBatch]) -> SinkCommitMessage:
+        context = TaskContext.get()
+        batch_id = int(context.getLocalProperty("streaming.sql.batchId") or 0)
+        sink_id = self.settings.sink_id or context.getLocalProperty("sql.streaming.queryId")
+        return write_task(iterator, self.settings.layout, self.settings.config, _task_id(), batch_id, sink_id)
+
+    def commit(self, messages: list[SinkCommitMessage | None], batchId: int) -> None:  # noqa: N803 - Spark's name
+        commit_batch(self.settings.config, messages, batchId)
+
+    def abort(self, messages: list[SinkCommitMessage | None], batchId: int) -> None:  # noqa: N803
+        pass  # nothing of this batch is in Oxia; its blobs are garbage for GC
+
+
+class LlogBatchWriter(DataSourceArrowWriter):
+    """``df.write.format("llog").mode("append")``."""
+
+    def __init__(self, schema: StructType, options: Mapping[str, str]):
+        self.settings = _SinkSettings(schema, options)
+
+    def write(self, iterator: Iterator[pa.RecordBatch]) -> SinkCommitMessage:
+        return write_task(iterator, self.settings.layout, self.settings.config, _task_id(), self.settings.batch_id,
+                          self.settings.sink_id)
+
+    def commit(self, messages: list[SinkCommitMessage | None]) -> None:
+        commit_batch(self.settings.config, messages, self.settings.batch_id)
+
+    def abort(self, messages: list[SinkCommitMessage | None]) -> None:
+        pass

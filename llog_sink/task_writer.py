@@ -1,0 +1,95 @@
+"""What a Spark task does: stage its rows as shared WAL blobs in S3, nothing in Oxia.
+
+Rows are grouped by topic-partition as they arrive; when the buffered values reach
+``LLOG_BATCH_MAX_BYTES`` they are packed into one LLS1 blob and PUT. The commit message lists
+every staged slice in the order written, for the driver to commit (``commit.py``).
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+
+import numpy as np
+import pyarrow as pa
+
+from llog.config import Config
+from llog.keys import TopicPartition
+from llog.objects import ObjectStore
+from llog.writer import AppendGroup, StagedSlice, stage
+from llog_sink.rows import SinkLayout
+
+try:  # the commit message must be Spark's type; this module is importable without Spark too
+    from pyspark.sql.datasource import WriterCommitMessage
+except ImportError:  # pragma: no cover
+    WriterCommitMessage = object
+
+_stores: dict[Config, ObjectStore] = {}
+_stores_lock = threading.Lock()
+
+
+def object_store(config: Config) -> ObjectStore:
+    """One S3 client per config per process: Python workers are reused across tasks."""
+    with _stores_lock:
+        store = _stores.get(config)
+        if store is None:
+            store = _stores[config] = ObjectStore(config)
+        return store
+
+
+@dataclass
+class SinkCommitMessage(WriterCommitMessage):
+    """One task's staged slices, in the order it wrote them, and what they held."""
+
+    task_id: int
+    sink_id: str | None
+    slices: list[StagedSlice] = field(default_factory=list)
+    records: int = 0
+    bytes: int = 0
+    blobs: int = 0
+    stage_s: float = 0.0
+
+
+def write_task(batches: Iterable[pa.RecordBatch], layout: SinkLayout, config: Config, task_id: int,
+               batch_id: int, sink_id: str | None) -> SinkCommitMessage:
+    """Stage every row of ``batches`` (one Spark task's input)."""
+    started = time.perf_counter()
+    message = SinkCommitMessage(task_id, sink_id)
+    buffered: dict[TopicPartition, list[pa.BinaryArray]] = {}
+    buffered_bytes = 0
+
+    def flush() -> None:
+        nonlocal buffered, buffered_bytes
+        if not buffered:
+            return
+        groups = [AppendGroup(tp.topic, tp.partition, _concat(arrays)) for tp, arrays in buffered.items()]
+        message.slices.extend(stage(object_store(config), config.root_prefix, groups))
+        message.blobs += 1
+        buffered, buffered_bytes = {}, 0
+
+    for batch in batches:
+        for tp, values in layout.split(batch, task_id, batch_id):
+            if not len(values):
+                continue
+            buffered.setdefault(tp, []).append(values)
+            size = _value_bytes(values)
+            buffered_bytes += size
+            message.records += len(values)
+            message.bytes += size
+            if buffered_bytes >= config.batch_max_bytes:
+                flush()
+    flush()
+    message.stage_s = time.perf_counter() - started
+    return message
+
+
+def _concat(arrays: list[pa.BinaryArray]) -> pa.BinaryArray:
+    return arrays[0] if len(arrays) == 1 else pa.concat_arrays(arrays)
+
+
+def _value_bytes(values: pa.BinaryArray) -> int:
+    """Bytes of the values of this (perhaps sliced) array's rows."""
+    offsets = np.frombuffer(values.buffers()[1], dtype=np.int32, count=len(values) + 1, offset=values.offset * 4)
+    return int(offsets[-1] - offsets[0])
