@@ -127,7 +127,13 @@ def test_every_field_has_an_option_and_env_name(load, field_name, env_name):
         assert getattr(config, field_name) == expected
 
 
-@pytest.mark.parametrize("unknown", ["llog.s3.bukket", "LLOG_BOGUS", "llog_s3_bucket", "llog.", "Llog.Nope"])
+def test_environment_names_as_options_in_any_case(load):
+    """Spark hands data source options over lower-cased."""
+    assert load(options={"llog_s3_bucket": "lower", "LLOG_ROOT_PREFIX": "upper"}).s3_bucket == "lower"
+    assert load(options={"llog_root_prefix": "r1"}).root_prefix == "r1"
+
+
+@pytest.mark.parametrize("unknown", ["llog.s3.bukket", "LLOG_BOGUS", "llog_s3_bukket", "llog.", "Llog.Nope"])
 def test_unknown_llog_option(load, unknown):
     with pytest.raises(ConfigError, match=f"unknown llog option\\(s\\) {re.escape(unknown)};") as info:
         load(options={unknown: "x", "llog.s3.bucket": "b"})
