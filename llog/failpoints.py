@@ -23,9 +23,10 @@ POINTS = {
 
 def hit(name: str) -> None:
     """Kill this process at point ``name`` if ``LLOG_FAILPOINT`` names it. With
-    ``LLOG_FAILPOINT_GROUP=1`` the whole process group dies, as when the machine running a
-    Spark driver (JVM and Python workers) goes down."""
+    ``LLOG_FAILPOINT_SCOPE=session`` the process group of this session's leader dies first: a
+    Spark driver started as a session leader takes its JVM with it, whichever Python worker
+    (a task's or the commit's) reaches the point, as when the driver's machine goes down."""
     if os.environ.get("LLOG_FAILPOINT") == name:
-        if os.environ.get("LLOG_FAILPOINT_GROUP") == "1":
-            os.killpg(os.getpgid(0), signal.SIGKILL)
+        if os.environ.get("LLOG_FAILPOINT_SCOPE") == "session":
+            os.killpg(os.getsid(0), signal.SIGKILL)
         os.kill(os.getpid(), signal.SIGKILL)

@@ -1,0 +1,165 @@
+"""format("llog") from real Spark (local mode) into real Oxia and SeaweedFS."""
+
+from __future__ import annotations
+
+import collections
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from pyspark.sql import functions as F
+from pyspark.errors import PySparkException
+
+from llog.coordination import Coordination
+from llog.discovery import topic_partitions
+from llog_sink import write_batch
+from tests.helpers.invariants import check_partition
+from tests.helpers.spark import local_spark
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+@pytest.fixture(scope="module")
+def spark():
+    session = local_spark("llog-sink-tests")
+    yield session
+    session.stop()
+
+
+def _options(config) -> dict[str, str]:
+    return {k.lower(): v for k, v in config.to_options().items()}
+
+
+def _log(reader, topic: str, partition: int) -> list[bytes]:
+    return [r.value for r in reader.read_range(topic, partition, 1)] if reader.high_watermark(topic, partition) else []
+
+
+def _partitions(config, topic: str) -> list[int]:
+    with Coordination(config) as coordination:
+        return topic_partitions(coordination, config.root_prefix, topic)
+
+
+def test_batch_write_round_trip_in_order_per_partition(spark, config, reader):
+    df = spark.range(0, 3000, 1, 3).select(F.col("id").cast("string").alias("value"),
+                                           (F.col("id") % 4).cast("int").alias("partition"))
+    df.write.format("llog").options(**_options(config)).option("topic", "orders").mode("append").save()
+    for p in range(4):
+        assert _log(reader, "orders", p) == [str(i).encode() for i in range(p, 3000, 4)]
+
+
+def test_topic_column_wins_and_binary_values_are_kept(spark, config, reader):
+    rows = [("a", bytes([0, 255, i])) for i in range(5)] + [("b", b"\x00")]
+    df = spark.createDataFrame(rows, "topic string, value binary").coalesce(1)
+    df.write.format("llog").options(**_options(config)).option("topic", "ignored").mode("append").save()
+    assert _log(reader, "a", 0) == [bytes([0, 255, i]) for i in range(5)]
+    assert _log(reader, "b", 0) == [b"\x00"]
+    assert _partitions(config, "ignored") == []
+
+
+def test_stream_sticky_partitions_and_every_record_once(spark, config, reader, tmp_path):
+    query = (spark.readStream.format("rate-micro-batch").option("rowsPerBatch", 4000).option("numPartitions", 2).load()
+             .select(F.col("value").cast("string").alias("value"))
+             .writeStream.format("llog").options(**_options(config)).option("topic", "events")
+             .option("partitions", 8).option("checkpointLocation", str(tmp_path / "ck"))
+             .trigger(availableNow=True).start())
+    query.awaitTermination(180)
+    assert query.exception() is None
+    partitions = _partitions(config, "events")
+    assert len(partitions) == 2  # two tasks, one partition each
+    values = [v for p in partitions for v in _log(reader, "events", p)]
+    assert sorted(values) == sorted(str(i).encode() for i in range(4000))
+
+
+def test_foreach_batch_writes_through_the_same_engine(spark, config, reader, tmp_path):
+    query = (spark.readStream.format("rate-micro-batch").option("rowsPerBatch", 500).load()
+             .select(F.col("value").cast("string").alias("value"))
+             .writeStream.foreachBatch(write_batch(topic="fb", **_options(config)))
+             .option("checkpointLocation", str(tmp_path / "ck")).trigger(availableNow=True).start())
+    query.awaitTermination(180)
+    assert query.exception() is None
+    values = [v for p in _partitions(config, "fb") for v in _log(reader, "fb", p)]
+    assert sorted(values) == sorted(str(i).encode() for i in range(500))
+
+
+BAD_INPUTS = {
+    "null value": ("value string, partition int", [("a", 0), (None, 0)], "column 'value' holds 1 null"),
+    "int value": ("value int", [(1,)], "column 'value' must be binary or string"),
+    "key column": ("key string, value string", [("k", "v")], "'key'"),
+    "no topic": ("value string", [("v",)], "no topic"),
+    "bad topic name": ("topic string, value string", [("no/slash", "v")], "column 'topic' or option 'topic'"),
+    "negative partition": ("value string, partition int", [("v", -1)], "negative value"),
+    "null partition": ("value string, partition int", [("v", None)], "column 'partition' holds 1 null"),
+    "partition not int": ("value string, partition string", [("v", "1")], "'partition' must be an integer"),
+}
+
+
+@pytest.mark.parametrize("case", list(BAD_INPUTS))
+def test_bad_input_fails_with_a_clear_error_and_writes_nothing(spark, config, case):
+    schema, rows, message = BAD_INPUTS[case]
+    writer = spark.createDataFrame(rows, schema).write.format("llog").options(**_options(config)).mode("append")
+    if case != "no topic":
+        writer = writer.option("topic", "bad")
+    with pytest.raises((PySparkException, Exception), match=message):
+        writer.save()
+    assert _partitions(config, "bad") == [] and _partitions(config, "no") == []
+
+
+def _run_query(config, topic: str, checkpoint: Path, failpoint: str | None = None, batches: int = 3,
+               rows: int = 600) -> subprocess.CompletedProcess:
+    env = {**os.environ, "LLOG_SETTINGS_FILE": "/nonexistent", **config.to_options()}
+    env.pop("LLOG_FAILPOINT", None)
+    if failpoint:
+        env.update(LLOG_FAILPOINT=failpoint, LLOG_FAILPOINT_SCOPE="session")
+    return subprocess.run(
+        [sys.executable, "-m", "tests.helpers.sink_query", "--topic", topic, "--checkpoint", str(checkpoint),
+         "--rows", str(rows), "--batches", str(batches)],
+        cwd=REPO, env=env, capture_output=True, text=True, timeout=300, start_new_session=True,
+    )
+
+
+def _check_exactly_once_prefix(config, reader, topic: str, rows: int, min_batches: int) -> None:
+    """Every value 0..n-1 exactly once, for n a whole number of batches, each partition in order."""
+    values = []
+    for p in _partitions(config, topic):
+        with Coordination(config) as coordination:
+            check_partition(coordination, config.root_prefix, topic, p)
+        in_partition = [int(v) for v in _log(reader, topic, p)]
+        assert all(v % 3 == p for v in in_partition)
+        values += in_partition
+    counts = collections.Counter(values)
+    assert max(counts.values()) == 1, f"duplicates: {[v for v, c in counts.items() if c > 1][:10]}"
+    assert sorted(values) == list(range(len(values))) and len(values) % rows == 0
+    assert len(values) >= min_batches * rows
+
+
+@pytest.mark.parametrize("failpoint", ["writer.after_blob_put", "sink.before_commit", "writer.after_staged_slice",
+                                       "sink.after_commit"])
+def test_driver_killed_then_restarted_leaves_every_record_exactly_once(config, reader, tmp_path, failpoint):
+    checkpoint = tmp_path / "ck"
+    crashed = _run_query(config, "crash", checkpoint, failpoint)
+    assert crashed.returncode == -signal.SIGKILL, crashed.stderr[-3000:]
+    finished = _run_query(config, "crash", checkpoint)
+    assert finished.returncode == 0, finished.stderr[-3000:]
+    if failpoint in ("writer.after_staged_slice", "sink.after_commit"):
+        assert "slice(s) were already committed" in finished.stderr
+        assert any(f"; {n} slice(s) were already committed" in finished.stderr for n in range(1, 100))
+    _check_exactly_once_prefix(config, reader, "crash", 600, 3)
+
+
+def test_two_queries_into_the_same_partitions(config, tmp_path):
+    procs = [subprocess.Popen(
+        [sys.executable, "-m", "tests.helpers.sink_query", "--topic", "shared", "--checkpoint", str(tmp_path / f"ck{i}"),
+         "--rows", "500", "--batches", "3"],
+        cwd=REPO, env={**os.environ, "LLOG_SETTINGS_FILE": "/nonexistent", **config.to_options()},
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for i in range(2)]
+    for proc in procs:
+        _, err = proc.communicate(timeout=300)
+        assert proc.returncode == 0, err[-3000:]
+    with Coordination(config) as coordination:
+        total = 0
+        for p in topic_partitions(coordination, config.root_prefix, "shared"):
+            total += check_partition(coordination, config.root_prefix, "shared", p).high_watermark
+    assert total >= 2 * 3 * 500
