@@ -10,7 +10,7 @@ from pathlib import Path
 from llog import local_stack
 from llog.config import Config
 
-CASES = {"core": "bench.core"}
+CASES = {"core": "bench.core", "sink": "bench.sink"}
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -9,7 +9,10 @@ only what is missing. ``abort`` commits nothing; its blobs are left for garbage 
 
 from __future__ import annotations
 
+import dataclasses
+import json
 import logging
+import os
 import sys
 import threading
 import time
@@ -22,6 +25,9 @@ from llog.writer import LogWriter, SinkBatch
 from llog_sink.task_writer import SinkCommitMessage
 
 log = logging.getLogger(__name__)
+
+#: If set, every batch commit appends its :class:`BatchCommit` as one JSON line to this file.
+METRICS_FILE_ENV = "LLOG_SINK_METRICS_FILE"
 
 _writers: dict[Config, LogWriter] = {}
 _writers_lock = threading.Lock()
@@ -84,4 +90,8 @@ def commit_batch(config: Config, messages: Sequence[SinkCommitMessage | None], b
     )
     log.info(done.describe())
     print(done.describe(), file=sys.stderr, flush=True)  # Python workers' logging is not configured
+    metrics_file = os.environ.get(METRICS_FILE_ENV)
+    if metrics_file:
+        with open(metrics_file, "a") as f:
+            f.write(json.dumps(dataclasses.asdict(done)) + "\n")
     return done

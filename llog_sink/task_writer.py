@@ -7,8 +7,10 @@ every staged slice in the order written, for the driver to commit (``commit.py``
 
 from __future__ import annotations
 
+import collections
 import threading
 import time
+from concurrent.futures import Future, ThreadPoolExecutor
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
@@ -26,6 +28,9 @@ try:  # the commit message must be Spark's type; this module is importable witho
 except ImportError:  # pragma: no cover
     WriterCommitMessage = object
 
+#: Blobs a task may be uploading while it reads on.
+UPLOADS_IN_FLIGHT = 2
+_upload_pool = ThreadPoolExecutor(max_workers=4, thread_name_prefix="llog-sink-upload")
 _stores: dict[Config, ObjectStore] = {}
 _stores_lock = threading.Lock()
 
@@ -54,33 +59,47 @@ class SinkCommitMessage(WriterCommitMessage):
 
 def write_task(batches: Iterable[pa.RecordBatch], layout: SinkLayout, config: Config, task_id: int,
                batch_id: int, sink_id: str | None) -> SinkCommitMessage:
-    """Stage every row of ``batches`` (one Spark task's input)."""
+    """Stage every row of ``batches`` (one Spark task's input).
+
+    A full buffer is uploaded in the background while the next rows arrive, at most
+    :data:`UPLOADS_IN_FLIGHT` blobs at a time, so Spark keeps feeding the task during PUTs.
+    Slices are listed in the order their blobs were cut, whatever order the PUTs finish in.
+    """
     started = time.perf_counter()
     message = SinkCommitMessage(task_id, sink_id)
     buffered: dict[TopicPartition, list[pa.BinaryArray]] = {}
     buffered_bytes = 0
+    uploads: collections.deque[Future] = collections.deque()
 
     def flush() -> None:
         nonlocal buffered, buffered_bytes
         if not buffered:
             return
         groups = [AppendGroup(tp.topic, tp.partition, _concat(arrays)) for tp, arrays in buffered.items()]
-        message.slices.extend(stage(object_store(config), config.root_prefix, groups))
+        while len(uploads) >= UPLOADS_IN_FLIGHT:
+            message.slices.extend(uploads.popleft().result())
+        uploads.append(_upload_pool.submit(stage, object_store(config), config.root_prefix, groups))
         message.blobs += 1
         buffered, buffered_bytes = {}, 0
 
-    for batch in batches:
-        for tp, values in layout.split(batch, task_id, batch_id):
-            if not len(values):
-                continue
-            buffered.setdefault(tp, []).append(values)
-            size = _value_bytes(values)
-            buffered_bytes += size
-            message.records += len(values)
-            message.bytes += size
-            if buffered_bytes >= config.batch_max_bytes:
-                flush()
-    flush()
+    try:
+        for batch in batches:
+            for tp, values in layout.split(batch, task_id, batch_id):
+                if not len(values):
+                    continue
+                buffered.setdefault(tp, []).append(values)
+                size = _value_bytes(values)
+                buffered_bytes += size
+                message.records += len(values)
+                message.bytes += size
+                if buffered_bytes >= config.batch_max_bytes:
+                    flush()
+        flush()
+        while uploads:
+            message.slices.extend(uploads.popleft().result())
+    finally:
+        for upload in uploads:  # a failed task: let its other uploads end before it does
+            upload.cancel() or upload.exception()
     message.stage_s = time.perf_counter() - started
     return message
 

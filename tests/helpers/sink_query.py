@@ -14,7 +14,7 @@ import time
 from pyspark.sql import functions as F
 
 from llog.config import Config
-from tests.helpers.spark import local_spark
+from jobs.local_spark import local_spark
 
 
 def main() -> None:
