@@ -17,7 +17,7 @@ from llog.coordination import Coordination
 from llog.discovery import topic_partitions
 from llog_sink import write_batch
 from tests.helpers.invariants import check_partition
-from tests.helpers.spark import local_spark
+from jobs.local_spark import local_spark
 
 REPO = Path(__file__).resolve().parents[2]
 
