@@ -160,8 +160,8 @@ class LogWriter(ClientUser):
         offsets are reserved leaves nothing but the unreferenced blob (garbage collection removes
         it); one that fails after is durable as ``pending``, and the next writer finishes it.
         """
-        merged = self._merge(groups, "append_shared")
-        staged = self._upload(merged)
+        merged = _merge(groups, "append_shared")
+        staged = _stage(self.objects, self.config.root_prefix, merged)
         commits = [_Commit(self.keys(s.topic, s.partition), s) for s in staged]
         committed, contended, errors = self._commit_together(commits)
         futures = [self._pool.submit(self._commit, c) for c in contended]
@@ -192,7 +192,7 @@ class LogWriter(ClientUser):
         """Section 4.2 only: encode the groups and PUT them as one shared WAL blob. Nothing is
         written to Oxia; until :meth:`commit_staged` commits the slices, the blob is garbage.
         Groups of one topic-partition become one body, in the order given."""
-        return self._upload(self._merge(groups, "upload"))
+        return _stage(self.objects, self.config.root_prefix, _merge(groups, "upload"))
 
     def commit_staged(self, staged: Sequence[StagedSlice], sink: SinkBatch | None = None) -> list[AppendResult | None]:
         """Sections 4.3 to 4.5 for slices :meth:`upload` staged, here or in other processes.
@@ -241,13 +241,6 @@ class LogWriter(ClientUser):
                 raise next(iter(errors.values()))
             raise AppendFailed(committed, errors)
         return results
-
-    @staticmethod
-    def _merge(groups: Sequence[AppendGroup], what: str) -> dict[TopicPartition, list[tuple[int, pa.BinaryArray]]]:
-        return _merge(groups, what)
-
-    def _upload(self, merged: dict[TopicPartition, list[tuple[int, pa.BinaryArray]]]) -> list[StagedSlice]:
-        return _stage(self.objects, self.config.root_prefix, merged)
 
     # --- all partitions at once (section 4.3 to 4.5, uncontended) ------------------------------
 

@@ -9,6 +9,7 @@ only what is missing. ``abort`` commits nothing; its blobs are left for garbage 
 
 from __future__ import annotations
 
+import atexit
 import dataclasses
 import json
 import logging
@@ -40,6 +41,18 @@ def log_writer(config: Config) -> LogWriter:
         if writer is None:
             writer = _writers[config] = LogWriter(config, auto_initialize=True)
         return writer
+
+
+def close_writers() -> None:
+    """Close the cached writers (at process exit, or when their stack goes away)."""
+    with _writers_lock:
+        writers = list(_writers.values())
+        _writers.clear()
+    for writer in writers:
+        writer.close()
+
+
+atexit.register(close_writers)
 
 
 @dataclass(frozen=True)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pyarrow as pa
 
-from llog_sink.commit import commit_batch
+from llog_sink.commit import close_writers, commit_batch
 from llog_sink.rows import SinkLayout
 from llog_sink.task_writer import write_task
 
@@ -15,6 +15,13 @@ def test_many_blobs_per_task_commit_in_the_order_written(config, reader):
     batches = [pa.record_batch({"value": pa.array([f"v{b * 100 + i:05d}".encode() for i in range(100)]),
                                 "partition": pa.array([i % 2 for i in range(100)], pa.int32())})
                for b in range(30)]
+    try:
+        _stage_and_commit(config, layout, batches, reader)
+    finally:
+        close_writers()  # the cached writer must not outlive this test's stack
+
+
+def _stage_and_commit(config, layout, batches, reader):
     message = write_task(iter(batches), layout, config, task_id=0, batch_id=0, sink_id="q")
     assert message.records == 3000 and message.blobs == 30 and len(message.slices) == 60
     done = commit_batch(config, [message], 0)
