@@ -6,6 +6,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 from llog.config import Config
 from llog.coordination import Coordination
+from llog.keys import PartitionKeys, TopicPartition
 from llog.objects import ObjectStore
 
 
@@ -19,6 +20,14 @@ class ClientUser:
         self.objects = objects or ObjectStore(config)
         self._owned = [c for c, given in ((self.coordination, coordination), (self.objects, objects)) if given is None]
         self._pool = ThreadPoolExecutor(max_workers=max_workers, thread_name_prefix=thread_name_prefix)
+
+    @classmethod
+    def from_env(cls, **kwargs):
+        """Built from the environment (or the local stack's settings file)."""
+        return cls(Config.load(), **kwargs)
+
+    def keys(self, topic: str, partition: int) -> PartitionKeys:
+        return PartitionKeys(self.config.root_prefix, TopicPartition(topic, partition))
 
     def close(self) -> None:
         self._pool.shutdown(wait=True)

@@ -224,7 +224,7 @@ class Coordination:
         self._deadline_s = max(30.0, 3 * config.oxia_request_timeout_ms / 1000)
         self._lock = threading.Lock()
         self._combiners: dict[tuple[str, int], _Combiner] = {}
-        self._rpc_cache: dict[int, tuple[OxiaClientStub, Callable, Callable]] = {}
+        self._rpc_cache: dict[OxiaClientStub, tuple[Callable, Callable]] = {}
         self.stats: collections.Counter[str] = collections.Counter()
 
     # --- batched single-key requests ----------------------------------------------------------
@@ -244,17 +244,17 @@ class Coordination:
         """The Read and Write calls to ``shard``'s leader, on the client's (deadline) channel."""
         stub = self._client._service_discovery.get_stub(shard)
         with self._lock:
-            rpcs = self._rpc_cache.get(id(stub))
-            if rpcs is None or rpcs[0] is not stub:
+            rpcs = self._rpc_cache.get(stub)
+            if rpcs is None:
                 channel = stub._channel
-                rpcs = self._rpc_cache[id(stub)] = (stub, channel.unary_stream(
+                rpcs = self._rpc_cache[stub] = (channel.unary_stream(
                     _READ, request_serializer=wire.ReadRequest.SerializeToString,
                     response_deserializer=wire.ReadResponse.FromString,
                 ), channel.unary_unary(
                     _WRITE, request_serializer=wire.WriteRequest.SerializeToString,
                     response_deserializer=wire.WriteResponse.FromString,
                 ))
-            return rpcs[1], rpcs[2]
+            return rpcs
 
     def _send_gets(self, shard: int, requests: list) -> list:
         with self._lock:

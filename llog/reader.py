@@ -24,7 +24,7 @@ from llog.config import Config
 from llog.control import ControlState, read_control
 from llog.coordination import Coordination
 from llog.errors import InconsistentReadState, InvalidOffset, OffsetOutOfRange, PartitionNotInitialized
-from llog.keys import PartitionKeys, TopicPartition
+from llog.keys import PartitionKeys
 from llog.objects import ObjectStore
 from llog.records import ControlRecord, IndexEntry, LocatedEntry
 
@@ -99,13 +99,6 @@ class LogReader(ClientUser):
     def __init__(self, config: Config, coordination: Coordination | None = None,
                  objects: ObjectStore | None = None, max_workers: int = 8):
         super().__init__(config.require("oxia_service_address"), coordination, objects, max_workers, "llog-read")
-
-    @classmethod
-    def from_env(cls, **kwargs) -> "LogReader":
-        return cls(Config.load(), **kwargs)
-
-    def keys(self, topic: str, partition: int) -> PartitionKeys:
-        return PartitionKeys(self.config.root_prefix, TopicPartition(topic, partition))
 
     def high_watermark(self, topic: str, partition: int) -> int:
         """Last readable offset (0 for an empty partition)."""

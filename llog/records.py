@@ -47,6 +47,18 @@ def _field(obj: dict[str, Any], name: str, kind: type | tuple[type, ...], key: s
     return value
 
 
+
+def _body_fields(obj: dict[str, Any], key: str) -> dict[str, Any]:
+    """Where a batch's records are and how many: the fields an index entry and a pending append share."""
+    return {
+        "msg_count": _field(obj, "msg_count", int, key),
+        "data_key": _field(obj, "data_key", str, key),
+        "encoding": _field(obj, "encoding", str, key),
+        "created_at_ms": _field(obj, "created_at_ms", int, key, optional=True) or 0,
+        "byte_offset": _field(obj, "byte_offset", int, key, optional=True),
+        "byte_length": _field(obj, "byte_length", int, key, optional=True),
+    }
+
 @dataclass(frozen=True)
 class IndexEntry:
     """``P/index/{end_offset:020d}``: one batch of ``msg_count`` offsets ending at the key's offset.
@@ -69,15 +81,7 @@ class IndexEntry:
     @classmethod
     def from_json(cls, raw: bytes | str, key: str = "index entry") -> "IndexEntry":
         obj = _load(raw, key)
-        entry = cls(
-            type=_field(obj, "type", str, key),
-            msg_count=_field(obj, "msg_count", int, key),
-            data_key=_field(obj, "data_key", str, key),
-            encoding=_field(obj, "encoding", str, key),
-            created_at_ms=_field(obj, "created_at_ms", int, key, optional=True) or 0,
-            byte_offset=_field(obj, "byte_offset", int, key, optional=True),
-            byte_length=_field(obj, "byte_length", int, key, optional=True),
-        )
+        entry = cls(type=_field(obj, "type", str, key), **_body_fields(obj, key))
         return _check_entry(entry, key)
 
 
@@ -150,13 +154,8 @@ class PendingAppend:
             append_id=_field(obj, "append_id", str, key),
             start_offset=_field(obj, "start_offset", int, key),
             end_offset=_field(obj, "end_offset", int, key),
-            msg_count=_field(obj, "msg_count", int, key),
-            data_key=_field(obj, "data_key", str, key),
             entry_type=_field(obj, "entry_type", str, key),
-            encoding=_field(obj, "encoding", str, key),
-            created_at_ms=_field(obj, "created_at_ms", int, key, optional=True) or 0,
-            byte_offset=_field(obj, "byte_offset", int, key, optional=True),
-            byte_length=_field(obj, "byte_length", int, key, optional=True),
+            **_body_fields(obj, key),
         )
         if pending.end_offset - pending.start_offset + 1 != pending.msg_count or pending.msg_count < 1 \
                 or pending.start_offset < 1:

@@ -135,13 +135,6 @@ class LogWriter(ClientUser):
                          "llog-commit")
         self.auto_initialize = auto_initialize
 
-    @classmethod
-    def from_env(cls, **kwargs) -> "LogWriter":
-        return cls(Config.load(), **kwargs)
-
-    def keys(self, topic: str, partition: int) -> PartitionKeys:
-        return PartitionKeys(self.config.root_prefix, TopicPartition(topic, partition))
-
     def initialize_partition(self, topic: str, partition: int) -> bool:
         """Section 4.1. Returns True if this call created the partition."""
         return initialize_partition(self.coordination, self.keys(topic, partition))

@@ -9,51 +9,25 @@ only what is missing. ``abort`` commits nothing; its blobs are left for garbage 
 
 from __future__ import annotations
 
-import atexit
 import dataclasses
 import json
 import logging
 import os
 import sys
-import threading
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 
 from llog import failpoints
 from llog.config import Config
-from llog.writer import LogWriter, SinkBatch
+from llog.writer import SinkBatch
+from llog_sink.process_clients import log_writer
 from llog_sink.task_writer import SinkCommitMessage
 
 log = logging.getLogger(__name__)
 
 #: If set, every batch commit appends its :class:`BatchCommit` as one JSON line to this file.
 METRICS_FILE_ENV = "LLOG_SINK_METRICS_FILE"
-
-_writers: dict[Config, LogWriter] = {}
-_writers_lock = threading.Lock()
-
-
-def log_writer(config: Config) -> LogWriter:
-    """One writer per config per process: driver-side Python workers are reused across batches."""
-    with _writers_lock:
-        writer = _writers.get(config)
-        if writer is None:
-            writer = _writers[config] = LogWriter(config, auto_initialize=True)
-        return writer
-
-
-def close_writers() -> None:
-    """Close the cached writers (at process exit, or when their stack goes away)."""
-    with _writers_lock:
-        writers = list(_writers.values())
-        _writers.clear()
-    for writer in writers:
-        writer.close()
-
-
-atexit.register(close_writers)
-
 
 @dataclass(frozen=True)
 class BatchCommit:

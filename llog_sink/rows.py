@@ -19,6 +19,7 @@ from dataclasses import dataclass
 
 import pyarrow as pa
 import pyarrow.compute as pc
+from pyspark.sql import types as T
 
 from llog.errors import LlogError
 from llog.keys import TopicPartition
@@ -45,8 +46,6 @@ class SinkLayout:
     @classmethod
     def from_schema(cls, schema, topic_option: str | None, partitions: int) -> "SinkLayout":
         """Check a Spark schema (``StructType``) against the contract."""
-        from pyspark.sql import types as T  # the core never imports Spark; this module runs in it
-
         fields = {f.name: f.dataType for f in schema.fields}
         refused = [c for c in _REFUSED if c in fields]
         if refused:
@@ -76,34 +75,34 @@ class SinkLayout:
         """The batch's values per topic-partition, in row order; raises
         :class:`InvalidSinkInput` naming the column and the problem."""
         values = _values(batch.column(batch.schema.get_field_index(VALUE)))
-        if not self.has_topic_column and not self.has_partition_column:
-            yield self._sticky(self.topic_option, task_id, batch_id), values
-            return
+        partitions = self._partition_column(batch)
         if self.has_topic_column:
             topics = batch.column(batch.schema.get_field_index(TOPIC))
             if topics.null_count:
                 raise InvalidSinkInput(f"column 'topic' holds {topics.null_count} null(s)")
-            topics = topics.cast(pa.string())
+            masks = [(topic, pc.equal(topics, topic)) for topic in pc.unique(topics).to_pylist()]
+            groups = [(topic, values.filter(mask), None if partitions is None else partitions.filter(mask))
+                      for topic, mask in masks]
         else:
-            topics = pa.array([self.topic_option] * batch.num_rows, pa.string())
-        if self.has_partition_column:
-            partitions = batch.column(batch.schema.get_field_index(PARTITION))
-            if partitions.null_count:
-                raise InvalidSinkInput(f"column 'partition' holds {partitions.null_count} null(s)")
-            partitions = partitions.cast(pa.int64())
-            if len(partitions) and pc.min(partitions).as_py() < 0:
-                raise InvalidSinkInput(f"column 'partition' holds a negative value ({pc.min(partitions).as_py()})")
-        else:
-            partitions = None
-        for topic in pc.unique(topics).to_pylist():
-            in_topic = pc.equal(topics, topic)
-            if partitions is None:
-                yield self._sticky(topic, task_id, batch_id), values.filter(in_topic)
+            groups = [(self.topic_option, values, partitions)]
+        for topic, topic_values, topic_partitions in groups:
+            if topic_partitions is None:
+                yield self._sticky(topic, task_id, batch_id), topic_values
                 continue
-            topic_partitions = partitions.filter(in_topic)
-            topic_values = values.filter(in_topic)
             for partition in sorted(pc.unique(topic_partitions).to_pylist()):
                 yield _partition(topic, partition), topic_values.filter(pc.equal(topic_partitions, partition))
+
+    def _partition_column(self, batch: pa.RecordBatch) -> pa.Int64Array | None:
+        if not self.has_partition_column:
+            return None
+        partitions = batch.column(batch.schema.get_field_index(PARTITION))
+        if partitions.null_count:
+            raise InvalidSinkInput(f"column 'partition' holds {partitions.null_count} null(s)")
+        partitions = partitions.cast(pa.int64())
+        lowest = pc.min(partitions).as_py()
+        if lowest is not None and lowest < 0:
+            raise InvalidSinkInput(f"column 'partition' holds a negative value ({lowest})")
+        return partitions
 
     def _sticky(self, topic: str, task_id: int, batch_id: int) -> TopicPartition:
         return _partition(topic, (task_id + batch_id + zlib.crc32(topic.encode())) % self.partitions)

@@ -8,40 +8,24 @@ every staged slice in the order written, for the driver to commit (``commit.py``
 from __future__ import annotations
 
 import collections
-import threading
 import time
-from concurrent.futures import Future, ThreadPoolExecutor
 from collections.abc import Iterable
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 
 import numpy as np
 import pyarrow as pa
+from pyspark.sql.datasource import WriterCommitMessage
 
 from llog.config import Config
 from llog.keys import TopicPartition
-from llog.objects import ObjectStore
 from llog.writer import AppendGroup, StagedSlice, stage
+from llog_sink.process_clients import object_store
 from llog_sink.rows import SinkLayout
-
-try:  # the commit message must be Spark's type; this module is importable without Spark too
-    from pyspark.sql.datasource import WriterCommitMessage
-except ImportError:  # pragma: no cover
-    WriterCommitMessage = object
 
 #: Blobs a task may be uploading while it reads on.
 UPLOADS_IN_FLIGHT = 2
 _upload_pool = ThreadPoolExecutor(max_workers=4, thread_name_prefix="llog-sink-upload")
-_stores: dict[Config, ObjectStore] = {}
-_stores_lock = threading.Lock()
-
-
-def object_store(config: Config) -> ObjectStore:
-    """One S3 client per config per process: Python workers are reused across tasks."""
-    with _stores_lock:
-        store = _stores.get(config)
-        if store is None:
-            store = _stores[config] = ObjectStore(config)
-        return store
 
 
 @dataclass

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import pyarrow as pa
 
-from llog_sink.commit import close_writers, commit_batch
+from llog_sink.commit import commit_batch
+from llog_sink.process_clients import close_all
 from llog_sink.rows import SinkLayout
 from llog_sink.task_writer import write_task
 
@@ -18,7 +19,7 @@ def test_many_blobs_per_task_commit_in_the_order_written(config, reader):
     try:
         _stage_and_commit(config, layout, batches, reader)
     finally:
-        close_writers()  # the cached writer must not outlive this test's stack
+        close_all()  # the kept clients must not outlive this test's stack
 
 
 def _stage_and_commit(config, layout, batches, reader):

@@ -1,0 +1,59 @@
+"""Clients kept for the life of a Python worker: Spark reuses workers across tasks and batches,
+so a task's S3 client and the driver-side commit's writer are built once per config, and closed
+at exit (or by :func:`close_all`)."""
+
+from __future__ import annotations
+
+import atexit
+import threading
+from collections.abc import Callable
+from typing import Generic, TypeVar
+
+from llog.config import Config
+from llog.objects import ObjectStore
+from llog.writer import LogWriter
+
+C = TypeVar("C", ObjectStore, LogWriter)
+
+
+class _PerConfig(Generic[C]):
+    def __init__(self, make: Callable[[Config], C]):
+        self._make = make
+        self._clients: dict[Config, C] = {}
+        self._lock = threading.Lock()
+
+    def get(self, config: Config) -> C:
+        with self._lock:
+            client = self._clients.get(config)
+            if client is None:
+                client = self._clients[config] = self._make(config)
+            return client
+
+    def close(self) -> None:
+        with self._lock:
+            clients, self._clients = list(self._clients.values()), {}
+        for client in clients:
+            client.close()
+
+
+_stores = _PerConfig(ObjectStore)
+_writers = _PerConfig(lambda config: LogWriter(config, auto_initialize=True))
+
+
+def object_store(config: Config) -> ObjectStore:
+    """What a task stages blobs with (S3 only)."""
+    return _stores.get(config)
+
+
+def log_writer(config: Config) -> LogWriter:
+    """What the driver-side commit commits with."""
+    return _writers.get(config)
+
+
+def close_all() -> None:
+    """Close every kept client (at exit, or when their stack goes away)."""
+    _writers.close()
+    _stores.close()
+
+
+atexit.register(close_all)
