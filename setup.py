@@ -5,7 +5,7 @@ setup(
     version="0.1.0",
     description="A Spark-first leaderless log (diskless Kafka): record bytes in S3, offsets and index in Oxia.",
     python_requires=">=3.11,<3.12",
-    packages=find_packages(include=["llog", "llog.*", "llog_sink", "llog_sink.*", "pyspark_llog"]),
+    packages=find_packages(include=["llog", "llog.*", "llog_sink", "llog_sink.*", "llog_source", "llog_source.*", "pyspark_llog"]),
     install_requires=[
         "pyspark==4.2.0",
         "delta-spark==4.4.1",

@@ -1,4 +1,4 @@
-"""The ``llog`` command: local stack, describe, fence/unfence, produce and consume.
+"""The ``llog`` command: local stack, describe, consumer groups, fence/unfence, produce and consume.
 
 Connection settings come from the environment or the local stack's settings file
 (:mod:`llog.config`).
@@ -13,6 +13,7 @@ import sys
 
 from llog import local_stack
 from llog.config import Config
+from llog.consumer_groups import describe_group, format_group
 from llog.coordination import Coordination
 from llog.describe import describe_topic, format_descriptions
 from llog.errors import LlogError
@@ -28,6 +29,17 @@ def _describe(args) -> int:
         print(json.dumps([dataclasses.asdict(r) for r in rows], indent=2))
     else:
         print(format_descriptions(args.topic, rows))
+    return 0
+
+
+def _describe_group(args) -> int:
+    config = Config.load()
+    with Coordination(config) as coordination:
+        rows = describe_group(coordination, config.root_prefix, args.group, args.topic or None)
+    if args.json:
+        print(json.dumps([dict(dataclasses.asdict(r), lag=r.lag) for r in rows], indent=2))
+    else:
+        print(format_group(args.group, rows))
     return 0
 
 
@@ -70,6 +82,14 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("topic")
     p.add_argument("--json", action="store_true", help="print JSON instead of a table")
     p.set_defaults(func=_describe)
+
+    groups = sub.add_parser("groups", help="consumer groups: committed offsets and lag").add_subparsers(
+        dest="groups_command", required=True)
+    p = groups.add_parser("describe", help="per partition: committed offset, high watermark, lag")
+    p.add_argument("group")
+    p.add_argument("--topic", action="append", help="only this topic (repeatable; default: all topics)")
+    p.add_argument("--json", action="store_true", help="print JSON instead of a table")
+    p.set_defaults(func=_describe_group)
 
     for name, text in (("fence", "reject appends to a partition"), ("unfence", "accept appends again")):
         p = sub.add_parser(name, help=text)

@@ -1,15 +1,17 @@
-"""Finding the partitions of a topic from their ``meta/control`` records.
+"""Finding topics and the partitions of a topic from their ``meta/control`` records.
 
-A skip scan: one cross-shard ceiling get lands on the next partition that has any key, one get
-checks its ``meta/control``, and the scan jumps past that partition. Costs two Oxia reads per
+Skip scans: one cross-shard ceiling get lands on the next partition (or topic) that has any key,
+one get checks its ``meta/control``, and the scan jumps past it. Costs two Oxia reads per
 partition, however long its index is.
 """
 
 from __future__ import annotations
 
 from llog.coordination import Coordination
+from llog.errors import InvalidTopicName
 from llog.keys import (
-    PartitionKeys, TopicPartition, parse_partition_segment, partition_scan_key, partitions_root, validate_topic,
+    PartitionKeys, TopicPartition, parse_partition_segment, parse_topic_segment, partition_scan_key, partitions_root,
+    topic_scan_key, validate_topic,
 )
 
 
@@ -28,3 +30,22 @@ def topic_partitions(coordination: Coordination, root: str, topic: str) -> list[
             if coordination.get(keys.control, keys.partition_key) is not None:
                 found.append(int(segment))
         segment += "\x00"  # the smallest segment after this one
+
+
+def list_topics(coordination: Coordination, root: str) -> list[str]:
+    """Topics with at least one initialized partition, ascending."""
+    found, segment = [], ""
+    while True:
+        hit = coordination.ceiling(topic_scan_key(root, segment), None, f"{root}/")
+        if hit is None:
+            return found
+        topic = parse_topic_segment(root, hit.key)
+        if topic is None:  # a key of this depth that is not per-partition: step past its segment
+            topic = hit.key[len(root) + 1:].partition("/")[0]
+        else:
+            try:
+                if topic_partitions(coordination, root, topic):
+                    found.append(topic)
+            except InvalidTopicName:
+                pass  # not written by llog
+        segment = topic + "\x00"

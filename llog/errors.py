@@ -27,6 +27,14 @@ class InvalidTopicName(LlogError, ValueError):
         super().__init__(f"invalid topic name {topic!r}: {reason}")
 
 
+class InvalidGroupId(LlogError, ValueError):
+    """A consumer group id breaks the topic name rule (it becomes one Oxia key segment)."""
+
+    def __init__(self, group: object, reason: str):
+        self.group = group
+        super().__init__(f"invalid consumer group id {group!r}: {reason}")
+
+
 class InvalidPartition(LlogError, ValueError):
     """A partition number is not an int >= 0."""
 
@@ -133,6 +141,10 @@ class CorruptRecord(LlogError):
 
 class StorageError(LlogError):
     """Object storage failed after bounded retries, or an object is missing."""
+
+
+class ObjectNotFound(StorageError):
+    """An object an index entry or pending append names does not exist (any more)."""
 
 
 class CoordinationError(LlogError):

@@ -10,27 +10,42 @@ import re
 import uuid
 from dataclasses import dataclass
 
-from llog.errors import InvalidPartition, InvalidTopicName
+from llog.errors import InvalidGroupId, InvalidPartition, InvalidTopicName
 
 _TOPIC_CHARS = re.compile(r"[A-Za-z0-9._-]+")
 MAX_TOPIC_LENGTH = 249
 OFFSET_WIDTH = 20
 
 
+def _name_problem(name: object) -> str | None:
+    if not isinstance(name, str):
+        return f"must be a str, not {type(name).__name__}"
+    if not name:
+        return "must not be empty"
+    if len(name) > MAX_TOPIC_LENGTH:
+        return f"is {len(name)} characters long, the limit is {MAX_TOPIC_LENGTH}"
+    if name in (".", ".."):
+        return "'.' and '..' are reserved"
+    if not _TOPIC_CHARS.fullmatch(name):
+        bad = sorted({c for c in name if not _TOPIC_CHARS.fullmatch(c)})
+        return f"contains {''.join(bad)!r}; allowed are letters, digits, '.', '_' and '-'"
+    return None
+
+
 def validate_topic(topic: object) -> str:
     """Kafka's rule: 1..249 characters of ``[A-Za-z0-9._-]``, not ``.`` or ``..`` (section 1)."""
-    if not isinstance(topic, str):
-        raise InvalidTopicName(topic, f"must be a str, not {type(topic).__name__}")
-    if not topic:
-        raise InvalidTopicName(topic, "must not be empty")
-    if len(topic) > MAX_TOPIC_LENGTH:
-        raise InvalidTopicName(topic, f"is {len(topic)} characters long, the limit is {MAX_TOPIC_LENGTH}")
-    if topic in (".", ".."):
-        raise InvalidTopicName(topic, "'.' and '..' are reserved")
-    if not _TOPIC_CHARS.fullmatch(topic):
-        bad = sorted({c for c in topic if not _TOPIC_CHARS.fullmatch(c)})
-        raise InvalidTopicName(topic, f"contains {''.join(bad)!r}; allowed are letters, digits, '.', '_' and '-'")
+    problem = _name_problem(topic)
+    if problem:
+        raise InvalidTopicName(topic, problem)
     return topic
+
+
+def validate_group(group: object) -> str:
+    """Consumer group ids follow the topic rule: each is one segment of an Oxia key."""
+    problem = _name_problem(group)
+    if problem:
+        raise InvalidGroupId(group, problem)
+    return group
 
 
 def validate_partition(partition: object) -> int:
@@ -143,6 +158,20 @@ def parse_partition_segment(root: str, topic: str, key: str) -> str | None:
         return None
     segment, slash, _ = key[len(prefix):].partition("/")
     return segment if slash else None
+
+
+def topic_scan_key(root: str, topic_segment: str) -> str:
+    """The smallest key of depth ``P/meta/control`` whose topic segment is >= the given one
+    (the same construction as :func:`partition_scan_key`, one level up)."""
+    return f"{root}/{topic_segment}////"
+
+
+def parse_topic_segment(root: str, key: str) -> str | None:
+    """The topic of a per-partition key (``R/{topic}/partitions/...``), or None."""
+    if not key.startswith(f"{root}/"):
+        return None
+    topic, slash, rest = key[len(root) + 1:].partition("/")
+    return topic if slash and rest.startswith("partitions/") else None
 
 
 def shared_wal_object(root: str, blob_id: str | None = None) -> str:

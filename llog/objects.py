@@ -22,7 +22,7 @@ from botocore.config import Config as BotoConfig
 from tenacity import Retrying, retry_if_exception_type, stop_after_attempt, wait_random_exponential
 
 from llog.config import Config
-from llog.errors import StorageError
+from llog.errors import ObjectNotFound, StorageError
 from llog.keys import parse_s3_uri, s3_uri
 
 log = logging.getLogger(__name__)
@@ -151,7 +151,7 @@ class ObjectStore:
         except botocore.exceptions.ClientError as e:
             code = e.response.get("Error", {}).get("Code")
             if code in ("NoSuchKey", "404"):
-                raise StorageError(f"object {uri} does not exist") from None
+                raise ObjectNotFound(f"object {uri} does not exist") from None
             if code == "InvalidRange":
                 raise StorageError(f"range {kwargs.get('Range')} lies outside object {uri}") from None
             raise self._fail("get", uri, e) from e

@@ -12,7 +12,9 @@ resolver takes each offset from the first entry in key order that covers it.
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
+from collections import deque
+from collections.abc import Callable, Iterator, Sequence
+from concurrent.futures import Future
 from dataclasses import dataclass
 
 import numpy as np
@@ -23,7 +25,9 @@ from llog.codec import decode_batch, offsets_prefix_length, record_span
 from llog.config import Config
 from llog.control import ControlState, read_control
 from llog.coordination import Coordination
-from llog.errors import InconsistentReadState, InvalidOffset, OffsetOutOfRange, PartitionNotInitialized
+from llog.errors import (
+    InconsistentReadState, InvalidOffset, ObjectNotFound, OffsetOutOfRange, PartitionNotInitialized,
+)
 from llog.keys import PartitionKeys
 from llog.objects import ObjectStore
 from llog.records import ControlRecord, IndexEntry, LocatedEntry
@@ -36,6 +40,9 @@ RECORD_SCHEMA = pa.schema([
 ])
 #: Offsets :meth:`LogReader.iter_from` resolves per round trip.
 ITER_WINDOW = 100_000
+#: Bytes of record bodies :meth:`LogReader.stream_batches` fetches per step, and steps in flight.
+STREAM_CHUNK_BYTES = 32 * 1024 * 1024
+STREAM_LOOKAHEAD = 2
 
 
 @dataclass(frozen=True)
@@ -157,31 +164,36 @@ class LogReader(ClientUser):
 
     # --- fetching and decoding (section 5.4) --------------------------------------------------
 
-    def _fetch(self, slices: Sequence[_Slice]) -> dict[int, pa.BinaryArray]:
-        """Decode every slice's entry, fetching each blob once: one range GET spanning the
-        entries' bodies when they all have byte ranges, else one GET of the object. Blobs are
-        fetched in parallel; decoding (a CRC at several GB/s) runs in the calling thread."""
+    @staticmethod
+    def _by_blob(slices: Sequence[_Slice]) -> list[tuple[str, list[_Slice]]]:
         by_blob: dict[str, list[_Slice]] = {}
         for s in slices:
             by_blob.setdefault(s.located.entry.data_key, []).append(s)
+        return list(by_blob.items())
 
-        def fetch_blob(uri: str, group: list[_Slice]) -> list[tuple[_Slice, memoryview]]:
-            if all(s.located.entry.byte_offset is not None for s in group):
-                lo = min(s.located.entry.byte_offset for s in group)
-                hi = max(s.located.entry.byte_offset + s.located.entry.byte_length for s in group)
-                blob = memoryview(self.objects.get(uri, lo, hi - lo))
-            else:
-                lo, blob = 0, memoryview(self.objects.get(uri))
-            return [(s, blob if s.located.entry.byte_offset is None else
-                     blob[s.located.entry.byte_offset - lo: s.located.entry.byte_offset - lo + s.located.entry.byte_length])
-                    for s in group]
+    def _fetch_blob(self, uri: str, group: Sequence[_Slice]) -> list[tuple[_Slice, memoryview]]:
+        """The bodies of ``group``'s entries in blob ``uri``: one range GET spanning them when
+        they all have byte ranges, else one GET of the object."""
+        if all(s.located.entry.byte_offset is not None for s in group):
+            lo = min(s.located.entry.byte_offset for s in group)
+            hi = max(s.located.entry.byte_offset + s.located.entry.byte_length for s in group)
+            blob = memoryview(self.objects.get(uri, lo, hi - lo))
+        else:
+            lo, blob = 0, memoryview(self.objects.get(uri))
+        return [(s, blob if s.located.entry.byte_offset is None else
+                 blob[s.located.entry.byte_offset - lo: s.located.entry.byte_offset - lo + s.located.entry.byte_length])
+                for s in group]
 
-        def decode(s: _Slice, body: memoryview) -> pa.BinaryArray:
-            where = f"{s.located.entry.data_key} (offsets {s.located.start_offset}..{s.located.end_offset})"
-            return decode_batch(body, s.located.entry.msg_count, where)
+    @staticmethod
+    def _decode(s: _Slice, body: memoryview) -> pa.BinaryArray:
+        where = f"{s.located.entry.data_key} (offsets {s.located.start_offset}..{s.located.end_offset})"
+        return decode_batch(body, s.located.entry.msg_count, where)
 
-        fetched = self._map(lambda item: fetch_blob(*item), list(by_blob.items()))
-        return {id(s): decode(s, body) for part in fetched for s, body in part}
+    def _fetch(self, slices: Sequence[_Slice]) -> dict[int, pa.BinaryArray]:
+        """Decode every slice's entry, fetching each blob once. Blobs are fetched in parallel;
+        decoding (a CRC at several GB/s) runs in the calling thread."""
+        fetched = self._map(lambda item: self._fetch_blob(*item), self._by_blob(slices))
+        return {id(s): self._decode(s, body) for part in fetched for s, body in part}
 
     def _map(self, fn, items: list) -> list:
         return list(self._pool.map(fn, items)) if len(items) > 1 else [fn(i) for i in items]
@@ -198,15 +210,11 @@ class LogReader(ClientUser):
 
     # --- public reads -------------------------------------------------------------------------
 
-    def read_batches(self, requests: Sequence[ReadRequest]) -> list[PartitionBatches]:
-        """Read several topic-partition ranges as Arrow batches, one result per request.
-
-        Resolution is one multi-key Oxia read per shard for all requests: every partition's
+    def _resolve_many(self, requests: Sequence[ReadRequest]) -> list[tuple[ControlState, int, list[_Slice]]]:
+        """Per request: the partition's control, the end offset and the slices covering the
+        range. One multi-key Oxia read per shard for all requests gets every partition's
         ``meta/control`` record and the ceiling index entry of every start offset (section 5,
-        steps 1 and 2). A request one entry does not cover falls back to :meth:`_resolve`. Then
-        every blob is fetched once for the whole call, even when several partitions share it.
-        """
-        requests = list(requests)
+        steps 1 and 2); a request one entry does not cover falls back to :meth:`_resolve`."""
         keys = [self.keys(r.topic, r.partition) for r in requests]
         for r in requests:
             _check_offset("start offset", r.start)  # before it goes into a key
@@ -222,15 +230,61 @@ class LogReader(ClientUser):
                                        ControlState(ControlRecord.from_json(control.value, k.control), control.version_id))
             located = first and LocatedEntry(k.index_end_offset(first.key), IndexEntry.from_json(first.value, first.key))
             if located is not None and located.start_offset <= req.start and located.end_offset >= end:
-                resolved.append((req, state, end, [_Slice(located, req.start, end)]))
+                resolved.append((state, end, [_Slice(located, req.start, end)]))
             else:
-                resolved.append((req, state, end, self._resolve(k, state, req.start, end)))
+                resolved.append((state, end, self._resolve(k, state, req.start, end)))
+        return resolved
+
+    def read_batches(self, requests: Sequence[ReadRequest]) -> list[PartitionBatches]:
+        """Read several topic-partition ranges as Arrow batches, one result per request.
+
+        Resolution is one multi-key Oxia read per shard (:meth:`_resolve_many`); then every
+        blob is fetched once for the whole call, even when several partitions share it.
+        """
+        requests = list(requests)
+        resolved = self._resolve_many(requests)
         decoded = self._fetch([s for *_, slices in resolved for s in slices])
         return [
             PartitionBatches(req.topic, req.partition, req.start, end, state.record.high_watermark,
                              [self._to_batch(s, decoded[id(s)]) for s in slices])
-            for req, state, end, slices in resolved
+            for req, (state, end, slices) in zip(requests, resolved)
         ]
+
+    def stream_batches(self, request: ReadRequest, chunk_bytes: int = STREAM_CHUNK_BYTES,
+                       lookahead: int = STREAM_LOOKAHEAD,
+                       on_missing: Callable[[int, int, ObjectNotFound], None] | None = None
+                       ) -> Iterator[pa.RecordBatch]:
+        """The records of one range as Arrow batches (one per index entry slice), in offset
+        order, in bounded memory: slices are fetched ``chunk_bytes`` at a time with up to
+        ``lookahead`` chunks in flight while the caller consumes the current one.
+
+        A blob that no longer exists raises :class:`ObjectNotFound`; with ``on_missing`` its
+        slices are skipped instead and ``on_missing(first_offset, last_offset, error)`` is told.
+        """
+        _, _, slices = self._resolve_many([request])[0]
+        chunks = _chunks(slices, chunk_bytes)
+
+        def submit(chunk: list[_Slice]) -> tuple[list[_Slice], list[tuple[list[_Slice], Future]]]:
+            return chunk, [(group, self._pool.submit(self._fetch_blob, uri, group)) for uri, group in self._by_blob(chunk)]
+
+        pending = deque(submit(c) for c in chunks[:lookahead])
+        upcoming = iter(chunks[lookahead:])
+        while pending:
+            chunk, fetches = pending.popleft()
+            bodies: dict[int, memoryview] = {}
+            for group, future in fetches:
+                try:
+                    bodies.update((id(s), body) for s, body in future.result())
+                except ObjectNotFound as missing:
+                    if on_missing is None:
+                        raise
+                    on_missing(group[0].lo, group[-1].hi, missing)
+            following = next(upcoming, None)
+            if following is not None:
+                pending.append(submit(following))
+            for s in chunk:
+                if id(s) in bodies:
+                    yield self._to_batch(s, self._decode(s, bodies.pop(id(s))))
 
     def read_range(self, topic: str, partition: int, start: int, end: int | None = None) -> list[Record]:
         """Records ``start..end`` (inclusive; ``end=None``: to the high watermark)."""
@@ -269,6 +323,20 @@ class LogReader(ClientUser):
             yield from _records(topic, partition, result.batches)
             position = upto + 1
 
+
+def _chunks(slices: Sequence[_Slice], chunk_bytes: int) -> list[list[_Slice]]:
+    """Consecutive slices, about ``chunk_bytes`` of bodies each (a whole-object body, whose size
+    the index does not say, counts as one chunk of its own)."""
+    chunks: list[list[_Slice]] = []
+    size = chunk_bytes
+    for s in slices:
+        length = s.located.entry.byte_length
+        if length is None or size + length > chunk_bytes:
+            chunks.append([])
+            size = 0
+        chunks[-1].append(s)
+        size = chunk_bytes if length is None else size + length
+    return chunks
 
 
 def _records(topic: str, partition: int, batches: Sequence[pa.RecordBatch]) -> Iterator[Record]:

@@ -267,3 +267,22 @@ class CompactionCursor:
         if offset < 1:
             raise CorruptRecord(f"{key}: offset must be >= 1, got {offset}")
         return cls(offset)
+
+
+@dataclass(frozen=True)
+class ConsumerOffset:
+    """``P/consumers/{group}`` (PROTOCOL.md section 9): the group's next offset to read."""
+
+    offset: int
+    committed_at_ms: int
+
+    def to_json(self) -> bytes:
+        return _dump({"offset": self.offset, "committed_at_ms": self.committed_at_ms})
+
+    @classmethod
+    def from_json(cls, raw: bytes | str, key: str = "consumers/{group}") -> "ConsumerOffset":
+        obj = _load(raw, key)
+        offset = _field(obj, "offset", int, key)
+        if offset < 1:
+            raise CorruptRecord(f"{key}: offset must be >= 1, got {offset}")
+        return cls(offset, _field(obj, "committed_at_ms", int, key))

@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from llog import failpoints
 from llog.config import Config
 from llog.writer import SinkBatch
-from llog_sink.process_clients import log_writer
+from llog.process_clients import log_writer
 from llog_sink.task_writer import SinkCommitMessage
 
 log = logging.getLogger(__name__)

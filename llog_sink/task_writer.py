@@ -20,7 +20,7 @@ from pyspark.sql.datasource import WriterCommitMessage
 from llog.config import Config
 from llog.keys import TopicPartition
 from llog.writer import AppendGroup, StagedSlice, stage
-from llog_sink.process_clients import object_store
+from llog.process_clients import object_store
 from llog_sink.rows import SinkLayout
 
 #: Blobs a task may be uploading while it reads on.

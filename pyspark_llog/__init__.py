@@ -7,11 +7,39 @@ from pyspark.sql.datasource import DataSource
 
 
 class DefaultSource(DataSource):
-    """llog as a Spark data source: a sink now (``llog_sink``)."""
+    """llog as a Spark data source: a source (``llog_source``) and a sink (``llog_sink``)."""
 
     @classmethod
     def name(cls) -> str:
         return "llog"
+
+    # --- reading ------------------------------------------------------------------------------
+
+    def schema(self):
+        """The fixed columns of a read. Called by ``load()``, so bad options and unknown topics
+        fail there."""
+        from llog_source.options import SourceOptions
+        from llog_source.schema import SOURCE_SCHEMA
+        from llog_source.spark_readers import check_readable
+
+        check_readable(SourceOptions.parse(self.options))
+        return SOURCE_SCHEMA
+
+    def reader(self, schema):
+        from llog_source.options import SourceOptions
+        from llog_source.spark_readers import LlogBatchReader, check_schema
+
+        check_schema(schema)
+        return LlogBatchReader(SourceOptions.parse(self.options, streaming=False))
+
+    def streamReader(self, schema):  # noqa: N802 - Spark's name
+        from llog_source.options import SourceOptions
+        from llog_source.spark_readers import LlogStreamReader, check_schema
+
+        check_schema(schema)
+        return LlogStreamReader(SourceOptions.parse(self.options, streaming=True))
+
+    # --- writing ------------------------------------------------------------------------------
 
     def writer(self, schema, overwrite: bool):
         from llog_sink.spark_writers import LlogBatchWriter, InvalidSinkInput

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pyarrow as pa
 
 from llog_sink.commit import commit_batch
-from llog_sink.process_clients import close_all
+from llog.process_clients import close_all
 from llog_sink.rows import SinkLayout
 from llog_sink.task_writer import write_task
 

@@ -1,6 +1,6 @@
-"""Clients kept for the life of a Python worker: Spark reuses workers across tasks and batches,
-so a task's S3 client and the driver-side commit's writer are built once per config, and closed
-at exit (or by :func:`close_all`)."""
+"""Clients kept for the life of a process: Spark reuses Python workers across tasks and batches,
+so a sink task's S3 client, the driver-side commit's writer and a source's reader are built once
+per config, and closed at exit (or by :func:`close_all`)."""
 
 from __future__ import annotations
 
@@ -11,9 +11,10 @@ from typing import Generic, TypeVar
 
 from llog.config import Config
 from llog.objects import ObjectStore
+from llog.reader import LogReader
 from llog.writer import LogWriter
 
-C = TypeVar("C", ObjectStore, LogWriter)
+C = TypeVar("C", ObjectStore, LogWriter, LogReader)
 
 
 class _PerConfig(Generic[C]):
@@ -38,6 +39,7 @@ class _PerConfig(Generic[C]):
 
 _stores = _PerConfig(ObjectStore)
 _writers = _PerConfig(lambda config: LogWriter(config, auto_initialize=True))
+_readers = _PerConfig(LogReader)
 
 
 def object_store(config: Config) -> ObjectStore:
@@ -50,8 +52,15 @@ def log_writer(config: Config) -> LogWriter:
     return _writers.get(config)
 
 
+def log_reader(config: Config) -> LogReader:
+    """What a source reads with: its Oxia client plans on the driver, its S3 client fetches in
+    the tasks."""
+    return _readers.get(config)
+
+
 def close_all() -> None:
     """Close every kept client (at exit, or when their stack goes away)."""
+    _readers.close()
     _writers.close()
     _stores.close()
 

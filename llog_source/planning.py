@@ -1,0 +1,187 @@
+"""Driver-side planning: which partitions exist, where each read starts and ends, how much one
+micro-batch takes, and how a batch splits into Spark tasks. Reads Oxia only, never record bytes.
+
+Offsets here are Kafka-style positions: the *next* offset to read. A partition with high
+watermark ``hw`` is at position ``hw + 1``; an empty one at 1 (llog offsets start at 1).
+"""
+
+from __future__ import annotations
+
+import math
+import sys
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+from pyspark.sql.datasource import InputPartition
+
+from llog.coordination import Coordination
+from llog.discovery import list_topics, topic_partitions
+from llog.errors import LlogError
+from llog.keys import PartitionKeys, TopicPartition
+from llog.records import ControlRecord
+from llog_source.options import EARLIEST, LATEST, InvalidSourceOption, OffsetSpec, Subscription
+
+Positions = dict[TopicPartition, int]
+
+
+@dataclass(frozen=True)
+class LlogSplit(InputPartition):
+    """One Spark task's read: offsets ``start..end`` (inclusive) of one topic-partition."""
+
+    topic: str
+    partition: int
+    start: int
+    end: int
+
+    @property
+    def count(self) -> int:
+        return self.end - self.start + 1
+
+
+def high_watermarks(coordination: Coordination, root: str, subscription: Subscription) -> dict[TopicPartition, int]:
+    """The initialized partitions the subscription covers now, with their high watermarks: one
+    skip scan per topic (two per pattern), then one multi-key read of every ``meta/control``."""
+    if subscription.assigned:
+        candidates = list(subscription.assigned)
+    else:
+        topics = ([t for t in list_topics(coordination, root) if subscription.matches(t)]
+                  if subscription.pattern is not None else subscription.topics)
+        candidates = [TopicPartition(t, p) for t in topics for p in topic_partitions(coordination, root, t)]
+    keys = [PartitionKeys(root, tp) for tp in candidates]
+    controls = coordination.get_many([(k.control, k.partition_key) for k in keys])
+    return {tp: ControlRecord.from_json(c.value, c.key).high_watermark
+            for tp, c in zip(candidates, controls) if c is not None}
+
+
+def check_subscription(subscription: Subscription, found: Mapping[TopicPartition, int]) -> None:
+    """Named topics and assigned partitions must exist when a read starts (a pattern may match
+    nothing yet)."""
+    if subscription.assigned:
+        missing = [str(tp) for tp in subscription.assigned if tp not in found]
+        if missing:
+            raise InvalidSourceOption(f"assign: unknown partition(s) {', '.join(missing)} (no meta/control in Oxia)")
+    for topic in subscription.topics:
+        if not any(tp.topic == topic for tp in found):
+            raise InvalidSourceOption(f"topics: unknown topic {topic!r} (it has no initialized partition)")
+
+
+def resolve_positions(name: str, spec: OffsetSpec, found: Mapping[TopicPartition, int],
+                      fail_on_data_loss: bool) -> Positions:
+    """Positions for ``startingOffsets`` / ``endingOffsets`` against the partitions found."""
+    if spec == "earliest":
+        return {tp: 1 for tp in found}
+    if spec == "latest":
+        return {tp: hw + 1 for tp, hw in found.items()}
+    unknown = [str(tp) for tp in spec if tp not in found]
+    if unknown:
+        raise InvalidSourceOption(f"{name} names unknown partition(s) {', '.join(unknown)}")
+    missing = [str(tp) for tp in found if tp not in spec]
+    if missing:
+        raise InvalidSourceOption(f"{name} gives offsets for some partitions but not for {', '.join(missing)}; "
+                                  f"give every partition of the subscription an offset (-2 earliest, -1 latest)")
+    out = {}
+    for tp, offset in spec.items():
+        latest = found[tp] + 1
+        if offset == EARLIEST:
+            offset = 1
+        elif offset == LATEST or offset > latest:
+            if offset != LATEST:
+                data_loss(fail_on_data_loss, f"{name}: offset {offset} of {tp} is past its end (the next offset "
+                                             f"to be written is {latest})", "starting from its end instead")
+            offset = latest
+        out[tp] = offset
+    return out
+
+
+class DataLossError(LlogError):
+    """Offsets the query must read can no longer be read (``failOnDataLoss=true``)."""
+
+
+def data_loss(fail: bool, problem: str, instead: str) -> None:
+    """Offsets that cannot be read: fail the query, or (``failOnDataLoss=false``) warn."""
+    if fail:
+        raise DataLossError(f"{problem}. Records may have been lost; set failOnDataLoss=false to skip them "
+                            "and go on")
+    print(f"llog source: WARNING: {problem}; {instead} (failOnDataLoss=false)", file=sys.stderr, flush=True)
+
+
+def advance(start: Positions, found: Mapping[TopicPartition, int], fail_on_data_loss: bool,
+            target: Positions | None = None) -> tuple[Positions, Positions]:
+    """Reconcile the last batch's end with the partitions found now: ``(start, latest)``.
+
+    New partitions start at 1 (earliest). A partition that vanished, or whose end moved back
+    (the topic was recreated), is data loss. ``target`` (``availableNow``) caps ``latest`` and
+    excludes partitions that appeared after it was taken.
+    """
+    start = dict(start)
+    for tp in [tp for tp in start if tp not in found]:
+        data_loss(fail_on_data_loss, f"partition {tp} no longer exists", "dropping it from the query")
+        del start[tp]
+    latest = {}
+    for tp, hw in found.items():
+        if target is not None and tp not in target:
+            continue
+        position = start.setdefault(tp, 1)
+        if position > hw + 1:
+            data_loss(fail_on_data_loss, f"{tp} was at offset {position} but its high watermark is now {hw}",
+                      "reading it again from offset 1")
+            start[tp] = 1
+        latest[tp] = hw + 1 if target is None else min(hw + 1, target[tp])
+        latest[tp] = max(latest[tp], start[tp])
+    return start, latest
+
+
+def rate_limit(start: Positions, latest: Positions, max_rows: int) -> Positions:
+    """At most ``max_rows`` records, shared by the partitions in proportion to their backlog
+    (largest remainder rounding, so the shares add up exactly)."""
+    backlog = {tp: latest[tp] - start.get(tp, latest[tp]) for tp in latest}
+    total = sum(backlog.values())
+    if total <= max_rows:
+        return dict(latest)
+    shares = {tp: max_rows * b / total for tp, b in backlog.items()}
+    take = {tp: math.floor(s) for tp, s in shares.items()}
+    left = max_rows - sum(take.values())
+    for tp in sorted(shares, key=lambda tp: (take[tp] - shares[tp], tp))[:left]:
+        take[tp] += 1
+    return {tp: start.get(tp, latest[tp]) + take[tp] for tp in latest}
+
+
+def plan_splits(coordination: Coordination, root: str, start: Positions, end: Positions,
+                min_partitions: int | None, max_records_per_partition: int) -> list[LlogSplit]:
+    """Spark tasks for reading ``start..end`` (positions): one per partition, and several for a
+    partition holding more than a task's share, cut at index entry boundaries so each WAL slice
+    is fetched by one task. ``min_partitions`` lowers the share until there are that many
+    tasks (as far as entry boundaries allow)."""
+    ranges = [(tp, start.get(tp, 1), end[tp] - 1) for tp in sorted(end) if end[tp] > start.get(tp, 1)]
+    total = sum(last - first + 1 for _, first, last in ranges)
+    share = max_records_per_partition
+    if min_partitions and len(ranges) < min_partitions and total:
+        share = min(share, max(1, math.ceil(total / min_partitions)))
+    splits = []
+    for tp, first, last in ranges:
+        if last - first + 1 <= share:
+            splits.append(LlogSplit(tp.topic, tp.partition, first, last))
+            continue
+        keys = PartitionKeys(root, tp)
+        position = first
+        for entry in coordination.range_scan(keys.index(first), keys.index(last), keys.partition_key):
+            entry_end = keys.index_end_offset(entry.key)
+            if entry_end - position + 1 >= share:
+                splits.append(LlogSplit(tp.topic, tp.partition, position, entry_end))
+                position = entry_end + 1
+        if position <= last:
+            splits.append(LlogSplit(tp.topic, tp.partition, position, last))
+    return splits
+
+
+def to_spark(positions: Mapping[TopicPartition, int]) -> dict[str, dict[str, int]]:
+    """Positions as a Spark offset: ``{"topic": {"partition": next_offset}}``, sorted, so equal
+    positions give equal JSON."""
+    out: dict[str, dict[str, int]] = {}
+    for tp in sorted(positions):
+        out.setdefault(tp.topic, {})[str(tp.partition)] = positions[tp]
+    return out
+
+
+def from_spark(offset: Mapping[str, Mapping[str, int]]) -> Positions:
+    return {TopicPartition(topic, int(p)): int(n) for topic, parts in offset.items() for p, n in parts.items()}

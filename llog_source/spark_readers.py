@@ -1,0 +1,135 @@
+"""``spark.readStream.format("llog")`` and ``spark.read.format("llog")``.
+
+The stream reader lives in one long-lived Python process on the driver, so it keeps state
+between calls: the ``availableNow`` target and the offsets last committed for ``groupId``.
+
+Committing a consumer group's offsets: Spark calls ``commit(end)`` for a batch only when it
+plans the next one, and never for the last batch of an ``availableNow`` run. But every call of
+``latestOffset(start, limit)`` comes after the batch ending at ``start`` has completed (Spark
+runs one batch at a time and asks for the next end only after the previous batch is in its
+commit log; on restart it re-runs an uncommitted batch before asking). So ``start`` is
+committed there, and in ``commit(end)`` too, whichever comes first.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Mapping
+
+import pyarrow as pa
+from pyspark.sql.datasource import DataSourceReader, DataSourceStreamReader
+from pyspark.sql.streaming.datasource import ReadAllAvailable, ReadLimit, ReadMaxRows, SupportsTriggerAvailableNow
+
+from llog.consumer_groups import commit_offsets
+from llog.keys import TopicPartition
+from llog.process_clients import log_reader
+from llog_source.lag import report_batch
+from llog_source.options import InvalidSourceOption, SourceOptions
+from llog_source.partition_reader import read_split
+from llog_source.planning import (
+    LlogSplit, Positions, advance, check_subscription, from_spark, high_watermarks, plan_splits, rate_limit,
+    resolve_positions, to_spark,
+)
+from llog_source.schema import SOURCE_SCHEMA
+
+
+class _Planner:
+    """What the batch and stream readers share: Oxia access on the driver, reads on executors."""
+
+    def __init__(self, options: SourceOptions):
+        self.options = options
+
+    def found(self) -> dict[TopicPartition, int]:
+        """The subscription's partitions and their high watermarks, now."""
+        config = self.options.config
+        return high_watermarks(log_reader(config).coordination, config.root_prefix, self.options.subscription)
+
+    def splits(self, start: Positions, end: Positions) -> list[LlogSplit]:
+        config = self.options.config
+        return plan_splits(log_reader(config).coordination, config.root_prefix, start, end,
+                           self.options.min_partitions, self.options.max_records_per_partition)
+
+    def read(self, split: LlogSplit) -> Iterator[pa.RecordBatch]:
+        return read_split(split, self.options.config, self.options.fail_on_data_loss)
+
+
+class LlogStreamReader(_Planner, DataSourceStreamReader, SupportsTriggerAvailableNow):
+    def __init__(self, options: SourceOptions):
+        super().__init__(options)
+        self._target: Positions | None = None  # availableNow: the ends found when the run began
+        self._latest: Positions | None = None
+        self._committed: Positions = {}
+        self._name = f"group {options.group_id}" if options.group_id else options.subscription.describe()
+
+    def initialOffset(self) -> dict:  # noqa: N802 - Spark's names
+        found = self.found()
+        check_subscription(self.options.subscription, found)
+        return to_spark(resolve_positions("startingOffsets", self.options.starting, found,
+                                          self.options.fail_on_data_loss))
+
+    def prepareForTriggerAvailableNow(self) -> None:  # noqa: N802
+        self._target = {tp: hw + 1 for tp, hw in self.found().items()}
+
+    def getDefaultReadLimit(self) -> ReadLimit:  # noqa: N802
+        limit = self.options.max_offsets_per_trigger
+        return ReadMaxRows(limit) if limit else ReadAllAvailable()
+
+    def latestOffset(self, start: dict, limit: ReadLimit) -> dict:  # noqa: N802
+        previous_end = from_spark(start)
+        self._commit_group(previous_end)  # the batch that ended there is done (module doc)
+        begin, latest = advance(previous_end, self.found(), self.options.fail_on_data_loss, self._target)
+        end = rate_limit(begin, latest, limit.max_rows) if isinstance(limit, ReadMaxRows) else latest
+        # A partition that appeared empty is listed once it has records, so idle discovery
+        # does not plan empty batches.
+        end = {tp: n for tp, n in end.items() if tp in previous_end or n > begin[tp]}
+        self._latest = latest
+        records = sum(n - begin[tp] for tp, n in end.items())
+        if records:
+            report_batch(self._name, end, latest, records)
+        return to_spark(end)
+
+    def reportLatestOffset(self) -> dict | None:  # noqa: N802
+        return to_spark(self._latest) if self._latest is not None else None
+
+    def partitions(self, start: dict, end: dict) -> list[LlogSplit]:
+        begin, finish = from_spark(start), from_spark(end)
+        # A partition whose end moved back (failOnDataLoss=false) is read again from 1.
+        begin = {tp: (n if n <= finish.get(tp, n) else 1) for tp, n in begin.items()}
+        return self.splits(begin, finish)
+
+    def commit(self, end: dict) -> None:
+        self._commit_group(from_spark(end))
+
+    def _commit_group(self, positions: Mapping[TopicPartition, int]) -> None:
+        group = self.options.group_id
+        changed = {tp: n for tp, n in positions.items() if self._committed.get(tp) != n}
+        if group is None or not changed:
+            return
+        config = self.options.config
+        commit_offsets(log_reader(config).coordination, config.root_prefix, group, changed)
+        self._committed.update(changed)
+
+
+class LlogBatchReader(_Planner, DataSourceReader):
+    def partitions(self) -> list[LlogSplit]:
+        found = self.found()
+        check_subscription(self.options.subscription, found)
+        fail = self.options.fail_on_data_loss
+        start = resolve_positions("startingOffsets", self.options.starting, found, fail)
+        end = resolve_positions("endingOffsets", self.options.ending, found, fail)
+        for tp in sorted(found):
+            if end[tp] < start[tp]:
+                raise InvalidSourceOption(f"endingOffsets {end[tp]} of {tp} is before its startingOffsets {start[tp]}")
+        return self.splits(start, end)
+
+
+def check_readable(options: SourceOptions) -> None:
+    """What ``load()`` checks beyond the options themselves: named topics and assigned
+    partitions exist."""
+    check_subscription(options.subscription, _Planner(options).found())
+
+
+def check_schema(schema) -> None:
+    """A read has fixed columns, like Kafka's: a user-specified schema must be exactly them."""
+    if schema is not None and schema != SOURCE_SCHEMA:
+        raise InvalidSourceOption(f"format('llog') has a fixed schema ({SOURCE_SCHEMA.simpleString()}) and cannot "
+                                  f"be read with another one: {schema.simpleString()}")
