@@ -258,8 +258,9 @@ class LogReader(ClientUser):
         order, in bounded memory: slices are fetched ``chunk_bytes`` at a time with up to
         ``lookahead`` chunks in flight while the caller consumes the current one.
 
-        A blob that no longer exists raises :class:`ObjectNotFound`; with ``on_missing`` its
-        slices are skipped instead and ``on_missing(first_offset, last_offset, error)`` is told.
+        A blob that no longer exists raises :class:`ObjectNotFound`; with ``on_missing``,
+        ``on_missing(first_offset, last_offset, error)`` is called instead, and the blob's
+        slices are skipped if it returns.
         """
         _, _, slices = self._resolve_many([request])[0]
         chunks = _chunks(slices, chunk_bytes)

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from typing import Union
 
 from llog.config import Config
-from llog.errors import InvalidGroupId, InvalidPartition, InvalidTopicName, LlogError
+from llog.errors import ConfigError, InvalidGroupId, InvalidPartition, InvalidTopicName, LlogError
 from llog.keys import TopicPartition, validate_group, validate_partition, validate_topic
 
 #: -2 and -1 in a JSON offsets option mean earliest and latest (Kafka's convention).
@@ -115,9 +115,16 @@ class SourceOptions:
             or DEFAULT_MAX_RECORDS_PER_PARTITION,
             fail_on_data_loss=_bool("failOnDataLoss", lowered.get("failondataloss"), True),
             group_id=group_id,
-            config=Config.load({k: v for k, v in options.items() if k.lower() not in _OWN}).require(
-                "oxia_service_address", "s3_bucket"),
+            config=_connection(options),
         )
+
+
+def _connection(options: Mapping[str, str]) -> Config:
+    try:
+        return Config.load({k: v for k, v in options.items() if k.lower() not in _OWN}).require(
+            "oxia_service_address", "s3_bucket")
+    except ConfigError as e:
+        raise InvalidSourceOption(str(e)) from None
 
 
 def _is_connection_setting(key: str) -> bool:

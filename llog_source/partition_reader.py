@@ -21,17 +21,17 @@ from llog.reader import ReadRequest
 from llog_source.planning import LlogSplit, data_loss
 from llog_source.schema import ARROW_SCHEMA, LOG_APPEND_TIME
 
+
 def read_split(split: LlogSplit, config: Config, fail_on_data_loss: bool) -> Iterator[pa.RecordBatch]:
     reader = log_reader(config)
     where = f"{split.topic}[{split.partition}]"
 
-    def skip(first: int, last: int, error: ObjectNotFound) -> None:
-        data_loss(False, f"offsets {first}..{last} of {where}: {error}", "skipping them")
+    def missing(first: int, last: int, error: ObjectNotFound) -> None:
+        data_loss(fail_on_data_loss, f"offsets {first}..{last} of {where}: {error}", "skipping them")
 
     def batches(end: int) -> Iterator[pa.RecordBatch]:
         # Resolution (and its errors) happens before the first batch is produced.
-        return reader.stream_batches(ReadRequest(split.topic, split.partition, split.start, end),
-                                     on_missing=None if fail_on_data_loss else skip)
+        return reader.stream_batches(ReadRequest(split.topic, split.partition, split.start, end), on_missing=missing)
 
     try:
         stream = batches(split.end)
@@ -48,16 +48,11 @@ def read_split(split: LlogSplit, config: Config, fail_on_data_loss: bool) -> Ite
             return
         stream = batches(e.high_watermark)
         first = next(stream, None)
-    except ObjectNotFound as e:
-        data_loss(True, f"offsets {split.start}..{split.end} of {where}: {e}", "")
     if first is None:
         return
     yield spark_batch(split.topic, split.partition, first)
-    try:
-        for batch in stream:
-            yield spark_batch(split.topic, split.partition, batch)
-    except ObjectNotFound as e:
-        data_loss(True, f"offsets {split.start}..{split.end} of {where}: {e}", "")
+    for batch in stream:
+        yield spark_batch(split.topic, split.partition, batch)
 
 
 def spark_batch(topic: str, partition: int, batch: pa.RecordBatch) -> pa.RecordBatch:

@@ -149,9 +149,9 @@ def rate_limit(start: Positions, latest: Positions, max_rows: int) -> Positions:
 def plan_splits(coordination: Coordination, root: str, start: Positions, end: Positions,
                 min_partitions: int | None, max_records_per_partition: int) -> list[LlogSplit]:
     """Spark tasks for reading ``start..end`` (positions): one per partition, and several for a
-    partition holding more than a task's share, cut at index entry boundaries so each WAL slice
-    is fetched by one task. ``min_partitions`` lowers the share until there are that many
-    tasks (as far as entry boundaries allow)."""
+    partition holding more than a task's share (``maxRecordsPerPartition``, lowered until there
+    are ``minPartitions`` tasks), cut at index entry ends so a WAL slice is fetched by one
+    task. Only an entry larger than a share is cut inside."""
     ranges = [(tp, start.get(tp, 1), end[tp] - 1) for tp in sorted(end) if end[tp] > start.get(tp, 1)]
     total = sum(last - first + 1 for _, first, last in ranges)
     share = max_records_per_partition
@@ -163,15 +163,30 @@ def plan_splits(coordination: Coordination, root: str, start: Positions, end: Po
             splits.append(LlogSplit(tp.topic, tp.partition, first, last))
             continue
         keys = PartitionKeys(root, tp)
-        position = first
-        for entry in coordination.range_scan(keys.index(first), keys.index(last), keys.partition_key):
-            entry_end = keys.index_end_offset(entry.key)
-            if entry_end - position + 1 >= share:
-                splits.append(LlogSplit(tp.topic, tp.partition, position, entry_end))
-                position = entry_end + 1
-        if position <= last:
-            splits.append(LlogSplit(tp.topic, tp.partition, position, last))
+        ends = [keys.index_end_offset(v.key)
+                for v in coordination.range_scan(keys.index(first), keys.index(last), keys.partition_key)]
+        splits += [LlogSplit(tp.topic, tp.partition, lo, hi) for lo, hi in cut(first, last, ends + [last], share)]
     return splits
+
+
+def cut(first: int, last: int, boundaries: list[int], share: int) -> list[tuple[int, int]]:
+    """``first..last`` as ranges of at most ``share`` offsets ending at ``boundaries`` (ascending,
+    the last one ``last``), greedily; a boundary gap wider than a share is cut inside."""
+    ranges, position, candidate = [], first, None
+    for boundary in boundaries:
+        if boundary - position + 1 <= share:
+            candidate = boundary
+            continue
+        if candidate is not None:
+            ranges.append((position, candidate))
+            position, candidate = candidate + 1, None
+        while boundary - position + 1 > share:
+            ranges.append((position, position + share - 1))
+            position += share
+        candidate = boundary
+    if position <= last:
+        ranges.append((position, last))
+    return ranges
 
 
 def to_spark(positions: Mapping[TopicPartition, int]) -> dict[str, dict[str, int]]:

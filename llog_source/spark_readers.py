@@ -49,6 +49,8 @@ class _Planner:
                            self.options.min_partitions, self.options.max_records_per_partition)
 
     def read(self, split: LlogSplit) -> Iterator[pa.RecordBatch]:
+        if not isinstance(split, LlogSplit):  # Spark's stand-in when nothing was planned
+            return iter(())
         return read_split(split, self.options.config, self.options.fail_on_data_loss)
 
 
