@@ -1,10 +1,15 @@
 """Object storage access over boto3: put, get, range get, list, batch delete (PROTOCOL.md
-section 3). The only module that calls boto3.
+section 3). The only module that talks to S3.
 
 Requests use botocore's standard retry mode (``LLOG_S3_MAX_ATTEMPTS``) and connect/read
 timeouts (``LLOG_S3_TIMEOUT_S``); reading a response body is retried here as well, since a body
 that breaks off mid-stream is outside botocore's retries. Bodies carry their own CRC, so
 request checksums are only sent where S3 requires them.
+
+GETs, the read path's hot loop, skip botocore's per-request machinery (about 2 ms of CPU per
+request, three times what the request itself costs): boto3 presigns the object's URL once (the
+URL is kept for a few minutes) and urllib3 sends the GET, with the same attempts, timeouts and
+error mapping. A URL refused (403, say an expired session token) is signed again once.
 """
 
 from __future__ import annotations
@@ -12,12 +17,14 @@ from __future__ import annotations
 import collections
 import logging
 import threading
+import time
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 
 import boto3
 import botocore.exceptions
+import urllib3
 from botocore.config import Config as BotoConfig
 from tenacity import Retrying, retry_if_exception_type, stop_after_attempt, wait_random_exponential
 
@@ -26,12 +33,14 @@ from llog.errors import ObjectNotFound, StorageError
 from llog.keys import parse_s3_uri, s3_uri
 
 log = logging.getLogger(__name__)
-_BODY_ERRORS = (
-    botocore.exceptions.ResponseStreamingError,
-    botocore.exceptions.ReadTimeoutError,
-    botocore.exceptions.ConnectionError,
-)
 _DELETE_BATCH = 1000  # S3's limit per DeleteObjects request
+_URL_EXPIRES_S = 3600  # lifetime of a presigned GET URL
+_URL_KEEP_S = 300  # how long one is reused
+_URL_CACHE_MAX = 4096
+
+
+class _Transient(Exception):
+    """A GET failed in a way worth another attempt (connection error, 5xx, short body)."""
 
 
 @dataclass(frozen=True)
@@ -70,6 +79,10 @@ class ObjectStore:
         self._s3 = make_s3_client(config)
         self._lock = threading.Lock()
         self.stats: collections.Counter[str] = collections.Counter()
+        self._http = urllib3.PoolManager(
+            maxsize=32, retries=False,
+            timeout=urllib3.Timeout(connect=min(config.s3_timeout_s, 10.0), read=config.s3_timeout_s))
+        self._urls: dict[tuple[str, str], tuple[str, float]] = {}
 
     def _count(self, op: str, nbytes: int = 0) -> None:
         with self._lock:
@@ -127,42 +140,65 @@ class ObjectStore:
                       byte_length: int | None = None) -> tuple[bytes, int]:
         """Like :meth:`get`, also returning the whole object's size (from Content-Range)."""
         bucket, key = parse_s3_uri(uri)
-        kwargs = {"Bucket": bucket, "Key": key}
+        headers = {}
         if byte_offset is not None:
             if byte_length is None or byte_length < 1:
                 raise ValueError(f"range get of {uri} needs byte_length >= 1, got {byte_length}")
-            kwargs["Range"] = f"bytes={byte_offset}-{byte_offset + byte_length - 1}"
-
-        def fetch() -> tuple[bytes, int]:
-            response = self._s3.get_object(**kwargs)
-            body = response["Body"].read()
-            content_range = response.get("ContentRange")
-            size = int(content_range.rsplit("/", 1)[1]) if content_range else len(body)
-            return body, size
-
+            headers["Range"] = f"bytes={byte_offset}-{byte_offset + byte_length - 1}"
         self._count("range_get" if byte_offset is not None else "get")
         try:
             body, size = Retrying(
-                retry=retry_if_exception_type(_BODY_ERRORS),
+                retry=retry_if_exception_type(_Transient),
                 stop=stop_after_attempt(self.config.s3_max_attempts),
                 wait=wait_random_exponential(multiplier=0.05, max=2.0),
                 reraise=True,
-            )(fetch)
-        except botocore.exceptions.ClientError as e:
-            code = e.response.get("Error", {}).get("Code")
-            if code in ("NoSuchKey", "404"):
-                raise ObjectNotFound(f"object {uri} does not exist") from None
-            if code == "InvalidRange":
-                raise StorageError(f"range {kwargs.get('Range')} lies outside object {uri}") from None
-            raise self._fail("get", uri, e) from e
-        except botocore.exceptions.BotoCoreError as e:
-            raise self._fail("get", uri, e) from e
+            )(self._fetch, uri, bucket, key, headers)
+        except _Transient as e:
+            raise self._fail("get", uri, e.__cause__ or e) from e
         with self._lock:
             self.stats["get_bytes"] += len(body)
         if byte_length is not None and len(body) != byte_length:
             raise StorageError(f"range get of {uri} returned {len(body)} bytes, expected {byte_length} "
                                f"(the object is {size} bytes)")
         return body, size
+
+    def _fetch(self, uri: str, bucket: str, key: str, headers: dict[str, str]) -> tuple[bytes, int]:
+        for fresh in (False, True):
+            url = self._url(bucket, key, fresh)
+            try:
+                response = self._http.request("GET", url, headers=headers, preload_content=True)
+            except urllib3.exceptions.HTTPError as e:
+                raise _Transient(str(e)) from e
+            status = response.status
+            if status in (200, 206):
+                content_range = response.headers.get("Content-Range")
+                body = response.data
+                return body, int(content_range.rsplit("/", 1)[1]) if content_range else len(body)
+            if status == 404:
+                raise ObjectNotFound(f"object {uri} does not exist")
+            if status == 416:
+                raise StorageError(f"range {headers.get('Range')} lies outside object {uri}")
+            if status == 403 and not fresh:
+                continue  # the URL may have outlived its credentials: sign again
+            if status >= 500 or status == 429:
+                raise _Transient(f"HTTP {status}: {response.data[:200]!r}")
+            raise StorageError(f"s3 get {uri} failed: HTTP {status}: {response.data[:300]!r}")
+        raise AssertionError("unreachable")
+
+    def _url(self, bucket: str, key: str, fresh: bool) -> str:
+        now = time.monotonic()
+        cached = self._urls.get((bucket, key))
+        if cached is not None and not fresh and now - cached[1] < _URL_KEEP_S:
+            return cached[0]
+        try:
+            url = self._s3.generate_presigned_url("get_object", Params={"Bucket": bucket, "Key": key},
+                                                  ExpiresIn=_URL_EXPIRES_S)
+        except botocore.exceptions.BotoCoreError as e:
+            raise self._fail("presign", s3_uri(bucket, key), e) from e
+        if len(self._urls) >= _URL_CACHE_MAX:
+            self._urls.clear()
+        self._urls[(bucket, key)] = (url, now)
+        return url
 
     def list(self, prefix: str, bucket: str | None = None) -> Iterator[ObjectInfo]:
         """Objects under ``prefix`` in ``bucket`` (default: the configured one)."""
@@ -177,4 +213,5 @@ class ObjectStore:
             raise self._fail("list", f"s3://{bucket}/{prefix}", e) from e
 
     def close(self) -> None:
+        self._http.clear()
         self._s3.close()

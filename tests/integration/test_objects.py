@@ -1,0 +1,55 @@
+"""The S3 access layer against real SeaweedFS: GETs (presigned, over urllib3) and their errors."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+
+from llog.errors import ObjectNotFound, StorageError
+from llog.objects import ObjectStore
+
+
+@pytest.fixture
+def objects(config):
+    store = ObjectStore(config)
+    yield store
+    store.close()
+
+
+def test_get_whole_and_ranges_with_the_object_size(objects, config):
+    data = os.urandom(3 * 1024 * 1024 + 17)
+    uri = objects.put(f"{config.root_prefix}/x", data)
+    assert objects.get(uri) == data
+    assert objects.get_with_size(uri, 1000, 5000) == (data[1000:6000], len(data))
+    assert objects.get(uri, len(data) - 1, 1) == data[-1:]
+    assert objects.stats["get"] == 1 and objects.stats["range_get"] == 2
+    assert objects.stats["get_bytes"] == len(data) + 5001
+
+
+def test_get_errors_name_the_object(objects, config):
+    uri = objects.put(f"{config.root_prefix}/small", b"0123456789")
+    with pytest.raises(ObjectNotFound, match=f"object s3://{config.s3_bucket}/{config.root_prefix}/nope does not exist"):
+        objects.get(f"s3://{config.s3_bucket}/{config.root_prefix}/nope")
+    with pytest.raises(StorageError, match="range bytes=20-29 lies outside object"):
+        objects.get(uri, 20, 10)
+    with pytest.raises(StorageError, match="returned 4 bytes, expected 10"):
+        objects.get(uri, 6, 10)  # S3 answers what exists; a short body is an error
+    objects.delete_many([uri])
+    with pytest.raises(ObjectNotFound):
+        objects.get(uri)  # the presigned URL it kept is no licence to read a deleted object
+
+
+def test_a_refused_url_is_signed_again_once(objects, config):
+    uri = objects.put(f"{config.root_prefix}/signed", b"abc")
+    assert objects.get(uri) == b"abc"
+    key = next(iter(objects._urls))
+    url, at = objects._urls[key]
+    objects._urls[key] = (url.replace("Signature=", "Signature=00"), at)  # a URL S3 refuses (403)
+    assert objects.get(uri) == b"abc"
+    bad = ObjectStore(config.replace(s3_secret_access_key="wrong"))
+    try:
+        with pytest.raises(StorageError, match="HTTP 403"):
+            bad.get(uri)
+    finally:
+        bad.close()
