@@ -1,0 +1,239 @@
+"""llog -> Delta: read topics with ``spark.readStream.format("llog")`` and append every record to
+a Delta table, exactly once across restarts.
+
+Each micro-batch is appended in ``foreachBatch`` with Delta's idempotent writes:
+``txnAppId = app id`` and ``txnVersion = batch id``. Delta records both in the commit that adds
+the batch's files, and skips an append whose version it has already committed for that app id.
+A driver that dies after the append but before Spark records the batch as done replays the same
+batch (same offsets, from the checkpoint) on restart, and Delta skips it; one that dies before
+the append runs it then. So every record lands once, whatever the moment of the crash.
+
+The app id must be the same on every restart from one checkpoint, and different for another
+checkpoint writing to the same table (otherwise its batches 0, 1, ... would be skipped as
+already written). The default is the streaming query's id, which Spark keeps in the checkpoint
+(Delta's documentation suggests it); ``--app-id`` sets one explicitly.
+
+Table columns: the source's (topic, partition, offset, value, timestamp, timestampType).
+Connection settings come from ``LLOG_*`` variables or the local stack's settings file.
+
+Crash points for tests (``llog.failpoints.hit``; ``LLOG_FAILPOINT=<name>`` kills the driver with
+SIGKILL there). Each is hit as ``<name>`` in every batch and as ``<name>.<batch id>`` in that
+batch only, so ``llog_to_delta.after_append.2`` dies in the middle of a run:
+
+  llog_to_delta.before_append   a batch is planned (in Spark's offset log), its Delta append not begun
+  llog_to_delta.after_append    the batch is committed to the Delta table, Spark has not recorded it as done
+
+Examples::
+
+    python -m jobs.llog_to_delta --topics orders,payments --table /data/orders --checkpoint /ck/orders
+    python -m jobs.llog_to_delta --topic-pattern 'orders.*' --table t --checkpoint ck \\
+        --trigger processing-time='10 seconds' --max-offsets-per-trigger 100000 --group-id to-delta
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import threading
+import time
+from dataclasses import dataclass
+
+from llog import failpoints
+from llog.config import Config
+
+#: The crash points of this job (module doc).
+FAILPOINTS = {
+    "llog_to_delta.before_append": "a batch is planned (in Spark's offset log), its Delta append not begun",
+    "llog_to_delta.after_append": "the batch is committed to the Delta table, Spark has not recorded it as done",
+}
+AVAILABLE_NOW = "available-now"
+_PROCESSING_TIME = "processing-time="
+
+
+def parse_trigger(text: str) -> dict:
+    """``available-now`` or ``processing-time=<interval>`` as ``DataStreamWriter.trigger``
+    keyword arguments."""
+    if text == AVAILABLE_NOW:
+        return {"availableNow": True}
+    if text.startswith(_PROCESSING_TIME) and text[len(_PROCESSING_TIME):].strip():
+        return {"processingTime": text[len(_PROCESSING_TIME):].strip()}
+    raise ValueError(f"trigger {text!r}: expected {AVAILABLE_NOW!r} or 'processing-time=<interval>' "
+                     "(like 'processing-time=10 seconds')")
+
+
+@dataclass(frozen=True)
+class Job:
+    """What to read, where to write it, and how."""
+
+    table: str
+    checkpoint: str
+    topics: tuple[str, ...] = ()
+    topic_pattern: str | None = None
+    trigger: str = AVAILABLE_NOW
+    starting_offsets: str = "earliest"
+    max_offsets_per_trigger: int | None = None
+    group_id: str | None = None
+    app_id: str | None = None
+
+    def __post_init__(self):
+        if isinstance(self.topics, str):  # "a,b" as well as ("a", "b")
+            object.__setattr__(self, "topics", tuple(t.strip() for t in self.topics.split(",") if t.strip()))
+        if bool(self.topics) == (self.topic_pattern is not None):
+            raise ValueError("give exactly one of topics and topic_pattern")
+        parse_trigger(self.trigger)
+
+    def source_options(self, config: Config) -> dict[str, str]:
+        """The options of ``readStream.format("llog")``: the subscription, the job's options and
+        the connection settings (lower-cased, as Spark hands options over)."""
+        options = {k.lower(): v for k, v in config.to_options().items()}
+        if self.topics:
+            options["topics"] = ",".join(self.topics)
+        else:
+            options["topicPattern"] = self.topic_pattern
+        options["startingOffsets"] = self.starting_offsets
+        if self.max_offsets_per_trigger:
+            options["maxOffsetsPerTrigger"] = str(self.max_offsets_per_trigger)
+        if self.group_id:
+            options["groupId"] = self.group_id
+        return options
+
+
+class DeltaAppend:
+    """The ``foreachBatch`` function: one idempotent Delta append per micro-batch. It runs on
+    the driver, in this Python process."""
+
+    def __init__(self, table: str, app_id: str | None):
+        self.table = table
+        self.app_id = app_id
+        self._ready = threading.Event()
+        if app_id is not None:
+            self._ready.set()
+
+    def started(self, query) -> None:
+        """Without an explicit app id, take the query's id (known once the query has started)."""
+        if self.app_id is None:
+            self.app_id = f"llog_to_delta-{query.id}"
+        self._ready.set()
+
+    def __call__(self, batch, batch_id: int) -> None:
+        if not self._ready.wait(120):
+            raise RuntimeError("llog_to_delta: the query's id never became known; no batch was written")
+        _hit("llog_to_delta.before_append", batch_id)
+        (batch.write.format("delta").mode("append")
+         .option("txnAppId", self.app_id).option("txnVersion", batch_id)
+         .save(self.table))
+        _hit("llog_to_delta.after_append", batch_id)
+
+
+def _hit(name: str, batch_id: int) -> None:
+    failpoints.hit(name)
+    failpoints.hit(f"{name}.{batch_id}")
+
+
+def start(spark, job: Job, config: Config | None = None):
+    """Start the job's streaming query on ``spark`` (a session with Delta, like
+    ``local_spark(..., delta=True)``) and return it."""
+    config = (config or Config.load()).require("oxia_service_address", "s3_bucket")
+    append = DeltaAppend(job.table, job.app_id)
+    query = (spark.readStream.format("llog").options(**job.source_options(config)).load()
+             .writeStream.foreachBatch(append)
+             .option("checkpointLocation", job.checkpoint)
+             .trigger(**parse_trigger(job.trigger))
+             .start())
+    append.started(query)
+    return query
+
+
+def run(spark, job: Job, config: Config | None = None, timeout_s: float | None = None) -> list[dict]:
+    """Run the job until its query ends (``available-now``: everything there was when it
+    started is in the table), ``timeout_s`` passes (then the query is stopped) or the caller is
+    interrupted. Returns the progress of every batch this run processed; raises the query's
+    error if it failed."""
+    query = start(spark, job, config)
+    try:
+        query.awaitTermination(timeout_s) if timeout_s is not None else query.awaitTermination()
+    except KeyboardInterrupt:
+        pass
+    finally:
+        if query.isActive:
+            query.stop()
+    if query.exception() is not None:
+        raise query.exception()
+    return [p for p in query.recentProgress if p["numInputRows"]]
+
+
+def describe_batches(progress: list[dict]) -> list[str]:
+    return [f"batch {p['batchId']}: {p['numInputRows']:,} records in "
+            f"{p['durationMs'].get('triggerExecution', 0) / 1000:.2f}s" for p in progress]
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="python -m jobs.llog_to_delta", description=__doc__.split("\n\n")[0],
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        epilog="Connection settings come from LLOG_* environment variables, else from the settings file of\n"
+               "the local stack (`llog stack up`).\n\n"
+               "Failpoints (tests): LLOG_FAILPOINT=<name> or <name>.<batch id> kills the driver (SIGKILL) at\n"
+               + "\n".join(f"  {name:30s} {where}" for name, where in FAILPOINTS.items()))
+    subscription = parser.add_mutually_exclusive_group(required=True)
+    subscription.add_argument("--topics", help="comma-separated topics to read")
+    subscription.add_argument("--topic-pattern", help="read every topic matching this regular expression "
+                                                      "(topics created later too)")
+    parser.add_argument("--table", required=True, help="path of the Delta table (created if missing)")
+    parser.add_argument("--checkpoint", required=True, help="the query's checkpoint directory; restart "
+                                                            "from the same one to continue exactly once")
+    parser.add_argument("--trigger", default=AVAILABLE_NOW,
+                        help=f"{AVAILABLE_NOW!r} (default: read what is there when the job starts, in as "
+                             "many batches as --max-offsets-per-trigger needs, then stop) or "
+                             "'processing-time=<interval>' (run until interrupted, a batch every interval, "
+                             "like 'processing-time=10 seconds')")
+    parser.add_argument("--starting-offsets", default="earliest",
+                        help="where a new checkpoint starts: earliest (default), latest, or JSON like "
+                             '\'{"orders": {"0": 17}}\' (ignored when the checkpoint exists)')
+    parser.add_argument("--max-offsets-per-trigger", type=int, help="at most this many records per batch")
+    parser.add_argument("--group-id", help="commit the offsets read to this consumer group in Oxia, so "
+                                           "`llog groups describe GROUP` shows the job's lag")
+    parser.add_argument("--app-id", help="Delta txnAppId; default: the streaming query's id, kept in the "
+                                         "checkpoint. Must stay the same for one checkpoint.")
+    parser.add_argument("--timeout", type=float, help="stop after this many seconds")
+    args = parser.parse_args(argv)
+    try:
+        parse_trigger(args.trigger)
+    except ValueError as e:
+        parser.error(str(e))
+    if args.max_offsets_per_trigger is not None and args.max_offsets_per_trigger < 1:
+        parser.error("--max-offsets-per-trigger must be a positive integer")
+    job = Job(table=args.table, checkpoint=args.checkpoint,
+              topics=tuple(t.strip() for t in (args.topics or "").split(",") if t.strip()),
+              topic_pattern=args.topic_pattern, trigger=args.trigger, starting_offsets=args.starting_offsets,
+              max_offsets_per_trigger=args.max_offsets_per_trigger, group_id=args.group_id, app_id=args.app_id)
+    config = Config.load()
+
+    from jobs.local_spark import local_spark
+
+    spark = local_spark("llog-to-delta", delta=True)
+    started = time.perf_counter()
+    try:
+        progress = run(spark, job, config, args.timeout)
+        for line in describe_batches(progress):
+            print(line)
+        print(f"llog_to_delta: {sum(p['numInputRows'] for p in progress):,} records processed in {len(progress)} "
+              f"batch(es) into {job.table} in {time.perf_counter() - started:.1f}s")
+        if job.group_id:
+            print(group_lag(config, job.group_id, job.topics or None))
+    finally:
+        spark.stop()
+    return 0
+
+
+def group_lag(config: Config, group: str, topics=None) -> str:
+    """The consumer group's lag table (``llog groups describe``)."""
+    from llog.consumer_groups import describe_group, format_group
+    from llog.coordination import Coordination
+
+    with Coordination(config) as coordination:
+        return format_group(group, describe_group(coordination, config.root_prefix, group, topics))
+
+
+if __name__ == "__main__":
+    sys.exit(main())
