@@ -1,8 +1,8 @@
 """Executor side: one :class:`~llog_source.planning.LlogSplit` read into Arrow batches with
 the source's exact schema.
 
-The index entries of the split are resolved with one Oxia round trip (a range scan when the
-split spans several entries), each blob is fetched once with range GETs, a few chunks ahead of
+The split's index entries are resolved with one multi-key Oxia read (plus a range scan when the
+split spans several entries), each blob is fetched once with a range GET, a few chunks ahead of
 the batch Spark is consuming, and bodies decode straight into Arrow without a per-record Python
 loop. The reader (its Oxia and S3 clients) is kept for the life of the Python worker.
 """
