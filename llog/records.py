@@ -286,3 +286,57 @@ class ConsumerOffset:
         if offset < 1:
             raise CorruptRecord(f"{key}: offset must be >= 1, got {offset}")
         return cls(offset, _field(obj, "committed_at_ms", int, key))
+
+
+#: ``meta/compaction`` states (PROTOCOL.md section 6), in order.
+WRITING_COMPACTED_INDEX = "WRITING_COMPACTED_INDEX"
+DELETING_OLD = "DELETING_OLD"
+UPDATING_CURSOR = "UPDATING_CURSOR"
+COMPACTION_STATES = (WRITING_COMPACTED_INDEX, DELETING_OLD, UPDATING_CURSOR)
+
+
+@dataclass(frozen=True)
+class CompactionRecord:
+    """``P/meta/compaction``: the compaction in flight, the record any compactor resumes from."""
+
+    compaction_id: str
+    state: str
+    start_offset: int
+    end_offset: int
+    msg_count: int
+    data_key: str
+    encoding: str
+    created_at_ms: int
+    last_entry_start_offset: int
+
+    def to_json(self) -> bytes:
+        return _dump(asdict(self))
+
+    def with_state(self, state: str) -> "CompactionRecord":
+        return replace(self, state=state)
+
+    def index_entry(self) -> IndexEntry:
+        """The COMPACTED entry this compaction writes at ``index/{end_offset}``."""
+        return IndexEntry(COMPACTED, self.msg_count, self.data_key, self.encoding, self.created_at_ms)
+
+    @classmethod
+    def from_json(cls, raw: bytes | str, key: str = "meta/compaction") -> "CompactionRecord":
+        obj = _load(raw, key)
+        record = cls(
+            compaction_id=_field(obj, "compaction_id", str, key),
+            state=_field(obj, "state", str, key),
+            start_offset=_field(obj, "start_offset", int, key),
+            end_offset=_field(obj, "end_offset", int, key),
+            msg_count=_field(obj, "msg_count", int, key),
+            data_key=_field(obj, "data_key", str, key),
+            encoding=_field(obj, "encoding", str, key),
+            created_at_ms=_field(obj, "created_at_ms", int, key),
+            last_entry_start_offset=_field(obj, "last_entry_start_offset", int, key),
+        )
+        if record.state not in COMPACTION_STATES:
+            raise CorruptRecord(f"{key}: unknown compaction state {record.state!r}")
+        if not 1 <= record.start_offset <= record.last_entry_start_offset <= record.end_offset \
+                or record.msg_count != record.end_offset - record.start_offset + 1:
+            raise CorruptRecord(f"{key}: inconsistent offsets {record.start_offset}..{record.end_offset} "
+                                f"(last entry from {record.last_entry_start_offset}, msg_count {record.msg_count})")
+        return record

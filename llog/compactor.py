@@ -1,0 +1,221 @@
+"""Compaction (PROTOCOL.md section 6): rewrite a run of WAL entries of one partition as one
+compacted blob, one bytes-batch-v1 body, and swap the index over to it without a moment in which
+any offset is unreadable.
+
+Per partition: take the ephemeral ``meta/compactor-claim`` (skip the partition if someone holds
+it), finish a pending append, resume a ``meta/compaction`` record left by a crashed compactor,
+then compact run after run until none is left or the deadline passes, and release the claim
+with a versioned delete. Each compaction:
+
+1. From ``meta/compaction-cursor``, select WAL entries starting exactly at the cursor, stopping
+   at a gap, a COMPACTED entry or the offsets limit.
+2. Fetch each source blob once (range GETs), concatenate the bodies with Arrow, PUT one blob.
+3. Create ``meta/compaction`` (state WRITING_COMPACTED_INDEX); it must not exist.
+4. CAS ``index/{end}`` from the run's last WAL entry to the COMPACTED entry; state DELETING_OLD.
+   Readers now see the COMPACTED entry overlapping the WAL entries below it; both hold the same
+   bytes, and the reader takes each offset from the first entry that covers it.
+5. ``delete_range(index/{start}, index/{end})``: the lower keys only; state UPDATING_CURSOR.
+6. Move the cursor to ``end + 1`` (only forward), delete ``meta/compaction``.
+
+Every step is idempotent and checks what the previous one left, so any compactor resumes any
+record. The records of a compacted run keep their bytes and offsets; their timestamp becomes the
+newest of the run's entries (a compacted body has one ``created_at_ms``).
+"""
+
+from __future__ import annotations
+
+import json
+import socket
+import time
+import uuid
+from dataclasses import dataclass
+
+import oxia
+import pyarrow as pa
+
+from llog import failpoints
+from llog.clients import ClientUser
+from llog.codec import encode_batch
+from llog.config import Config
+from llog.control import finish_pending_append, read_control
+from llog.coordination import Coordination
+from llog.errors import ClaimHeld, CorruptRecord, InconsistentReadState
+from llog.keys import PartitionKeys
+from llog.objects import ObjectStore
+from llog.reader import LogReader
+from llog.records import (
+    BYTES_BATCH_V1, COMPACTED, DELETING_OLD, UPDATING_CURSOR, WAL, WRITING_COMPACTED_INDEX, CompactionCursor,
+    CompactionRecord, IndexEntry, LocatedEntry, now_ms,
+)
+
+#: Offsets one compaction takes at most, by default.
+DEFAULT_MAX_OFFSETS = 1_000_000
+#: Crash points, in the order a compaction reaches them (``LLOG_FAILPOINT``).
+FAILPOINTS = (
+    "compactor.after_blob_put",
+    "compactor.after_record_create",
+    "compactor.after_index_overwrite",
+    "compactor.after_delete_range",
+    "compactor.after_cursor_move",
+)
+
+
+@dataclass
+class PartitionCompaction:
+    """What compacting one partition did."""
+
+    topic: str
+    partition: int
+    skipped_claimed: bool = False
+    recoveries: int = 0
+    compactions: int = 0
+    records: int = 0
+    bytes: int = 0
+    source_gets: int = 0
+    source_entries: int = 0
+
+
+class Compactor(ClientUser):
+    """Compacts partitions; one instance per process is enough (thread-safe)."""
+
+    def __init__(self, config: Config, coordination: Coordination | None = None, objects: ObjectStore | None = None,
+                 compactor_id: str | None = None, max_offsets: int = DEFAULT_MAX_OFFSETS, max_workers: int = 8):
+        if max_offsets < 1:
+            raise ValueError(f"max_offsets must be >= 1, got {max_offsets}")
+        super().__init__(config.require("oxia_service_address", "s3_bucket"), coordination, objects, max_workers,
+                         "llog-compact")
+        self.reader = LogReader(config, self.coordination, self.objects, max_workers)
+        self.compactor_id = compactor_id or f"{config.client_identifier or socket.gethostname()}-{uuid.uuid4().hex[:8]}"
+        self.max_offsets = max_offsets
+
+    def close(self) -> None:
+        self.reader.close()
+        super().close()
+
+    # --- one partition ------------------------------------------------------------------------
+
+    def compact_partition(self, topic: str, partition: int, deadline: float | None = None) -> PartitionCompaction:
+        """Claim the partition, recover, compact until nothing is left or ``time.monotonic()``
+        passes ``deadline``, release the claim."""
+        keys = self.keys(topic, partition)
+        done = PartitionCompaction(topic, partition)
+        claim = json.dumps({"compactor_id": self.compactor_id, "claimed_at_ms": now_ms()}).encode()
+        try:
+            claim_version = self.coordination.claim(keys.compactor_claim, claim, keys.partition_key)
+        except ClaimHeld:
+            done.skipped_claimed = True
+            return done
+        try:
+            state = read_control(self.coordination, keys)
+            if finish_pending_append(self.coordination, keys, state, self.config.cas_max_attempts) is not None:
+                done.recoveries += 1
+            in_flight = self.coordination.get(keys.compaction, keys.partition_key)
+            if in_flight is not None:
+                self._finish(keys, CompactionRecord.from_json(in_flight.value, in_flight.key), in_flight.version_id)
+                done.recoveries += 1
+            while deadline is None or time.monotonic() < deadline:
+                if not self._compact_next(keys, done):
+                    break
+        finally:
+            self.coordination.release(keys.compactor_claim, keys.partition_key, claim_version)
+        return done
+
+    # --- one compaction -----------------------------------------------------------------------
+
+    def _select(self, keys: PartitionKeys, cursor: int) -> list[tuple[LocatedEntry, int]]:
+        """Step 1: WAL entries (with their versions) from exactly ``cursor``, contiguous, at most
+        ``max_offsets`` offsets (but at least one entry)."""
+        pk = keys.partition_key
+        found = self.coordination.range_scan(keys.index(cursor), keys.index(cursor + self.max_offsets), pk)
+        if not found:
+            first = self.coordination.ceiling(keys.index(cursor), pk, keys.index_prefix)
+            found = [first] if first is not None else []
+        run, position = [], cursor
+        for v in found:
+            located = LocatedEntry(keys.index_end_offset(v.key), IndexEntry.from_json(v.value, v.key))
+            if located.entry.type != WAL or located.start_offset != position:
+                break
+            run.append((located, v.version_id))
+            position = located.end_offset + 1
+        return run
+
+    def _compact_next(self, keys: PartitionKeys, done: PartitionCompaction) -> bool:
+        cursor = self._cursor(keys)
+        run = self._select(keys, cursor.offset)
+        if not run:
+            return False
+        entries = [located for located, _ in run]
+        before = self.objects.stats["get"] + self.objects.stats["range_get"]
+        values = pa.concat_arrays(self.reader.entry_values(entries))
+        done.source_gets += self.objects.stats["get"] + self.objects.stats["range_get"] - before
+        done.source_entries += len(entries)
+        body = encode_batch(values)
+        data_key = self.objects.put(keys.compacted_object(), body.pieces)  # step 2
+        failpoints.hit("compactor.after_blob_put")
+        start, end = entries[0].start_offset, entries[-1].end_offset
+        record = CompactionRecord(
+            compaction_id=str(uuid.uuid4()), state=WRITING_COMPACTED_INDEX, start_offset=start, end_offset=end,
+            msg_count=end - start + 1, data_key=data_key, encoding=BYTES_BATCH_V1,
+            created_at_ms=max(e.entry.created_at_ms for e in entries), last_entry_start_offset=entries[-1].start_offset,
+        )
+        version = self.coordination.put(keys.compaction, record.to_json(), keys.partition_key,
+                                        expected_version=oxia.EXPECTED_RECORD_DOES_NOT_EXIST)  # step 3
+        failpoints.hit("compactor.after_record_create")
+        self._finish(keys, record, version, run[-1][1])
+        done.compactions += 1
+        done.records += record.msg_count
+        done.bytes += body.length
+        return True
+
+    def _finish(self, keys: PartitionKeys, record: CompactionRecord, version: int,
+                end_entry_version: int | None = None) -> None:
+        """Steps 4 to 6 from the record's state (a fresh compaction, or one being resumed)."""
+        pk = keys.partition_key
+        if record.state == WRITING_COMPACTED_INDEX:
+            self._overwrite_end_entry(keys, record, end_entry_version)
+            record = record.with_state(DELETING_OLD)
+            version = self.coordination.put(keys.compaction, record.to_json(), pk, expected_version=version)
+            failpoints.hit("compactor.after_index_overwrite")
+        if record.state == DELETING_OLD:
+            if record.start_offset < record.end_offset:
+                self.coordination.delete_range(keys.index(record.start_offset), keys.index(record.end_offset), pk)
+            record = record.with_state(UPDATING_CURSOR)
+            version = self.coordination.put(keys.compaction, record.to_json(), pk, expected_version=version)
+            failpoints.hit("compactor.after_delete_range")
+        cursor = self._cursor(keys)
+        if cursor.offset < record.end_offset + 1:  # only ever forward
+            self.coordination.put(keys.compaction_cursor, CompactionCursor(record.end_offset + 1).to_json(), pk,
+                                  expected_version=cursor.version)
+        failpoints.hit("compactor.after_cursor_move")
+        self.coordination.delete(keys.compaction, pk, expected_version=version)
+
+    def _overwrite_end_entry(self, keys: PartitionKeys, record: CompactionRecord, version: int | None) -> None:
+        """Step 4: ``index/{end}`` becomes the COMPACTED entry, by CAS on the WAL entry it
+        replaces (on resume: on whatever version is there, if it is still that WAL entry)."""
+        key, pk = keys.index(record.end_offset), keys.partition_key
+        current = self.coordination.get(key, pk)
+        if current is None:
+            raise InconsistentReadState(f"{keys.tp}: compaction {record.compaction_id} of "
+                                        f"{record.start_offset}..{record.end_offset} finds no entry at {key}")
+        entry = IndexEntry.from_json(current.value, key)
+        if entry.type == COMPACTED and entry.data_key == record.data_key:
+            return  # done before a crash
+        if entry.type != WAL or record.end_offset - entry.msg_count + 1 != record.last_entry_start_offset:
+            raise InconsistentReadState(f"{keys.tp}: compaction {record.compaction_id} expected the WAL entry "
+                                        f"{record.last_entry_start_offset}..{record.end_offset} at {key}, found "
+                                        f"{entry.type} of {entry.msg_count} offsets")
+        if version is not None and version != current.version_id:
+            raise InconsistentReadState(f"{keys.tp}: {key} changed while compaction {record.compaction_id} ran")
+        self.coordination.put(key, record.index_entry().to_json(), pk, expected_version=current.version_id)
+
+    def _cursor(self, keys: PartitionKeys) -> "_CursorState":
+        found = self.coordination.get(keys.compaction_cursor, keys.partition_key)
+        if found is None:
+            raise CorruptRecord(f"{keys.compaction_cursor} is missing (the partition was not initialized)")
+        return _CursorState(CompactionCursor.from_json(found.value, found.key).offset, found.version_id)
+
+
+@dataclass(frozen=True)
+class _CursorState:
+    offset: int
+    version: int
