@@ -113,7 +113,7 @@ class Config:
     cas_max_attempts: int = 64
     #: WAL blobs unreferenced and older than this may be garbage collected (PROTOCOL.md section
     #: 9); so nothing commits a reference to a blob older than half of it.
-    gc_grace_ms: int = 3_600_000
+    gc_grace_ms: int = 600_000  # 10 minutes
 
     def __post_init__(self) -> None:
         problems = []
