@@ -1,0 +1,215 @@
+"""Compaction (PROTOCOL.md section 6) and WAL garbage collection (section 9) on real Oxia and
+SeaweedFS: same bytes after compaction, continuous readability, a compactor killed at every step
+and resumed by another, racing compactors, and GC deleting exactly the old unreferenced blobs."""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+
+import pytest
+
+from llog.compactor import FAILPOINTS, Compactor
+from llog.coordination import Coordination
+from llog.errors import StaleBlob
+from llog.gc import all_partitions, collect_garbage, referenced_blobs
+from llog.keys import shared_wal_object, shared_wal_prefix
+from llog.objects import ObjectStore
+from llog.reader import LogReader
+from llog.records import COMPACTED, CompactionRecord
+from llog.writer import AppendGroup, LogWriter, SinkBatch
+from tests.helpers import compactor_process
+from tests.helpers.invariants import check_monotonic, check_partition
+
+PARTITIONS = [0, 1]
+
+
+def _fill(writer, topic: str, appends: int = 10, records: int = 50) -> dict[int, list[bytes]]:
+    """``appends`` shared appends of ``records`` records to each partition."""
+    values = {p: [] for p in PARTITIONS}
+    for a in range(appends):
+        groups = [AppendGroup(topic, p, [f"{p}/{a}/{i}".encode() * (1 + i % 3) for i in range(records)])
+                  for p in PARTITIONS]
+        writer.append_shared(groups)
+        for g in groups:
+            values[g.partition] += g.records
+    return values
+
+
+def _log(reader, topic: str, partition: int) -> list[bytes]:
+    return [r.value for r in reader.read_range(topic, partition, 1)]
+
+
+def _snapshots(config, topic):
+    with Coordination(config) as coordination:
+        return {p: check_partition(coordination, config.root_prefix, topic, p) for p in PARTITIONS}
+
+
+def test_compaction_keeps_every_record_with_the_same_bytes(config, writer, reader):
+    values = _fill(writer, "t")
+    before = _snapshots(config, "t")
+    with Compactor(config, max_offsets=120) as compactor:
+        done = [compactor.compact_partition("t", p) for p in PARTITIONS]
+    assert [d.records for d in done] == [500, 500]
+    assert all(d.compactions == 5 and d.source_gets == d.source_entries == 10 for d in done)  # 2 entries per run
+    after = _snapshots(config, "t")
+    for p in PARTITIONS:
+        check_monotonic(before[p], after[p])
+        assert after[p].cursor == 501
+        assert [e.entry.type for e in after[p].entries] == [COMPACTED] * 5
+        assert _log(reader, "t", p) == values[p]
+        assert reader.read_offset("t", p, 333).value == values[p][332]  # two small range GETs
+    with Compactor(config) as compactor:  # nothing left
+        assert compactor.compact_partition("t", 0).compactions == 0
+    writer.append("t", 0, [b"after"])  # appends go on after compacted entries
+    assert _log(reader, "t", 0) == values[0] + [b"after"]
+
+
+def test_a_concurrent_reader_never_sees_an_error_or_a_gap(config, writer):
+    values = _fill(writer, "live", appends=30, records=20)
+    stop, errors, reads = threading.Event(), [], [0]
+
+    def read_continuously():
+        with LogReader(config) as reader:
+            while not stop.is_set():
+                try:
+                    assert _log(reader, "live", 0) == values[0]
+                    reads[0] += 1
+                except Exception as e:  # noqa: BLE001 - any failure is the finding
+                    errors.append(e)
+                    return
+
+    thread = threading.Thread(target=read_continuously)
+    thread.start()
+    try:
+        with Compactor(config, max_offsets=40) as compactor:
+            assert compactor.compact_partition("live", 0).compactions == 15
+    finally:
+        stop.set()
+        thread.join(60)
+    assert not errors, errors[0]
+    assert reads[0] > 0
+
+
+@pytest.mark.parametrize("failpoint", FAILPOINTS)
+def test_a_compactor_killed_at_every_step_is_resumed_by_another(config, writer, reader, failpoint):
+    values = _fill(writer, "c")
+    before = _snapshots(config, "c")
+    killed = compactor_process.run(config, "c", [0], max_offsets=200, failpoint=failpoint)
+    assert killed.returncode == -9, killed.stderr
+    keys = writer.keys("c", 0)
+    with Coordination(config) as coordination:
+        record = coordination.get(keys.compaction, keys.partition_key)
+        # A record is in flight unless the blob PUT was the last thing done.
+        assert (record is None) == (failpoint == "compactor.after_blob_put")
+        if record is not None:
+            state = CompactionRecord.from_json(record.value).state
+            assert state == {"compactor.after_record_create": "WRITING_COMPACTED_INDEX",
+                             "compactor.after_index_overwrite": "DELETING_OLD",
+                             "compactor.after_delete_range": "UPDATING_CURSOR",
+                             "compactor.after_cursor_move": "UPDATING_CURSOR"}[failpoint]
+    assert _log(reader, "c", 0) == values[0]  # readable in the state the crash left
+
+    # The killed compactor's claim goes with its session; then another resumes and finishes.
+    deadline = time.monotonic() + 30
+    with Compactor(config, max_offsets=200) as compactor:
+        while True:
+            done = compactor.compact_partition("c", 0)
+            if not done.skipped_claimed:
+                break
+            assert time.monotonic() < deadline, "the killed compactor's claim never expired"
+            time.sleep(0.5)
+    assert done.recoveries == (0 if failpoint == "compactor.after_blob_put" else 1)
+    after = _snapshots(config, "c")
+    check_monotonic(before[0], after[0])
+    assert after[0].cursor == 501 and all(e.entry.type == COMPACTED for e in after[0].entries)
+    assert _log(reader, "c", 0) == values[0]
+    assert _log(reader, "c", 1) == values[1]  # untouched
+
+
+def test_racing_compactors_are_kept_apart_by_the_claim(config, writer, reader):
+    values = _fill(writer, "race", appends=20, records=30)
+    results = {}
+
+    def compact(name):
+        with Compactor(config, max_offsets=60) as compactor:
+            results[name] = [compactor.compact_partition("race", p) for p in PARTITIONS * 3]
+
+    threads = [threading.Thread(target=compact, args=(n,)) for n in ("a", "b")]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(120)
+    done = [d for runs in results.values() for d in runs]
+    assert sum(d.records for d in done) == 1200  # every offset compacted once, by one of them
+    for p in PARTITIONS:
+        assert _log(reader, "race", p) == values[p]
+    _snapshots(config, "race")
+
+
+def test_a_killed_claim_holder_is_waited_out(config, writer, reader):
+    values = _fill(writer, "held")
+    killed = compactor_process.run(config, "held", [0], max_offsets=100, failpoint="compactor.after_index_overwrite",
+                                   session_timeout_ms=4000)
+    assert killed.returncode == -9
+    with Compactor(config, max_offsets=100) as compactor:
+        assert compactor.compact_partition("held", 0).skipped_claimed  # its session is still alive
+        time.sleep(6)
+        done = compactor.compact_partition("held", 0)
+    assert not done.skipped_claimed and done.recoveries == 1 and done.records == 400
+    assert _log(reader, "held", 0) == values[0]
+
+
+def test_gc_deletes_exactly_the_old_unreferenced_blobs(config):
+    config = config.replace(gc_grace_ms=2000)
+    objects = ObjectStore(config)
+    with LogWriter(config, auto_initialize=True) as writer, Coordination(config) as coordination:
+        values = _fill(writer, "g", appends=4, records=10)
+        with Compactor(config, coordination=coordination, objects=objects, max_offsets=20) as compactor:
+            compactor.compact_partition("g", 0)  # entries 1..20 of partition 0 compacted
+        orphan = objects.put(shared_wal_object(config.root_prefix), b"an aborted sink batch's blob")
+        staged = writer.upload([AppendGroup("g", 1, [b"staged, never committed"])])
+        time.sleep(2.5)  # everything so far is older than the grace period
+        young = objects.put(shared_wal_object(config.root_prefix), b"too young")
+
+        # Writers append while GC runs: what they write is young, and referenced.
+        stop = threading.Event()
+
+        def append_while_gc_runs():
+            while not stop.is_set():
+                writer.append("g", 1, [b"concurrent"])
+
+        appender = threading.Thread(target=append_while_gc_runs)
+        appender.start()
+        try:
+            referenced = referenced_blobs(coordination, config.root_prefix,
+                                          all_partitions(coordination, config.root_prefix))
+            report = collect_garbage(objects, config.root_prefix, referenced, config.gc_grace_ms)
+        finally:
+            stop.set()
+            appender.join(30)
+
+        blobs = {f"s3://{config.s3_bucket}/{o.key}" for o in objects.list(shared_wal_prefix(config.root_prefix))}
+        assert orphan in report.deleted_uris and staged[0].wal_uri in report.deleted_uris
+        assert young in blobs and orphan not in blobs and staged[0].wal_uri not in blobs
+        # The 4 shared blobs still back partition 1's WAL entries: all kept.
+        assert report.deleted == 2 and not set(report.deleted_uris) & referenced
+        with LogReader(config, coordination=coordination) as reader:
+            assert _log(reader, "g", 0) == values[0]
+            assert _log(reader, "g", 1)[:40] == values[1]
+        # The age rule: the deleted staged blob can never be referenced again.
+        with pytest.raises(StaleBlob):
+            writer.commit_staged(staged, SinkBatch("late", 0))
+
+        # Once partition 1 is compacted too, its old shared blobs are garbage.
+        with Compactor(config, coordination=coordination, objects=objects) as compactor:
+            compactor.compact_partition("g", 1)
+        time.sleep(2.5)
+        referenced = referenced_blobs(coordination, config.root_prefix, all_partitions(coordination, config.root_prefix))
+        report = collect_garbage(objects, config.root_prefix, referenced, config.gc_grace_ms)
+        assert referenced == set() and report.deleted >= 4
+        assert list(objects.list(shared_wal_prefix(config.root_prefix))) == []
+        with LogReader(config, coordination=coordination) as reader:
+            assert _log(reader, "g", 0) == values[0]
+    objects.close()
