@@ -1,4 +1,4 @@
-"""``python -m bench [core] [sink] [source]``: run benchmark cases against a private local stack."""
+"""``python -m bench [core] [sink] [source] [compaction]``: run benchmark cases against a private local stack."""
 
 from __future__ import annotations
 
@@ -10,7 +10,8 @@ from pathlib import Path
 from llog import local_stack
 from llog.config import Config
 
-CASES = {"core": "bench.core", "sink": "bench.sink", "source": "bench.source"}
+CASES = {"core": "bench.core", "sink": "bench.sink", "source": "bench.source",
+         "compaction": "bench.compaction"}
 
 
 def main(argv: list[str] | None = None) -> int:
