@@ -24,6 +24,7 @@ newest of the run's entries (a compacted body has one ``created_at_ms``).
 
 from __future__ import annotations
 
+import contextlib
 import json
 import socket
 import time
@@ -48,8 +49,9 @@ from llog.records import (
     CompactionRecord, IndexEntry, LocatedEntry, now_ms,
 )
 
-#: Offsets one compaction takes at most, by default.
+#: Offsets and body bytes one compaction takes at most, by default (a run is held in memory).
 DEFAULT_MAX_OFFSETS = 1_000_000
+DEFAULT_MAX_BYTES = 256 * 1024 * 1024
 #: Crash points, in the order a compaction reaches them (``LLOG_FAILPOINT``).
 FAILPOINTS = (
     "compactor.after_blob_put",
@@ -79,14 +81,16 @@ class Compactor(ClientUser):
     """Compacts partitions; one instance per process is enough (thread-safe)."""
 
     def __init__(self, config: Config, coordination: Coordination | None = None, objects: ObjectStore | None = None,
-                 compactor_id: str | None = None, max_offsets: int = DEFAULT_MAX_OFFSETS, max_workers: int = 8):
-        if max_offsets < 1:
-            raise ValueError(f"max_offsets must be >= 1, got {max_offsets}")
+                 compactor_id: str | None = None, max_offsets: int = DEFAULT_MAX_OFFSETS,
+                 max_bytes: int = DEFAULT_MAX_BYTES, max_workers: int = 8):
+        if max_offsets < 1 or max_bytes < 1:
+            raise ValueError(f"max_offsets and max_bytes must be >= 1, got {max_offsets} and {max_bytes}")
         super().__init__(config.require("oxia_service_address", "s3_bucket"), coordination, objects, max_workers,
                          "llog-compact")
         self.reader = LogReader(config, self.coordination, self.objects, max_workers)
         self.compactor_id = compactor_id or f"{config.client_identifier or socket.gethostname()}-{uuid.uuid4().hex[:8]}"
         self.max_offsets = max_offsets
+        self.max_bytes = max_bytes
 
     def close(self) -> None:
         self.reader.close()
@@ -116,24 +120,30 @@ class Compactor(ClientUser):
             while deadline is None or time.monotonic() < deadline:
                 if not self._compact_next(keys, done):
                     break
-        finally:
-            self.coordination.release(keys.compactor_claim, keys.partition_key, claim_version)
+        except BaseException:
+            with contextlib.suppress(Exception):  # the claim expires with the session anyway
+                self.coordination.release(keys.compactor_claim, keys.partition_key, claim_version)
+            raise
+        self.coordination.release(keys.compactor_claim, keys.partition_key, claim_version)
         return done
 
     # --- one compaction -----------------------------------------------------------------------
 
     def _select(self, keys: PartitionKeys, cursor: int) -> list[tuple[LocatedEntry, int]]:
         """Step 1: WAL entries (with their versions) from exactly ``cursor``, contiguous, at most
-        ``max_offsets`` offsets (but at least one entry)."""
+        ``max_offsets`` offsets and ``max_bytes`` of bodies (but at least one entry)."""
         pk = keys.partition_key
         found = self.coordination.range_scan(keys.index(cursor), keys.index(cursor + self.max_offsets), pk)
         if not found:
             first = self.coordination.ceiling(keys.index(cursor), pk, keys.index_prefix)
             found = [first] if first is not None else []
-        run, position = [], cursor
+        run, position, size = [], cursor, 0
         for v in found:
             located = LocatedEntry(keys.index_end_offset(v.key), IndexEntry.from_json(v.value, v.key))
             if located.entry.type != WAL or located.start_offset != position:
+                break
+            size += located.entry.byte_length or 0
+            if run and size > self.max_bytes:
                 break
             run.append((located, v.version_id))
             position = located.end_offset + 1

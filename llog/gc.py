@@ -4,13 +4,27 @@ A blob under ``R/wal-shared/`` may be deleted when no index entry and no pending
 partition references it, and it is older than the grace period (``LLOG_GC_GRACE_MS``, by its
 object time). Orphans of failed appends and of aborted sink batches qualify as well.
 
-Why a blob cannot be referenced again between the scan and the delete: references are only
-ever made by a writer (or a sink commit) to a blob it staged itself, and never to one older than
-half the grace period (``LogWriter`` raises ``StaleBlob`` and uploads again instead). A blob
-older than the grace period is therefore past the point where anyone may still reference it,
-whatever the order of the listing, the index scan and the delete; what the scan saw
-referenced stays kept. Compaction only removes references. This holds as long as the clocks of
-writers and of the object store differ by much less than half the grace period.
+Why a blob cannot be referenced again between the scan and the delete (the age rule): references
+are only ever made by a writer (or a sink commit) to a blob it staged itself, and never to one
+older than half the grace period (``LogWriter`` raises ``StaleBlob`` and uploads again instead).
+So a pass proceeds in this order:
+
+1. Take the pass's time ``began`` first, before any partition is discovered. A blob is collected
+   only if it was older than the grace period at ``began``: every reference to it was then made
+   before the pass started, so its partition is discovered and its scan sees the reference,
+   however long discovery and the scans take. (Measuring age at the listing, after the scans,
+   would be safe only while the scans took less than half the grace period.)
+2. Per partition, read ``pending`` before scanning the index: a pending append gets its index
+   entry before it is cleared, so a reference moves from ``pending`` to the index and never
+   back, and reading in this order cannot miss one that is finished in between.
+3. List the blobs and batch-delete the unreferenced ones older than the grace period at
+   ``began``. Compaction only ever removes references.
+
+This holds while the clocks of writers and of the object store differ by much less than half the
+grace period, and while every GC uses a grace period at least the one writers use
+(:func:`check_grace`). Readers that resolved an entry just before compaction swapped it and GC
+deleted its blob find the blob gone; they resolve the offsets again (``llog.reader``).
+Compacted blobs orphaned by a compactor crash (``P/data/compacted/``) are not collected.
 """
 
 from __future__ import annotations
@@ -19,11 +33,22 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 
+from llog.config import Config
 from llog.coordination import Coordination
 from llog.discovery import list_topics, topic_partitions
 from llog.keys import PartitionKeys, TopicPartition, s3_uri, shared_wal_prefix
 from llog.objects import ObjectStore
 from llog.records import WAL, ControlRecord, IndexEntry
+
+
+def check_grace(grace_ms: int, config: Config) -> int:
+    """``grace_ms`` if it is at least the ``gc_grace_ms`` writers use (they refuse blobs older
+    than half of it, which is what makes collecting safe); else ValueError."""
+    if grace_ms < config.gc_grace_ms:
+        raise ValueError(f"grace period {grace_ms} ms is below LLOG_GC_GRACE_MS={config.gc_grace_ms} ms, the one "
+                         f"writers use (they refuse blobs older than half of it); a shorter one could delete "
+                         f"blobs a writer is still committing")
+    return grace_ms
 
 
 def all_partitions(coordination: Coordination, root: str) -> list[TopicPartition]:
@@ -32,20 +57,20 @@ def all_partitions(coordination: Coordination, root: str) -> list[TopicPartition
 
 
 def referenced_blobs(coordination: Coordination, root: str, partitions: Iterable[TopicPartition]) -> set[str]:
-    """The ``s3://`` URIs of the WAL blobs the partitions' index entries and pending appends
-    reference (one range scan of each index)."""
+    """The ``s3://`` URIs of the WAL blobs the partitions reference: their pending appends (one
+    multi-key read, first) and their index entries (one range scan each, after)."""
+    partitions = list(partitions)
+    keys = [PartitionKeys(root, tp) for tp in partitions]
     referenced: set[str] = set()
-    for tp in partitions:
-        keys = PartitionKeys(root, tp)
-        for v in coordination.range_scan(keys.index_prefix, keys.index_end, keys.partition_key):
+    for control in coordination.get_many([(k.control, k.partition_key) for k in keys]) if keys else []:
+        pending = ControlRecord.from_json(control.value, control.key).pending if control is not None else None
+        if pending is not None:
+            referenced.add(pending.data_key)
+    for k in keys:
+        for v in coordination.range_scan(k.index_prefix, k.index_end, k.partition_key):
             entry = IndexEntry.from_json(v.value, v.key)
             if entry.type == WAL:
                 referenced.add(entry.data_key)
-        control = coordination.get(keys.control, keys.partition_key)
-        if control is not None:
-            pending = ControlRecord.from_json(control.value, control.key).pending
-            if pending is not None:
-                referenced.add(pending.data_key)
     return referenced
 
 
@@ -62,8 +87,8 @@ class GcReport:
 def collect_garbage(objects: ObjectStore, root: str, referenced: set[str], grace_ms: int,
                     now: datetime | None = None, dry_run: bool = False) -> GcReport:
     """Delete (batch deletes) the blobs under ``R/wal-shared/`` that are not in ``referenced``
-    and older than ``grace_ms``. ``referenced`` comes from :func:`referenced_blobs` over every
-    partition (the module doc says why any order of scan and listing is safe)."""
+    and were older than ``grace_ms`` at ``now``, the time taken before the partitions behind
+    ``referenced`` were discovered (module doc; :func:`gc_pass` does all of it in order)."""
     if grace_ms < 1:
         raise ValueError(f"grace period must be >= 1 ms, got {grace_ms}")
     now = now or datetime.now(timezone.utc)
@@ -85,3 +110,11 @@ def collect_garbage(objects: ObjectStore, root: str, referenced: set[str], grace
     report.deleted_bytes = sum(size for _, size in doomed)
     report.deleted_uris = [uri for uri, _ in doomed]
     return report
+
+
+def gc_pass(coordination: Coordination, objects: ObjectStore, root: str, grace_ms: int,
+            dry_run: bool = False) -> GcReport:
+    """One whole pass in the safe order (module doc): time, discovery, references, listing."""
+    began = datetime.now(timezone.utc)
+    referenced = referenced_blobs(coordination, root, all_partitions(coordination, root))
+    return collect_garbage(objects, root, referenced, grace_ms, now=began, dry_run=dry_run)

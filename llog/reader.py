@@ -243,7 +243,11 @@ class LogReader(ClientUser):
         """
         requests = list(requests)
         resolved = self._resolve_many(requests)
-        decoded = self._fetch([s for *_, slices in resolved for s in slices])
+        try:
+            decoded = self._fetch([s for *_, slices in resolved for s in slices])
+        except ObjectNotFound:  # compacted and collected since it was resolved? Once more.
+            resolved = self._resolve_many(requests)
+            decoded = self._fetch([s for *_, slices in resolved for s in slices])
         return [
             PartitionBatches(req.topic, req.partition, req.start, end, state.record.high_watermark,
                              [self._to_batch(s, decoded[id(s)]) for s in slices])
@@ -258,9 +262,10 @@ class LogReader(ClientUser):
         order, in bounded memory: slices are fetched ``chunk_bytes`` at a time with up to
         ``lookahead`` chunks in flight while the caller consumes the current one.
 
-        A blob that no longer exists raises :class:`ObjectNotFound`; with ``on_missing``,
-        ``on_missing(first_offset, last_offset, error)`` is called instead, and the blob's
-        slices are skipped if it returns.
+        A blob found missing is resolved again once (it may have been compacted and collected
+        meanwhile); still missing, it raises :class:`ObjectNotFound`, or with ``on_missing``,
+        ``on_missing(first_offset, last_offset, error)`` is called per slice instead, and the
+        slice is skipped if it returns.
         """
         _, _, slices = self._resolve_many([request])[0]
         chunks = _chunks(slices, chunk_bytes)
@@ -272,20 +277,32 @@ class LogReader(ClientUser):
         upcoming = iter(chunks[lookahead:])
         while pending:
             chunk, fetches = pending.popleft()
-            bodies: dict[int, memoryview] = {}
+            ready: dict[int, list[pa.RecordBatch]] = {}
             for group, future in fetches:
                 try:
-                    bodies.update((id(s), body) for s, body in future.result())
-                except ObjectNotFound as missing:
-                    if on_missing is None:
-                        raise
-                    on_missing(group[0].lo, group[-1].hi, missing)
+                    for s, body in future.result():
+                        ready[id(s)] = [self._to_batch(s, self._decode(s, body))]
+                except ObjectNotFound:
+                    for s in group:  # compacted and collected since it was resolved?
+                        try:
+                            ready[id(s)] = self._reread(request.topic, request.partition, s.lo, s.hi)
+                        except ObjectNotFound as missing:
+                            if on_missing is None:
+                                raise
+                            on_missing(s.lo, s.hi, missing)
             following = next(upcoming, None)
             if following is not None:
                 pending.append(submit(following))
             for s in chunk:
-                if id(s) in bodies:
-                    yield self._to_batch(s, self._decode(s, bodies.pop(id(s))))
+                yield from ready.pop(id(s), ())
+
+    def _reread(self, topic: str, partition: int, lo: int, hi: int) -> list[pa.RecordBatch]:
+        """Offsets ``lo..hi`` resolved and fetched again: after a blob turned out to be gone,
+        which happens when compaction swapped its entries for a compacted one and garbage
+        collection deleted it after this reader resolved them."""
+        _, _, slices = self._resolve_many([ReadRequest(topic, partition, lo, hi)])[0]
+        decoded = self._fetch(slices)
+        return [self._to_batch(s, decoded[id(s)]) for s in slices]
 
     def entry_values(self, entries: Sequence[LocatedEntry]) -> list[pa.BinaryArray]:
         """Every record of each entry, CRC checked, fetching each blob once (one range GET

@@ -213,3 +213,29 @@ def test_gc_deletes_exactly_the_old_unreferenced_blobs(config):
         with LogReader(config, coordination=coordination) as reader:
             assert _log(reader, "g", 0) == values[0]
     objects.close()
+
+
+def test_a_reader_whose_blobs_were_compacted_and_collected_resolves_again(config, writer, reader):
+    values = _fill(writer, "gone", appends=12, records=40)
+    from llog.reader import ReadRequest
+
+    stream = reader.stream_batches(ReadRequest("gone", 0, 1, 480), chunk_bytes=1, lookahead=1)  # a chunk per entry
+    first = next(stream)
+    with Compactor(config) as compactor:
+        assert compactor.compact_partition("gone", 0).records == 480
+    objects = ObjectStore(config)
+    try:  # every WAL blob collected at once (as GC would once they are old enough)
+        objects.delete_many([f"s3://{config.s3_bucket}/{o.key}" for o in objects.list(shared_wal_prefix(config.root_prefix))])
+    finally:
+        objects.close()
+    rest = [v for batch in stream for v in batch.column(1).to_pylist()]
+    assert first.column(1).to_pylist() + rest == values[0]
+    assert _log(reader, "gone", 0) == values[0]
+
+
+def test_max_bytes_bounds_a_run_but_takes_at_least_one_entry(config, writer, reader):
+    values = _fill(writer, "bytes", appends=4, records=10)
+    with Compactor(config, max_bytes=1) as compactor:
+        done = compactor.compact_partition("bytes", 0)
+    assert done.compactions == 4 and done.records == 40
+    assert _log(reader, "bytes", 0) == values[0]
