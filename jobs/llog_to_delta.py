@@ -23,6 +23,9 @@ batch only, so ``llog_to_delta.after_append.2`` dies in the middle of a run:
   llog_to_delta.before_append   a batch is planned (in Spark's offset log), its Delta append not begun
   llog_to_delta.after_append    the batch is committed to the Delta table, Spark has not recorded it as done
 
+Run as ``python -m jobs.llog_to_delta`` (a local Spark with Delta), or as a script by
+``spark-submit`` or a Databricks task (the cluster's session; Delta must be on it).
+
 Examples::
 
     python -m jobs.llog_to_delta --topics orders,payments --table /data/orders --checkpoint /ck/orders
@@ -33,10 +36,14 @@ Examples::
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 import threading
 import time
 from dataclasses import dataclass
+
+if not __package__:  # run as a script (spark-submit, a Databricks spark_python_task): import from the checkout
+    sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(globals().get("__file__") or sys.argv[0]))))
 
 from llog import failpoints
 from llog.config import Config
@@ -167,7 +174,7 @@ def describe_batches(progress: list[dict]) -> list[str]:
             f"{p['durationMs'].get('triggerExecution', 0) / 1000:.2f}s" for p in progress]
 
 
-def main(argv: list[str] | None = None) -> int:
+def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="python -m jobs.llog_to_delta", description=__doc__.split("\n\n")[0],
         formatter_class=argparse.RawDescriptionHelpFormatter,
@@ -196,6 +203,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--app-id", help="Delta txnAppId; default: the streaming query's id, kept in the "
                                          "checkpoint. Must stay the same for one checkpoint.")
     parser.add_argument("--timeout", type=float, help="stop after this many seconds")
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
     args = parser.parse_args(argv)
     try:
         parse_trigger(args.trigger)
@@ -209,9 +221,9 @@ def main(argv: list[str] | None = None) -> int:
               max_offsets_per_trigger=args.max_offsets_per_trigger, group_id=args.group_id, app_id=args.app_id)
     config = Config.load()
 
-    from jobs.local_spark import local_spark
+    from jobs.local_spark import job_spark
 
-    spark = local_spark("llog-to-delta", delta=True)
+    spark, owned = job_spark("llog-to-delta", delta=True)
     started = time.perf_counter()
     try:
         progress = run(spark, job, config, args.timeout)
@@ -222,7 +234,8 @@ def main(argv: list[str] | None = None) -> int:
         if job.group_id:
             print(group_lag(config, job.group_id, job.topics or None))
     finally:
-        spark.stop()
+        if owned:
+            spark.stop()
     return 0
 
 

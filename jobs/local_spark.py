@@ -1,6 +1,9 @@
 """A local SparkSession for the demo, benchmarks and tests: this Python on the driver and the
 workers, loopback only, the checkout importable by the workers.
 
+Jobs take theirs from :func:`job_spark`: the cluster's session when Spark started the process
+(``spark-submit``, a Databricks task), else this local one.
+
 With ``delta=True`` the session can read and write Delta tables: the Delta jar
 (:data:`DELTA_PACKAGE`) and its dependencies are resolved by Spark's Ivy from Maven Central into
 ``.cache/ivy`` of the checkout (git-ignored) the first time, and taken from there afterwards.
@@ -53,6 +56,23 @@ def local_spark(app: str, cores: int = 2, task_retries: int = 1, delta: bool = F
                    # The log's state is rebuilt in this many tasks (default 50: slow for small tables).
                    .config("spark.databricks.delta.snapshotPartitions", str(cores)))
     return builder.getOrCreate()
+
+
+def launched_by_spark() -> bool:
+    """Whether Spark started this Python process as a driver (``spark-submit``, which hands it the
+    JVM's gateway, or a Databricks task)."""
+    return bool(os.environ.get("PYSPARK_GATEWAY_PORT") or os.environ.get("DATABRICKS_RUNTIME_VERSION"))
+
+
+def job_spark(app: str, delta: bool = False):
+    """A job's session and whether the job owns it (and should stop it when done): the session
+    of the cluster that started this process (:func:`launched_by_spark`; its master, jars and
+    settings are the submitter's, so Delta must be there already), else :func:`local_spark`."""
+    if launched_by_spark():
+        from pyspark.sql import SparkSession
+
+        return SparkSession.builder.appName(app).getOrCreate(), False
+    return local_spark(app, delta=delta), True
 
 
 def _stop_jvm_without_delta() -> None:

@@ -1,4 +1,5 @@
-"""The ``llog`` command: local stack, describe, consumer groups, fence/unfence, produce and consume.
+"""The ``llog`` command: local stack, describe, consumer groups, fence/unfence, produce and consume,
+and one-shot compaction and garbage collection (no Spark).
 
 Connection settings come from the environment or the local stack's settings file
 (:mod:`llog.config`).
@@ -9,7 +10,9 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
+import math
 import sys
+import time
 
 from llog import local_stack
 from llog.config import Config
@@ -73,6 +76,64 @@ def _consume(args) -> int:
     return 0
 
 
+def _compact(args) -> int:
+    from llog.compactor import DEFAULT_MAX_OFFSETS, Compactor
+
+    deadline = None if args.max_runtime is None else time.monotonic() + args.max_runtime
+    with Compactor(Config.load(), max_offsets=args.max_offsets or DEFAULT_MAX_OFFSETS) as compactor:
+        done = compactor.compact_partition(args.topic, args.partition, deadline)
+    if args.json:
+        print(json.dumps(dataclasses.asdict(done), indent=2))
+    elif done.skipped_claimed:
+        print(f"{args.topic}[{args.partition}]: skipped, another compactor holds its claim")
+    else:
+        print(f"{args.topic}[{args.partition}]: {done.compactions} compaction(s), {done.records:,} record(s) and "
+              f"{done.bytes:,} bytes rewritten from {done.source_entries} WAL entries ({done.source_gets} GETs), "
+              f"{done.recoveries} recovery(ies)")
+    return 0
+
+
+def _gc(args) -> int:
+    from llog.gc import check_grace, gc_pass
+    from llog.objects import ObjectStore
+
+    config = Config.load().require("oxia_service_address", "s3_bucket")
+    try:
+        grace_ms = check_grace(config.gc_grace_ms if args.grace_ms is None else args.grace_ms, config)
+    except ValueError as e:
+        print(f"llog: error: --grace-ms: {e}", file=sys.stderr)
+        return 2
+    objects = ObjectStore(config)
+    try:
+        with Coordination(config) as coordination:
+            report = gc_pass(coordination, objects, config.root_prefix, grace_ms, dry_run=args.dry_run)
+    finally:
+        objects.close()
+    if args.json:
+        print(json.dumps(dict(dataclasses.asdict(report), dry_run=args.dry_run), indent=2))
+    else:
+        print(f"{report.listed} WAL blob(s): {report.referenced} referenced, {report.too_young} younger than "
+              f"{grace_ms} ms, {report.deleted} {'to delete' if args.dry_run else 'deleted'} "
+              f"({report.deleted_bytes:,} bytes)")
+        if args.dry_run:
+            print("\n".join(report.deleted_uris))
+    return 0
+
+
+def positive(kind):
+    """An argparse type: a positive ``int``, or a positive finite ``float`` (argparse names the
+    argument in the error)."""
+    def parse(text: str):
+        try:
+            value = kind(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{text!r} is not a{'n integer' if kind is int else ' number'}") from None
+        if not (math.isfinite(value) and value > 0):
+            raise argparse.ArgumentTypeError(f"must be {'>= 1' if kind is int else '> 0'}, got {text}")
+        return value
+    return parse
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="llog", description="llog: a leaderless log on Oxia and S3.")
     sub = parser.add_subparsers(dest="command", required=True)
@@ -110,6 +171,23 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--to", type=int, default=None, help="last offset (default: the high watermark)")
     p.add_argument("--print-offsets", action="store_true")
     p.set_defaults(func=_consume)
+
+    p = sub.add_parser("compact", help="compact one partition now, in this process (the compaction job does all)")
+    p.add_argument("topic")
+    p.add_argument("partition", type=int)
+    p.add_argument("--max-offsets", type=positive(int), default=None,
+                   help="offsets one compaction rewrites at most (default 1,000,000)")
+    p.add_argument("--max-runtime", type=positive(float), default=None, metavar="SECONDS",
+                   help="start no compaction after this many seconds (default: until nothing is left)")
+    p.add_argument("--json", action="store_true", help="print JSON")
+    p.set_defaults(func=_compact)
+
+    p = sub.add_parser("gc", help="delete WAL blobs no partition references, older than the grace period")
+    p.add_argument("--grace-ms", type=positive(int), default=None,
+                   help="grace period (default and minimum: LLOG_GC_GRACE_MS)")
+    p.add_argument("--dry-run", action="store_true", help="only list what would be deleted")
+    p.add_argument("--json", action="store_true", help="print JSON")
+    p.set_defaults(func=_gc)
     return parser
 
 
