@@ -33,7 +33,6 @@ Sizes come from the environment for quick runs: ``BENCH_COMPACTION_PARTITIONS`` 
 
 from __future__ import annotations
 
-import os
 import random
 import statistics
 import threading
@@ -47,7 +46,7 @@ import numpy as np
 import pyarrow as pa
 
 import llog.compactor as compactor_module
-from bench.report import emit, mb_s, progress, timed_together
+from bench.report import emit, env_int, mb_s, progress, timed_together
 from llog.compactor import Compactor, PartitionCompaction
 from llog.config import Config
 from llog.keys import parse_s3_uri
@@ -62,13 +61,6 @@ GET_WORKERS = 8  # the compactor reader's default thread pool, for the baseline'
 WARM_ENTRIES = 10
 
 
-def _setting(name: str, default: int, minimum: int = 1) -> int:
-    value = int(os.environ.get(f"BENCH_COMPACTION_{name}", default))
-    if value < minimum:
-        raise ValueError(f"BENCH_COMPACTION_{name} must be >= {minimum}, got {value}")
-    return value
-
-
 @dataclass(frozen=True)
 class Sizes:
     partitions: int
@@ -80,8 +72,8 @@ class Sizes:
 
     @classmethod
     def from_env(cls) -> "Sizes":
-        return cls(_setting("PARTITIONS", 8), _setting("ENTRIES", 500), _setting("RECORDS_PER_ENTRY", 1_000),
-                   _setting("RECORD_BYTES", 100, STAMP_BYTES), _setting("ROUNDS", 3), _setting("THREADS", 2))
+        return cls(env_int("BENCH_COMPACTION_PARTITIONS", 8), env_int("BENCH_COMPACTION_ENTRIES", 500), env_int("BENCH_COMPACTION_RECORDS_PER_ENTRY", 1_000),
+                   env_int("BENCH_COMPACTION_RECORD_BYTES", 100, STAMP_BYTES), env_int("BENCH_COMPACTION_ROUNDS", 3), env_int("BENCH_COMPACTION_THREADS", 2))
 
     @property
     def records(self) -> int:

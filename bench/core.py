@@ -14,9 +14,8 @@ import os
 import uuid
 
 import numpy as np
-import pyarrow as pa
 
-from bench.report import emit, mb_s, progress, timed, timed_together
+from bench.report import emit, mb_s, progress, random_values, timed, timed_together
 from llog.config import Config
 from llog.objects import make_s3_client
 from llog.reader import LogReader, ReadRequest
@@ -28,18 +27,11 @@ RECORDS_PER_PARTITION = 10_000
 ROUNDS = 12
 
 
-def _payloads(seed: int) -> pa.BinaryArray:
-    """10,000 random 100-byte records as an Arrow binary array (what the Spark sink hands over)."""
-    data = np.random.default_rng(seed).integers(0, 256, RECORD_BYTES * RECORDS_PER_PARTITION, dtype=np.uint8)
-    offsets = np.arange(0, RECORD_BYTES * (RECORDS_PER_PARTITION + 1), RECORD_BYTES, dtype=np.int32)
-    return pa.Array.from_buffers(pa.binary(), RECORDS_PER_PARTITION, [None, pa.py_buffer(offsets), pa.py_buffer(data)])
-
-
 def run(config: Config) -> dict:
     config = config.replace(root_prefix=f"bench-{uuid.uuid4().hex[:8]}")
     topic = "bench"
     record_bytes = RECORD_BYTES * RECORDS_PER_PARTITION * PARTITIONS
-    arrays = [_payloads(p) for p in range(PARTITIONS)]
+    arrays = [random_values(RECORDS_PER_PARTITION, RECORD_BYTES, p) for p in range(PARTITIONS)]
     as_lists = [a.to_pylist() for a in arrays]
 
     with LogWriter(config, auto_initialize=True) as writer, LogReader(config) as reader:

@@ -1,12 +1,17 @@
-"""JSON lines on stdout: one per measurement, a summary per case."""
+"""JSON lines on stdout: one per measurement, a summary per case; and what every case uses
+(timing, sizes from the environment, random record values)."""
 
 from __future__ import annotations
 
 import json
+import os
 import statistics
 import sys
 import time
 from collections.abc import Callable
+
+import numpy as np
+import pyarrow as pa
 
 
 def emit(record: dict) -> None:
@@ -47,3 +52,20 @@ def mb_s(nbytes: int, seconds: list[float]) -> float:
 
 def progress(message: str) -> None:
     print(f"bench: {message}", file=sys.stderr, flush=True)
+
+
+def env_int(name: str, default: int, minimum: int = 1) -> int:
+    """A size from the environment variable ``name`` (a quick run shrinks a case), at least
+    ``minimum``."""
+    value = int(os.environ.get(name, default))
+    if value < minimum:
+        raise ValueError(f"{name} must be >= {minimum}, got {value}")
+    return value
+
+
+def random_values(rows: int, size: int, seed: int) -> pa.BinaryArray:
+    """``rows`` random ``size``-byte values as an Arrow binary array (what the Spark sink hands
+    over), built without a per-record loop."""
+    data = np.random.default_rng(seed).integers(0, 256, size * rows, dtype=np.uint8)
+    offsets = np.arange(0, size * (rows + 1), size, dtype=np.int32)
+    return pa.Array.from_buffers(pa.binary(), rows, [None, pa.py_buffer(offsets), pa.py_buffer(data)])

@@ -27,7 +27,6 @@ per source).
 
 from __future__ import annotations
 
-import os
 import statistics
 import tempfile
 import threading
@@ -43,7 +42,7 @@ import pyarrow as pa
 from pyspark.sql.datasource import DataSource, DataSourceStreamReader, InputPartition
 from pyspark.sql.streaming.datasource import SupportsTriggerAvailableNow
 
-from bench.report import emit, progress, timed_together
+from bench.report import emit, env_int, progress, random_values, timed_together
 from jobs.local_spark import local_spark
 from llog.config import Config
 from llog.process_clients import close_all, log_reader
@@ -59,13 +58,6 @@ WARM_TOPIC = "bench-warm"
 WARM_RECORDS_PER_PARTITION = 2_000
 
 
-def _setting(name: str, default: int) -> int:
-    value = int(os.environ.get(f"BENCH_SOURCE_{name}", default))
-    if value < 1:
-        raise ValueError(f"BENCH_SOURCE_{name} must be >= 1, got {value}")
-    return value
-
-
 @dataclass(frozen=True)
 class Sizes:
     records: int
@@ -76,8 +68,8 @@ class Sizes:
 
     @classmethod
     def from_env(cls) -> "Sizes":
-        return cls(_setting("RECORDS", 8_000_000), _setting("PARTITIONS", 8), _setting("RECORDS_PER_APPEND", 80_000),
-                   _setting("PARTITIONS_PER_APPEND", 1), _setting("ROUNDS", 3))
+        return cls(env_int("BENCH_SOURCE_RECORDS", 8_000_000), env_int("BENCH_SOURCE_PARTITIONS", 8), env_int("BENCH_SOURCE_RECORDS_PER_APPEND", 80_000),
+                   env_int("BENCH_SOURCE_PARTITIONS_PER_APPEND", 1), env_int("BENCH_SOURCE_ROUNDS", 3))
 
     @property
     def per_partition(self) -> int:
@@ -97,13 +89,6 @@ _prebuilt: dict[int, pa.RecordBatch] = {}
 _prebuilt_lock = threading.Lock()
 
 
-def _payloads(rows: int, seed: int) -> pa.BinaryArray:
-    """``rows`` random ``VALUE_BYTES``-byte values."""
-    data = np.random.default_rng(seed).integers(0, 256, VALUE_BYTES * rows, dtype=np.uint8)
-    offsets = np.arange(0, VALUE_BYTES * (rows + 1), VALUE_BYTES, dtype=np.int32)
-    return pa.Array.from_buffers(pa.binary(), rows, [None, pa.py_buffer(offsets), pa.py_buffer(data)])
-
-
 def _batch(rows: int) -> pa.RecordBatch:
     """A batch of the source's schema, built once per Python worker (the warm-up builds it)."""
     with _prebuilt_lock:
@@ -113,7 +98,7 @@ def _batch(rows: int) -> pa.RecordBatch:
                 pa.array([TOPIC] * rows, pa.string()),
                 pa.array(np.zeros(rows, dtype=np.int32)),
                 pa.array(np.arange(1, rows + 1, dtype=np.int64)),
-                _payloads(rows, rows),
+                random_values(rows, VALUE_BYTES, rows),
                 pa.array(np.full(rows, int(time.time() * 1e6), dtype=np.int64), pa.timestamp("us", tz="UTC")),
                 pa.array(np.full(rows, LOG_APPEND_TIME, dtype=np.int32)),
             ], schema=ARROW_SCHEMA)
@@ -179,7 +164,7 @@ def _fill(config: Config, topic: str, sizes: Sizes, per_partition: int) -> dict:
     partition per ``append_shared`` over ``sizes.partitions_per_append`` partitions. Partition
     groups fill in parallel (they never share a partition, so their commits do not contend)."""
     started = time.perf_counter()
-    arrays = {p: _payloads(sizes.records_per_append, 1000 + p) for p in range(sizes.partitions)}
+    arrays = {p: random_values(sizes.records_per_append, VALUE_BYTES, 1000 + p) for p in range(sizes.partitions)}
     groups = [list(range(sizes.partitions))[i:i + sizes.partitions_per_append]
               for i in range(0, sizes.partitions, sizes.partitions_per_append)]
     appends = 0

@@ -4,7 +4,6 @@ and resumed by another, racing compactors, and GC deleting exactly the old unref
 
 from __future__ import annotations
 
-import json
 import threading
 import time
 
