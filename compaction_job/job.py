@@ -143,17 +143,18 @@ class CompactionReport:
 def compact_group(config: Config, group: Sequence[tuple[str, int, bool, bool]], max_offsets: int,
                   deadline_epoch: float | None) -> dict:
     """One task's work: for each ``(topic, partition, compact, scan)``, read the partition's
-    references if ``scan``, then compact it if ``compact``. Returns the compactions (a failed one
-    as ``{"topic", "partition", "error"}``) and the references. A failed reference scan raises:
-    GC must not run without it."""
+    references if ``scan`` (all of them first), then compact it if ``compact``. Returns the
+    compactions (a failed one as ``{"topic", "partition", "error"}``) and the references. A failed
+    reference scan raises: GC must not run without it."""
     # The deadline crosses machines as wall-clock time; compact_partition wants monotonic time.
     deadline = None if deadline_epoch is None else time.monotonic() + (deadline_epoch - time.time())
-    compactions, referenced = [], set()
+    compactions = []
     with Compactor(config, max_offsets=max_offsets) as compactor:
-        for topic, partition, compact, scan in group:
-            if scan:
-                referenced |= referenced_blobs(compactor.coordination, config.root_prefix,
-                                               [TopicPartition(topic, partition)])
+        # Every reference is read before any of these partitions is compacted (one multi-key read
+        # of their controls, then their index scans).
+        referenced = referenced_blobs(compactor.coordination, config.root_prefix,
+                                      [TopicPartition(t, p) for t, p, _, scan in group if scan])
+        for topic, partition, compact, _ in group:
             if compact:
                 try:
                     done = compactor.compact_partition(topic, partition, deadline)
