@@ -69,3 +69,57 @@ def random_values(rows: int, size: int, seed: int) -> pa.BinaryArray:
     data = np.random.default_rng(seed).integers(0, 256, size * rows, dtype=np.uint8)
     offsets = np.arange(0, size * (rows + 1), size, dtype=np.int32)
     return pa.Array.from_buffers(pa.binary(), rows, [None, pa.py_buffer(offsets), pa.py_buffer(data)])
+
+
+class CpuMeter:
+    """CPU seconds used between :meth:`start` and :meth:`stop` by the whole machine and by the
+    process listening with ``marker`` in its command line (say the local S3 server), from
+    ``/proc``. Shows how much of a run's CPU went to a server sharing the machine; readings
+    are None where ``/proc`` or the process is missing."""
+
+    def __init__(self, marker: str):
+        self.pid = next((pid for pid, argv in _processes() if marker in argv), None)
+        self.machine_s: float | None = None
+        self.process_s: float | None = None
+
+    def start(self) -> "CpuMeter":
+        self._begin = (_machine_cpu_s(), _process_cpu_s(self.pid))
+        return self
+
+    def stop(self) -> "CpuMeter":
+        end = (_machine_cpu_s(), _process_cpu_s(self.pid))
+        self.machine_s, self.process_s = (None if a is None or b is None else b - a
+                                          for a, b in zip(self._begin, end))
+        return self
+
+
+def _processes():
+    try:
+        entries = os.listdir("/proc")
+    except OSError:
+        return
+    for entry in entries:
+        if entry.isdigit():
+            try:
+                yield int(entry), open(f"/proc/{entry}/cmdline", "rb").read().replace(b"\0", b" ").decode()
+            except OSError:
+                continue
+
+
+def _machine_cpu_s() -> float | None:
+    try:
+        fields = open("/proc/stat").readline().split()[1:]
+    except OSError:
+        return None
+    busy = sum(int(f) for i, f in enumerate(fields[:8]) if i not in (3, 4))  # all but idle and iowait
+    return busy / os.sysconf("SC_CLK_TCK")
+
+
+def _process_cpu_s(pid: int | None) -> float | None:
+    if pid is None:
+        return None
+    try:
+        fields = open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()
+    except OSError:
+        return None
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")  # utime + stime

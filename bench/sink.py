@@ -5,7 +5,9 @@ Workload (issue 3): ``rate-micro-batch`` with 1,000,000 rows per micro-batch, ea
 ``DataSourceStreamArrowWriter`` that drops its input, in the same run, so both pay for Spark
 producing the rows and handing them to Python as Arrow. Records/s are rows over the median
 micro-batch time (Spark's ``triggerExecution``). S3 PUTs (blobs) and commit times per batch
-come from the sink's own metrics (``LLOG_SINK_METRICS_FILE``).
+come from the sink's own metrics (``LLOG_SINK_METRICS_FILE``). CPU seconds per batch, of the
+whole machine and of the local S3 server (SeaweedFS), show where the difference goes: the S3
+server shares Spark's two cores here, as S3 proper would not.
 """
 
 from __future__ import annotations
@@ -17,10 +19,11 @@ import tempfile
 import time
 import uuid
 from pathlib import Path
+from urllib.parse import urlsplit
 
 from pyspark.sql.datasource import DataSource, DataSourceStreamArrowWriter, WriterCommitMessage
 
-from bench.report import emit, progress
+from bench.report import CpuMeter, emit, progress
 from jobs.local_spark import local_spark
 from llog.config import Config
 from llog_sink.commit import METRICS_FILE_ENV
@@ -52,7 +55,10 @@ class DropSource(DataSource):
         return _DropWriter()
 
 
-def _batch_seconds(spark, fmt: str, options: dict[str, str], checkpoint: Path) -> list[float]:
+def _batch_seconds(spark, fmt: str, options: dict[str, str], checkpoint: Path,
+                   meter: CpuMeter) -> tuple[list[float], int]:
+    """Seconds of each timed micro-batch, and how many batches ``meter`` saw (it runs from
+    the end of the warm-up batch to the end of the last timed one, as seen by polling)."""
     from pyspark.sql import functions as F
 
     query = (spark.readStream.format("rate-micro-batch").option("rowsPerBatch", ROWS_PER_BATCH)
@@ -60,18 +66,26 @@ def _batch_seconds(spark, fmt: str, options: dict[str, str], checkpoint: Path) -
              .select(F.lpad(F.col("value").cast("string"), VALUE_BYTES, "x").cast("binary").alias("value"))
              .writeStream.format(fmt).options(**options).option("checkpointLocation", str(checkpoint))
              .trigger(processingTime="0 seconds").start())
+    metered_from = None
     try:
         deadline = time.monotonic() + 600
-        while (not query.recentProgress or query.recentProgress[-1]["batchId"] < BATCHES) and time.monotonic() < deadline:
+        while time.monotonic() < deadline:
             if query.exception() is not None:
                 raise query.exception()
+            done = query.lastProgress["batchId"] if query.lastProgress else -1
+            if metered_from is None and done >= 0:
+                meter.start()
+                metered_from = done
+            if done >= BATCHES:
+                meter.stop()
+                break
             time.sleep(0.2)
         batches = [p for p in query.recentProgress if p["numInputRows"] == ROWS_PER_BATCH][1:BATCHES + 1]
     finally:
         query.stop()
     if len(batches) < BATCHES:
         raise RuntimeError(f"{fmt}: only {len(batches)} full micro-batches within the deadline")
-    return [p["durationMs"]["triggerExecution"] / 1000 for p in batches]
+    return [p["durationMs"]["triggerExecution"] / 1000 for p in batches], done - metered_from
 
 
 def run(config: Config) -> dict:
@@ -79,15 +93,19 @@ def run(config: Config) -> dict:
     with tempfile.TemporaryDirectory(prefix="llog-bench-sink-") as tmp:
         metrics_file = Path(tmp) / "commits.jsonl"
         os.environ[METRICS_FILE_ENV] = str(metrics_file)
+        s3_server = f"-s3.port={urlsplit(config.s3_endpoint_url).port}"  # the local SeaweedFS's command line
         spark = local_spark("llog-bench-sink", cores=2, task_retries=1)
         try:
             spark.dataSource.register(DropSource)
             progress("sink: baseline query into a sink that drops its input")
-            baseline = _batch_seconds(spark, "llog_bench_drop", {}, Path(tmp) / "ck-drop")
+            drop_cpu = CpuMeter(s3_server)
+            baseline, drop_batches = _batch_seconds(spark, "llog_bench_drop", {}, Path(tmp) / "ck-drop", drop_cpu)
             progress("sink: the same query into writeStream.format('llog')")
             options = {k.lower(): v for k, v in config.to_options().items()}
-            llog_s = _batch_seconds(spark, "llog", {**options, "topic": "bench", "partitions": str(PARTITIONS)},
-                                    Path(tmp) / "ck-llog")
+            llog_cpu = CpuMeter(s3_server)
+            llog_s, llog_batches = _batch_seconds(
+                spark, "llog", {**options, "topic": "bench", "partitions": str(PARTITIONS)}, Path(tmp) / "ck-llog",
+                llog_cpu)
         finally:
             spark.stop()
             os.environ.pop(METRICS_FILE_ENV, None)
@@ -105,6 +123,17 @@ def run(config: Config) -> dict:
         "ratio": round(records_per_s / baseline_per_s, 3),
         "s3_puts_per_batch": statistics.median(c["blobs"] for c in commits),
         "commit_s_median": round(statistics.median(c["commit_s"] for c in commits[1:] or commits), 4),
+        **_cpu_per_batch("drop", drop_cpu, drop_batches),
+        **_cpu_per_batch("llog", llog_cpu, llog_batches),
     }
     emit(summary)
     return summary
+
+
+def _cpu_per_batch(case: str, meter: CpuMeter, batches: int) -> dict:
+    """CPU seconds per micro-batch used by the machine and by the S3 server (SeaweedFS, on
+    the same cores as Spark here; S3 proper would use none of this machine's CPU)."""
+    def per_batch(seconds):
+        return None if seconds is None or batches < 1 else round(seconds / batches, 3)
+    return {f"{case}_cpu_s_per_batch": per_batch(meter.machine_s),
+            f"{case}_s3_server_cpu_s_per_batch": per_batch(meter.process_s)}

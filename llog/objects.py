@@ -4,7 +4,10 @@ section 3). The only module that talks to S3.
 Requests use botocore's standard retry mode (``LLOG_S3_MAX_ATTEMPTS``) and connect/read
 timeouts (``LLOG_S3_TIMEOUT_S``); reading a response body is retried here as well, since a body
 that breaks off mid-stream is outside botocore's retries. Bodies carry their own CRC, so
-request checksums are only sent where S3 requires them.
+request checksums are only sent where S3 requires them, and PUT bodies are not hashed into the
+signature (``UNSIGNED-PAYLOAD``, as botocore does over HTTPS with a checksum): hashing costs
+about 0.6 ms of CPU per MB written, a third of what a PUT costs this client. Headers are
+still signed; TLS (an ``https`` endpoint) protects the body in transit.
 
 GETs, the read path's hot loop, skip botocore's per-request machinery (about 2 ms of CPU per
 request, three times what the request itself costs): boto3 presigns the object's URL once (the
@@ -66,7 +69,7 @@ def make_s3_client(config: Config, max_pool_connections: int = 32):
             max_pool_connections=max_pool_connections,
             request_checksum_calculation="when_required",
             response_checksum_validation="when_required",
-            s3={"addressing_style": "path"},
+            s3={"addressing_style": "path", "payload_signing_enabled": False},  # module doc
         ),
     )
 

@@ -27,6 +27,22 @@ def test_get_whole_and_ranges_with_the_object_size(objects, config):
     assert objects.stats["get_bytes"] == len(data) + 5001
 
 
+def test_puts_sign_headers_not_the_body(objects, config):
+    sent = []
+    objects._s3.meta.events.register("before-send.s3.PutObject", lambda request, **_: sent.append(request.headers))
+    data = os.urandom(1024)
+    uri = objects.put(f"{config.root_prefix}/unsigned", data)
+    assert sent[0]["x-amz-content-sha256"] == b"UNSIGNED-PAYLOAD"
+    assert b"Signature=" in sent[0]["Authorization"]
+    assert objects.get(uri) == data
+    bad = ObjectStore(config.replace(s3_secret_access_key="wrong"))
+    try:
+        with pytest.raises(StorageError, match="put"):
+            bad.put(f"{config.root_prefix}/refused", data)  # the signature still counts
+    finally:
+        bad.close()
+
+
 def test_get_errors_name_the_object(objects, config):
     uri = objects.put(f"{config.root_prefix}/small", b"0123456789")
     with pytest.raises(ObjectNotFound, match=f"object s3://{config.s3_bucket}/{config.root_prefix}/nope does not exist"):
