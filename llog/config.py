@@ -43,6 +43,7 @@ ENV_NAMES: dict[str, str] = {
     "batch_max_bytes": "LLOG_BATCH_MAX_BYTES",
     "cas_max_attempts": "LLOG_CAS_MAX_ATTEMPTS",
     "gc_grace_ms": "LLOG_GC_GRACE_MS",
+    "sink_progress_retention_ms": "LLOG_SINK_PROGRESS_RETENTION_MS",
 }
 
 #: AWS's own names, used when neither options, LLOG_* nor the settings file set a value.
@@ -114,6 +115,10 @@ class Config:
     #: WAL blobs unreferenced and older than this may be garbage collected (PROTOCOL.md section
     #: 9); so nothing commits a reference to a blob older than half of it.
     gc_grace_ms: int = 600_000  # 10 minutes
+    #: A sink's exactly-once progress in ``meta/control`` (PROTOCOL.md section 9) is dropped when
+    #: it has not committed to that partition for this long (Kafka's
+    #: ``transactional.id.expiration.ms``), so ``sinks`` does not grow with every query ever run.
+    sink_progress_retention_ms: int = 7 * 24 * 3600 * 1000  # 7 days
 
     def __post_init__(self) -> None:
         problems = []
@@ -122,7 +127,8 @@ class Config:
             problems.append(
                 f"LLOG_OXIA_SESSION_TIMEOUT_MS={self.oxia_session_timeout_ms} must be in {lo}..{hi}"
             )
-        for name in ("oxia_request_timeout_ms", "s3_max_attempts", "batch_max_bytes", "cas_max_attempts", "gc_grace_ms"):
+        for name in ("oxia_request_timeout_ms", "s3_max_attempts", "batch_max_bytes", "cas_max_attempts", "gc_grace_ms",
+                     "sink_progress_retention_ms"):
             if getattr(self, name) < 1:
                 problems.append(f"{ENV_NAMES[name]}={getattr(self, name)} must be >= 1")
         if self.s3_timeout_s <= 0:

@@ -170,23 +170,29 @@ class PendingAppend:
 class SinkProgress:
     """``sinks[sink_id]`` in ``meta/control`` (PROTOCOL.md section 9): a sink (a streaming
     query) has committed the first ``slices`` of its batch ``batch_id``'s slices for this
-    partition, and everything of its earlier batches. Written by the CAS that reserves offsets."""
+    partition, and everything of its earlier batches, the last time at ``committed_at_ms``.
+    Written by the CAS that reserves offsets."""
 
     batch_id: int
     slices: int
+    committed_at_ms: int | None = None  # None in entries written before llog recorded it
 
     def covers(self, batch_id: int, slice_no: int) -> bool:
         """Whether slice ``slice_no`` (0-based) of batch ``batch_id`` is already committed."""
         return batch_id < self.batch_id or (batch_id == self.batch_id and slice_no < self.slices)
 
     def to_dict(self) -> dict[str, int]:
-        return {"batch_id": self.batch_id, "slices": self.slices}
+        out = {"batch_id": self.batch_id, "slices": self.slices}
+        if self.committed_at_ms is not None:
+            out["committed_at_ms"] = self.committed_at_ms
+        return out
 
     @classmethod
     def from_dict(cls, obj: Any, key: str) -> "SinkProgress":
         if not isinstance(obj, dict):
             raise CorruptRecord(f"{key}: sink progress must be an object, got {obj!r}")
-        progress = cls(_field(obj, "batch_id", int, key), _field(obj, "slices", int, key))
+        progress = cls(_field(obj, "batch_id", int, key), _field(obj, "slices", int, key),
+                       _field(obj, "committed_at_ms", int, key, optional=True))
         if progress.batch_id < 0 or progress.slices < 0:
             raise CorruptRecord(f"{key}: sink progress must not be negative, got {obj!r}")
         return progress
@@ -224,9 +230,28 @@ class ControlRecord:
         found = sinks.get(sink_id)
         return None if found is None else SinkProgress.from_dict(found, f"meta/control sinks[{sink_id!r}]")
 
-    def with_sink_progress(self, sink_id: str, progress: SinkProgress) -> "ControlRecord":
+    def with_sink_progress(self, sink_id: str, progress: SinkProgress, retention_ms: int) -> "ControlRecord":
+        """This record with ``progress`` for ``sink_id`` (stamped ``committed_at_ms``) and
+        without other sinks' entries that last committed more than ``retention_ms`` before it.
+        An entry with no time (written before llog recorded one) gets this commit's time, so
+        it expires a retention period later. Entries that are not well-formed progress are
+        someone else's and stay as they are."""
         self.sink_progress(sink_id)  # the existing entry must be well-formed
-        sinks = {**(self.extra.get("sinks") or {}), sink_id: progress.to_dict()}
+        now = progress.committed_at_ms
+        if now is None:
+            raise ValueError("sink progress to write needs committed_at_ms")
+        sinks: dict[str, Any] = {}
+        for other_id, obj in (self.extra.get("sinks") or {}).items():
+            try:
+                other = SinkProgress.from_dict(obj, other_id)
+            except CorruptRecord:
+                sinks[other_id] = obj
+                continue
+            if other.committed_at_ms is None:
+                sinks[other_id] = replace(other, committed_at_ms=now).to_dict()
+            elif now - other.committed_at_ms <= retention_ms:
+                sinks[other_id] = obj
+        sinks[sink_id] = progress.to_dict()
         return replace(self, extra={**self.extra, "sinks": sinks})
 
     def to_json(self) -> bytes:

@@ -347,7 +347,9 @@ class LogWriter(ClientUser):
                 if progress is not None and progress.covers(batch.batch_id, slice_no):
                     already = True
                     return None
-                control = control.with_sink_progress(batch.sink_id, SinkProgress(batch.batch_id, slice_no + 1))
+                control = control.with_sink_progress(
+                    batch.sink_id, SinkProgress(batch.batch_id, slice_no + 1, now_ms()),
+                    self.config.sink_progress_retention_ms)
             reserved.append(control.sequence_counter)
             return control.with_changes(sequence_counter=control.sequence_counter + s.msg_count,
                                          pending=self._pending(commit, append_id, control.sequence_counter))

@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import time
+
 import pytest
 
 from llog.control import read_control
 from llog.errors import StaleBlob
-from llog.records import SinkProgress
+from llog.records import now_ms
 from llog.writer import AppendGroup, SinkBatch
 from tests.helpers.invariants import check_partition
 
@@ -37,7 +39,8 @@ def test_commit_staged_in_order_and_replay_commits_nothing_twice(config, writer,
     assert _values(reader, "staged", 0) == [b"q-a0", b"q-a1", b"q-a2", b"q-c0", b"q-c1", b"q-c2", b"q-c3"]
     assert _values(reader, "staged", 1) == [b"q-b0", b"q-b1"]
     control = read_control(writer.coordination, writer.keys("staged", 0)).record
-    assert control.sink_progress("query-1") == SinkProgress(7, 2)
+    progress = control.sink_progress("query-1")
+    assert (progress.batch_id, progress.slices) == (7, 2) and abs(progress.committed_at_ms - now_ms()) < 60_000
     # The next batch commits; another sink's batch 7 is its own.
     assert writer.commit_staged(_staged(writer, "staged", "r"), SinkBatch("query-1", 8))[0].start_offset == 8
     assert writer.commit_staged(_staged(writer, "staged", "s"), SinkBatch("query-2", 7))[0].start_offset == 15
@@ -53,6 +56,17 @@ def test_replay_after_a_partial_commit_commits_only_the_rest(writer, reader):
     results = writer.commit_staged(staged, batch)
     assert results[0] is None and results[1].start_offset == 1 and results[2].start_offset == 4
     assert _values(reader, "partial", 0) == [b"q-a0", b"q-a1", b"q-a2", b"q-c0", b"q-c1", b"q-c2", b"q-c3"]
+
+
+def test_a_sink_idle_past_the_retention_loses_its_progress(config, writer):
+    with type(writer)(config.replace(sink_progress_retention_ms=1), writer.coordination, writer.objects,
+                      auto_initialize=True) as short:
+        short.commit_staged(short.upload([AppendGroup("retained", 0, [b"a"])]), SinkBatch("old-query", 0))
+        time.sleep(0.01)
+        short.commit_staged(short.upload([AppendGroup("retained", 0, [b"b"])]), SinkBatch("new-query", 0))
+    control = read_control(writer.coordination, writer.keys("retained", 0)).record
+    assert control.sink_progress("old-query") is None and control.sink_progress("new-query").batch_id == 0
+    check_partition(writer.coordination, config.root_prefix, "retained", 0)
 
 
 def test_a_blob_older_than_half_the_grace_period_is_not_committed(config, writer):

@@ -18,6 +18,7 @@ from llog.records import (
     IndexEntry,
     LocatedEntry,
     PendingAppend,
+    SinkProgress,
 )
 
 DATA_KEY = "s3://llog-data/llog/wal-shared/0f8e2a"
@@ -206,6 +207,39 @@ def test_control_preserves_unknown_fields():
     assert obj == {"log_state": "FENCED", "sequence_counter": 20, "pending": None, "sinks": sinks,
                    "zz_future": [1, "two"]}
     assert ControlRecord.from_json(updated.to_json()).extra == control.extra
+
+
+DAY_MS = 24 * 3600 * 1000
+
+
+def test_sink_progress_drops_other_sinks_idle_longer_than_the_retention():
+    now = 100 * DAY_MS
+    control = ControlRecord.from_json(control_json(pending=None, sinks={
+        "fresh": {"batch_id": 3, "slices": 1, "committed_at_ms": now - 7 * DAY_MS},
+        "idle": {"batch_id": 9, "slices": 2, "committed_at_ms": now - 7 * DAY_MS - 1},
+        "untimed": {"batch_id": 1, "slices": 1},
+        "not-progress": "someone else's",
+    }))
+    updated = control.with_sink_progress("me", SinkProgress(5, 1, now), retention_ms=7 * DAY_MS)
+    assert json.loads(updated.to_json())["sinks"] == {
+        "fresh": {"batch_id": 3, "slices": 1, "committed_at_ms": now - 7 * DAY_MS},
+        "untimed": {"batch_id": 1, "slices": 1, "committed_at_ms": now},  # expires a retention from now
+        "not-progress": "someone else's",
+        "me": {"batch_id": 5, "slices": 1, "committed_at_ms": now},
+    }
+    assert updated.sink_progress("me") == SinkProgress(5, 1, now) and updated.sink_progress("idle") is None
+    # Its own entry is replaced, whatever its age.
+    again = updated.with_sink_progress("me", SinkProgress(6, 2, now + 30 * DAY_MS), retention_ms=7 * DAY_MS)
+    assert json.loads(again.to_json())["sinks"] == {"not-progress": "someone else's",
+                                                    "me": {"batch_id": 6, "slices": 2, "committed_at_ms": now + 30 * DAY_MS}}
+
+
+def test_sink_progress_time_must_be_an_integer():
+    raw = control_json(pending=None, sinks={"q": {"batch_id": 1, "slices": 1, "committed_at_ms": "yesterday"}})
+    with pytest.raises(CorruptRecord, match="committed_at_ms"):
+        ControlRecord.from_json(raw).sink_progress("q")
+    with pytest.raises(ValueError, match="committed_at_ms"):
+        ControlRecord().with_sink_progress("q", SinkProgress(1, 1), retention_ms=DAY_MS)
 
 
 def test_control_without_pending_field():
