@@ -1,14 +1,16 @@
-"""The compaction job: compact partitions (PROTOCOL.md section 6), then collect the WAL blobs
+"""The compaction job: compact partitions (PROTOCOL.md section 6), then collect the blobs
 nothing references any more (section 9), as one Spark job. Meant to run on a schedule (every 5
 minutes in ``databricks.yml``).
 
 The driver discovers the partitions (every one, or those of ``--topics`` / ``--topic-pattern``),
 shuffles them into groups of ``--partitions-per-task`` and runs one Spark task per group. A task
 builds one :class:`llog.compactor.Compactor` from the driver's config and, for each partition of
-its group, reads the WAL blobs the partition references (for GC), then compacts it run after run
+its group, reads the blobs the partition references (for GC), then compacts it run after run
 until nothing is left or ``--max-runtime`` (from the job's start) has passed. The driver then
 deletes the blobs under ``R/wal-shared/`` that no partition referenced and that were older than
-the grace period when the job began (:mod:`llog.gc` says why that order is safe).
+the grace period when the job began, and the partitions' compacted blobs that nothing references
+(orphans of crashed compactions) and that were as old (:mod:`llog.gc` says why that order is
+safe).
 
 Crash safety: every compaction step is idempotent and recorded in ``meta/compaction``, so a task
 or driver that dies leaves at most a record that the next run (or any compactor) resumes, and a
@@ -131,7 +133,7 @@ class CompactionReport:
                  f"{self.partitions_failed} failed"]
         lines += [f"  failed: {e}" for e in self.errors]
         if self.gc:
-            lines.append(f"compaction_job: GC over {self.gc_partitions} partition(s): {self.gc_listed} WAL blob(s) "
+            lines.append(f"compaction_job: GC over {self.gc_partitions} partition(s): {self.gc_listed} blob(s) "
                          f"listed, {self.gc_referenced} referenced, {self.gc_too_young} too young, "
                          f"{self.gc_deleted} deleted ({self.gc_deleted_bytes:,} bytes)")
         lines.append(f"compaction_job: done in {self.duration_s:.1f}s")
@@ -236,10 +238,11 @@ def run(spark, options: JobOptions, config: Config) -> CompactionReport:
             for name in ("compactions", "records", "bytes", "recoveries"):
                 setattr(report, name, getattr(report, name) + done[name])
     if options.gc:
-        report.gc_partitions = sum(1 for group in groups for *_, scan in group if scan)
+        scanned = [TopicPartition(topic, partition) for group in groups for topic, partition, _, scan in group if scan]
+        report.gc_partitions = len(scanned)
         objects = ObjectStore(config)
         try:
-            gc = collect_garbage(objects, config.root_prefix, referenced, grace_ms, now=began)
+            gc = collect_garbage(objects, config.root_prefix, referenced, grace_ms, now=began, partitions=scanned)
         finally:
             objects.close()
         report.gc_listed, report.gc_referenced, report.gc_too_young = gc.listed, gc.referenced, gc.too_young
@@ -279,7 +282,7 @@ def build_parser() -> argparse.ArgumentParser:
                         help="after this many seconds from the start, no partition starts another compaction "
                              "(default: no limit); keep it below the schedule's interval")
     parser.add_argument("--gc", action=argparse.BooleanOptionalAction, default=True,
-                        help="after compacting, delete WAL blobs no partition references (default: --gc)")
+                        help="after compacting, delete blobs no partition references (default: --gc)")
     parser.add_argument("--grace-ms", type=positive(int), default=None,
                         help="GC only blobs older than this (default and minimum: LLOG_GC_GRACE_MS, the value "
                              "writers use)")

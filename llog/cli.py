@@ -112,7 +112,7 @@ def _gc(args) -> int:
     if args.json:
         print(json.dumps(dict(dataclasses.asdict(report), dry_run=args.dry_run), indent=2))
     else:
-        print(f"{report.listed} WAL blob(s): {report.referenced} referenced, {report.too_young} younger than "
+        print(f"{report.listed} blob(s): {report.referenced} referenced, {report.too_young} younger than "
               f"{grace_ms} ms, {report.deleted} {'to delete' if args.dry_run else 'deleted'} "
               f"({report.deleted_bytes:,} bytes)")
         if args.dry_run:
@@ -182,7 +182,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--json", action="store_true", help="print JSON")
     p.set_defaults(func=_compact)
 
-    p = sub.add_parser("gc", help="delete WAL blobs no partition references, older than the grace period")
+    p = sub.add_parser("gc", help="delete blobs no partition references, older than the grace period")
     p.add_argument("--grace-ms", type=positive(int), default=None,
                    help="grace period (default and minimum: LLOG_GC_GRACE_MS)")
     p.add_argument("--dry-run", action="store_true", help="only list what would be deleted")

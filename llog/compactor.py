@@ -10,7 +10,9 @@ with a versioned delete. Each compaction:
 1. From ``meta/compaction-cursor``, select WAL entries starting exactly at the cursor, stopping
    at a gap, a COMPACTED entry or the offsets limit.
 2. Fetch each source blob once (range GETs), concatenate the bodies with Arrow, PUT one blob.
-3. Create ``meta/compaction`` (state WRITING_COMPACTED_INDEX); it must not exist.
+3. Create ``meta/compaction`` (state WRITING_COMPACTED_INDEX); it must not exist. A blob PUT more
+   than half the GC grace period ago is not referenced (``StaleBlob``; GC collects it and the
+   next run compacts again): the age rule of :mod:`llog.gc`, kept as writers keep it.
 4. CAS ``index/{end}`` from the run's last WAL entry to the COMPACTED entry; state DELETING_OLD.
    Readers now see the COMPACTED entry overlapping the WAL entries below it; both hold the same
    bytes, and the reader takes each offset from the first entry that covers it.
@@ -40,7 +42,7 @@ from llog.codec import encode_batch
 from llog.config import Config
 from llog.control import finish_pending_append, read_control
 from llog.coordination import Coordination
-from llog.errors import ClaimHeld, CorruptRecord, InconsistentReadState
+from llog.errors import ClaimHeld, CorruptRecord, InconsistentReadState, StaleBlob
 from llog.keys import PartitionKeys
 from llog.objects import ObjectStore
 from llog.reader import LogReader
@@ -160,8 +162,12 @@ class Compactor(ClientUser):
         done.source_gets += self.objects.stats["get"] + self.objects.stats["range_get"] - before
         done.source_entries += len(entries)
         body = encode_batch(values)
+        put_at = now_ms()
         data_key = self.objects.put(keys.compacted_object(), body.pieces)  # step 2
         failpoints.hit("compactor.after_blob_put")
+        if now_ms() - put_at > self.config.gc_grace_ms // 2:
+            raise StaleBlob(f"{keys.tp}: compacted blob {data_key} was written more than half of LLOG_GC_GRACE_MS "
+                            f"ago; it is left for GC and the run is compacted again next time")
         start, end = entries[0].start_offset, entries[-1].end_offset
         record = CompactionRecord(
             compaction_id=str(uuid.uuid4()), state=WRITING_COMPACTED_INDEX, start_offset=start, end_offset=end,

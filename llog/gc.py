@@ -1,30 +1,35 @@
-"""Garbage collection of shared WAL blobs (PROTOCOL.md section 9, an llog extension).
+"""Garbage collection of blobs (PROTOCOL.md section 9, an llog extension).
 
-A blob under ``R/wal-shared/`` may be deleted when no index entry and no pending append of any
-partition references it, and it is older than the grace period (``LLOG_GC_GRACE_MS``, by its
-object time). Orphans of failed appends and of aborted sink batches qualify as well.
+A shared WAL blob (``R/wal-shared/``) may be deleted when no index entry and no pending append
+of any partition references it, and it is older than the grace period (``LLOG_GC_GRACE_MS``, by
+its object time). Orphans of failed appends and of aborted sink batches qualify as well. So may
+a partition's compacted blob (``P/data/compacted/``) that neither its index nor its
+``meta/compaction`` record references: the orphan of a compactor that died between writing the
+blob and creating the record.
 
 Why a blob cannot be referenced again between the scan and the delete (the age rule): references
-are only ever made by a writer (or a sink commit) to a blob it staged itself, and never to one
-older than half the grace period (``LogWriter`` raises ``StaleBlob`` and uploads again instead).
-So a pass proceeds in this order:
+are only ever made by a writer (or a sink commit, or a compactor) to a blob it wrote itself, and
+never to one older than half the grace period (``LogWriter`` and ``Compactor`` raise
+``StaleBlob`` and write again instead). So a pass proceeds in this order:
 
 1. Take the pass's time ``began`` first, before any partition is discovered. A blob is collected
    only if it was older than the grace period at ``began``: every reference to it was then made
    before the pass started, so its partition is discovered and its scan sees the reference,
    however long discovery and the scans take. (Measuring age at the listing, after the scans,
    would be safe only while the scans took less than half the grace period.)
-2. Per partition, read ``pending`` before scanning the index: a pending append gets its index
-   entry before it is cleared, so a reference moves from ``pending`` to the index and never
-   back, and reading in this order cannot miss one that is finished in between.
+2. Per partition, read ``pending`` and ``meta/compaction`` before scanning the index: a pending
+   append gets its index entry before it is cleared, and a compaction record's blob gets its
+   COMPACTED entry before the record is deleted, so a reference moves from those records to the
+   index and never back, and reading in this order cannot miss one that moves in between. The
+   scan fails on a gap in the index (offsets no entry covers): the index is damaged, and a blob
+   that looks unreferenced may hold the only copy of those records, so nothing is collected.
 3. List the blobs and batch-delete the unreferenced ones older than the grace period at
-   ``began``. Compaction only ever removes references.
+   ``began``. Compaction otherwise only removes references to WAL blobs.
 
 This holds while the clocks of writers and of the object store differ by much less than half the
 grace period, and while every GC uses a grace period at least the one writers use
 (:func:`check_grace`). Readers that resolved an entry just before compaction swapped it and GC
 deleted its blob find the blob gone; they resolve the offsets again (``llog.reader``).
-Compacted blobs orphaned by a compactor crash (``P/data/compacted/``) are not collected.
 """
 
 from __future__ import annotations
@@ -38,7 +43,8 @@ from llog.coordination import Coordination
 from llog.discovery import list_topics, topic_partitions
 from llog.keys import PartitionKeys, TopicPartition, s3_uri, shared_wal_prefix
 from llog.objects import ObjectStore
-from llog.records import WAL, ControlRecord, IndexEntry
+from llog.errors import InconsistentReadState
+from llog.records import CompactionRecord, ControlRecord, IndexEntry
 
 
 def check_grace(grace_ms: int, config: Config) -> int:
@@ -57,20 +63,29 @@ def all_partitions(coordination: Coordination, root: str) -> list[TopicPartition
 
 
 def referenced_blobs(coordination: Coordination, root: str, partitions: Iterable[TopicPartition]) -> set[str]:
-    """The ``s3://`` URIs of the WAL blobs the partitions reference: their pending appends (one
-    multi-key read, first) and their index entries (one range scan each, after)."""
+    """The ``s3://`` URIs of the blobs the partitions reference: their pending appends and
+    compaction records (one multi-key read, first), then their index entries (one range scan
+    each). Raises :class:`InconsistentReadState` if an index has a gap (module doc)."""
     partitions = list(partitions)
     keys = [PartitionKeys(root, tp) for tp in partitions]
     referenced: set[str] = set()
-    for control in coordination.get_many([(k.control, k.partition_key) for k in keys]) if keys else []:
+    records = coordination.get_many([(key, k.partition_key) for k in keys for key in (k.control, k.compaction)])
+    for k, control, compaction in zip(keys, records[0::2], records[1::2]):
         pending = ControlRecord.from_json(control.value, control.key).pending if control is not None else None
         if pending is not None:
             referenced.add(pending.data_key)
+        if compaction is not None:
+            referenced.add(CompactionRecord.from_json(compaction.value, compaction.key).data_key)
     for k in keys:
+        covered = 0  # offsets 1..covered are covered by the entries scanned so far
         for v in coordination.range_scan(k.index_prefix, k.index_end, k.partition_key):
-            entry = IndexEntry.from_json(v.value, v.key)
-            if entry.type == WAL:
-                referenced.add(entry.data_key)
+            entry, end = IndexEntry.from_json(v.value, v.key), k.index_end_offset(v.key)
+            if end - entry.msg_count + 1 > covered + 1:
+                raise InconsistentReadState(
+                    f"{k.tp}: no index entry covers offsets {covered + 1}..{end - entry.msg_count}; garbage "
+                    f"collection stops, since a blob that looks unreferenced may hold the only copy of them")
+            covered = max(covered, end)
+            referenced.add(entry.data_key)
     return referenced
 
 
@@ -85,17 +100,21 @@ class GcReport:
 
 
 def collect_garbage(objects: ObjectStore, root: str, referenced: set[str], grace_ms: int,
-                    now: datetime | None = None, dry_run: bool = False) -> GcReport:
-    """Delete (batch deletes) the blobs under ``R/wal-shared/`` that are not in ``referenced``
-    and were older than ``grace_ms`` at ``now``, the time taken before the partitions behind
-    ``referenced`` were discovered (module doc; :func:`gc_pass` does all of it in order)."""
+                    now: datetime | None = None, dry_run: bool = False,
+                    partitions: Iterable[TopicPartition] = ()) -> GcReport:
+    """Delete (batch deletes) the blobs under ``R/wal-shared/``, and the compacted blobs of
+    ``partitions``, that are not in ``referenced`` and were older than ``grace_ms`` at ``now``,
+    the time taken before the partitions behind ``referenced`` were discovered (module doc;
+    :func:`gc_pass` does all of it in order). ``partitions`` must be among those whose
+    references ``referenced`` holds."""
     if grace_ms < 1:
         raise ValueError(f"grace period must be >= 1 ms, got {grace_ms}")
     now = now or datetime.now(timezone.utc)
     bucket = objects.config.require("s3_bucket").s3_bucket
     report = GcReport()
     doomed: list[tuple[str, int]] = []
-    for info in objects.list(shared_wal_prefix(root)):
+    prefixes = [shared_wal_prefix(root)] + [PartitionKeys(root, tp).compacted_prefix for tp in partitions]
+    for info in (info for prefix in prefixes for info in objects.list(prefix)):
         report.listed += 1
         uri = s3_uri(bucket, info.key)
         if uri in referenced:
@@ -116,5 +135,6 @@ def gc_pass(coordination: Coordination, objects: ObjectStore, root: str, grace_m
             dry_run: bool = False) -> GcReport:
     """One whole pass in the safe order (module doc): time, discovery, references, listing."""
     began = datetime.now(timezone.utc)
-    referenced = referenced_blobs(coordination, root, all_partitions(coordination, root))
-    return collect_garbage(objects, root, referenced, grace_ms, now=began, dry_run=dry_run)
+    partitions = all_partitions(coordination, root)
+    referenced = referenced_blobs(coordination, root, partitions)
+    return collect_garbage(objects, root, referenced, grace_ms, now=began, dry_run=dry_run, partitions=partitions)

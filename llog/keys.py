@@ -128,8 +128,12 @@ class PartitionKeys:
     def consumer_group(self, group: str) -> str:
         return f"{self.base}/consumers/{group}"
 
+    @property
+    def compacted_prefix(self) -> str:
+        return f"{self.base}/data/compacted/"
+
     def compacted_object(self, blob_id: str | None = None) -> str:
-        return f"{self.base}/data/compacted/{blob_id or uuid.uuid4()}"
+        return f"{self.compacted_prefix}{blob_id or uuid.uuid4()}"
 
 
 def partition_keys(root: str, topic: str, partition: int) -> PartitionKeys:

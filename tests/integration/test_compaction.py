@@ -11,8 +11,8 @@ import pytest
 
 from llog.compactor import FAILPOINTS, Compactor
 from llog.coordination import Coordination
-from llog.errors import StaleBlob
-from llog.gc import all_partitions, collect_garbage, referenced_blobs
+from llog.errors import InconsistentReadState, StaleBlob
+from llog.gc import all_partitions, collect_garbage, gc_pass, referenced_blobs
 from llog.keys import shared_wal_object, shared_wal_prefix
 from llog.objects import ObjectStore
 from llog.reader import LogReader
@@ -205,13 +205,69 @@ def test_gc_deletes_exactly_the_old_unreferenced_blobs(config):
         with Compactor(config, coordination=coordination, objects=objects) as compactor:
             compactor.compact_partition("g", 1)
         time.sleep(2.5)
-        referenced = referenced_blobs(coordination, config.root_prefix, all_partitions(coordination, config.root_prefix))
-        report = collect_garbage(objects, config.root_prefix, referenced, config.gc_grace_ms)
-        assert referenced == set() and report.deleted >= 4
+        partitions = all_partitions(coordination, config.root_prefix)
+        referenced = referenced_blobs(coordination, config.root_prefix, partitions)
+        report = collect_garbage(objects, config.root_prefix, referenced, config.gc_grace_ms, partitions=partitions)
+        assert all("/data/compacted/" in uri for uri in referenced) and report.deleted >= 4
+        assert report.referenced == len(referenced)  # the compacted blobs are listed, and kept
         assert list(objects.list(shared_wal_prefix(config.root_prefix))) == []
         with LogReader(config, coordination=coordination) as reader:
             assert _log(reader, "g", 0) == values[0]
     objects.close()
+
+
+def test_gc_collects_the_compacted_blob_of_a_compactor_that_died_before_its_record(config, writer, reader):
+    config = config.replace(gc_grace_ms=2000)
+    values = _fill(writer, "orphan")
+    keys = writer.keys("orphan", 0)
+    killed = compactor_process.run(config, "orphan", [0], max_offsets=200, failpoint="compactor.after_blob_put")
+    assert killed.returncode == -9, killed.stderr
+    objects = ObjectStore(config)
+    try:
+        [orphan] = [o.key for o in objects.list(keys.compacted_prefix)]
+        deadline = time.monotonic() + 30
+        with Compactor(config, max_offsets=200) as compactor:  # once the killed one's claim expires
+            while compactor.compact_partition("orphan", 0).skipped_claimed:
+                assert time.monotonic() < deadline, "the killed compactor's claim never expired"
+                time.sleep(0.5)
+        time.sleep(2.5)  # every blob is older than the grace period now
+        with Coordination(config) as coordination:
+            report = gc_pass(coordination, objects, config.root_prefix, config.gc_grace_ms)
+        left = {o.key for o in objects.list(keys.compacted_prefix)}
+        assert f"s3://{config.s3_bucket}/{orphan}" in report.deleted_uris and orphan not in left
+        assert len(left) == 3  # the 3 compactions that landed (200 + 200 + 100 offsets)
+        assert _log(reader, "orphan", 0) == values[0] and _log(reader, "orphan", 1) == values[1]
+    finally:
+        objects.close()
+
+
+def test_a_gap_in_an_index_stops_gc_before_anything_is_deleted(config, writer):
+    config = config.replace(gc_grace_ms=2000)
+    _fill(writer, "gap", appends=3, records=10)
+    objects = ObjectStore(config)
+    try:
+        garbage = objects.put(shared_wal_object(config.root_prefix), b"old and unreferenced")
+        with Coordination(config) as coordination:
+            keys = writer.keys("gap", 1)
+            coordination.delete(keys.index(20), keys.partition_key)  # offsets 11..20 lose their entry
+            time.sleep(2.5)
+            with pytest.raises(InconsistentReadState, match=r"gap\[1\]: no index entry covers offsets 11..20"):
+                gc_pass(coordination, objects, config.root_prefix, config.gc_grace_ms)
+        assert objects.get(garbage) == b"old and unreferenced"
+    finally:
+        objects.close()
+
+
+def test_a_compactor_does_not_reference_a_blob_older_than_half_the_grace_period(config, writer, reader):
+    values = _fill(writer, "slow", appends=2, records=10)
+    keys = writer.keys("slow", 0)
+    with Compactor(config.replace(gc_grace_ms=1), max_offsets=200) as compactor:  # any PUT takes too long
+        with pytest.raises(StaleBlob, match="left for GC"):
+            compactor.compact_partition("slow", 0)
+    with Coordination(config) as coordination:
+        assert coordination.get(keys.compaction, keys.partition_key) is None
+        assert check_partition(coordination, config.root_prefix, "slow", 0).cursor == 1
+    assert _log(reader, "slow", 0) == values[0]
 
 
 def test_a_reader_whose_blobs_were_compacted_and_collected_resolves_again(config, writer, reader):

@@ -104,8 +104,9 @@ def test_job_compacts_the_topics_and_collects_old_unreferenced_blobs(spark, conf
     assert (report.records, report.skipped_claimed, report.recoveries, report.partitions_failed) == (66, 0, 0, 0)
     assert report.bytes > sum(len(v) for tp, vs in expected.items() if tp[0] != "audit" for v in vs)
     # GC read the references of all 4 partitions before compacting: only the orphan is garbage
-    # now; the blobs this run stopped referencing go in the next run.
-    assert (report.gc_partitions, report.gc_listed, report.gc_too_young, report.gc_deleted) == (4, 9, 1, 1)
+    # now; the blobs this run stopped referencing go in the next run. The 7 compacted blobs this
+    # run wrote are listed too, and too young.
+    assert (report.gc_partitions, report.gc_listed, report.gc_too_young, report.gc_deleted) == (4, 16, 8, 1)
     assert report.gc_deleted_bytes == len(b"an aborted batch's blob")
     assert _blobs(config, objects) == blobs["compacted_only"] | blobs["audit"] | {young}
     for (topic, partition), values in expected.items():
@@ -233,14 +234,14 @@ def test_llog_compact_and_gc_commands(cli_env, config, writer, reader, objects):
     assert low.returncode == 2 and f"below LLOG_GC_GRACE_MS={GRACE_MS}" in low.stderr
 
     _wait_older_than_grace(written)
-    # 4 blobs compacted away, cli[1]'s still referenced, the orphan.
+    # 4 blobs compacted away, cli[1]'s still referenced, the orphan; cli[0]'s 2 compacted blobs.
     dry = _llog(cli_env, "gc", "--dry-run", "--json")
     assert dry.returncode == 0, dry.stderr
     planned = json.loads(dry.stdout)
-    assert (planned["listed"], planned["referenced"], planned["deleted"], planned["dry_run"]) == (6, 1, 5, True)
+    assert (planned["listed"], planned["referenced"], planned["deleted"], planned["dry_run"]) == (8, 3, 5, True)
     assert orphan in planned["deleted_uris"] and orphan in _blobs(config, objects)
     gc = _llog(cli_env, "gc")
     assert gc.returncode == 0, gc.stderr
-    assert gc.stdout.startswith("6 WAL blob(s): 1 referenced, 0 younger than 3000 ms, 5 deleted")
+    assert gc.stdout.startswith("8 blob(s): 3 referenced, 0 younger than 3000 ms, 5 deleted")
     assert len(_blobs(config, objects)) == 1 and orphan not in _blobs(config, objects)
     assert _values(reader, "cli", 0) == values and _values(reader, "cli", 1) == [b"other"]
