@@ -41,9 +41,9 @@ from datetime import datetime, timezone
 from llog.config import Config
 from llog.coordination import Coordination
 from llog.discovery import list_topics, topic_partitions
+from llog.errors import InconsistentReadState
 from llog.keys import PartitionKeys, TopicPartition, s3_uri, shared_wal_prefix
 from llog.objects import ObjectStore
-from llog.errors import InconsistentReadState
 from llog.records import CompactionRecord, ControlRecord, IndexEntry
 
 
