@@ -152,7 +152,8 @@ def stream_through_spark(spark, config: Config, partitions: int, batches: int = 
     started = time.perf_counter()
     with LogReader(config) as reader, tempfile.TemporaryDirectory(prefix="llog-demo-ck-") as checkpoint:
         before = _high_watermarks(reader, config, "events", partitions)
-        events = (spark.readStream.format("rate-micro-batch").option("rowsPerBatch", rows).load()
+        events = (spark.readStream.format("rate-micro-batch").option("rowsPerBatch", rows)
+                  .option("startTimestamp", int(time.time() * 1000)).load()  # event times of today, not 1970
                   .select(F.to_json(F.struct(F.col("value").alias("seq"), F.col("timestamp").cast("string").alias("ts")))
                           .alias("value")))
         query = (events.writeStream.format("llog").option("topic", "events").option("partitions", partitions)
