@@ -201,11 +201,12 @@ class LogWriter(ClientUser):
         """
         if not staged:
             return []
-        limit, now = self.config.gc_grace_ms // 2, now_ms()
-        stale = [s for s in staged if now - s.created_at_ms > limit]
+        now = now_ms()
+        stale = [s for s in staged if self._stale(s, now)]
         if stale:
             raise StaleBlob(f"{len(stale)} staged slice(s), first in {stale[0].wal_uri}, were uploaded more than "
-                            f"{limit} ms ago (half of LLOG_GC_GRACE_MS); upload the records again")
+                            f"{self.config.gc_grace_ms // 2} ms ago (half of LLOG_GC_GRACE_MS); upload the records "
+                            f"again")
         by_partition: dict[TopicPartition, list[int]] = {}
         for i, s in enumerate(staged):
             by_partition.setdefault(TopicPartition(s.topic, s.partition), []).append(i)
@@ -320,6 +321,10 @@ class LogWriter(ClientUser):
             committed[commit.keys.tp] = (pending.start_offset, commit.keys.index(pending.end_offset))
         return committed, contended, errors
 
+    def _stale(self, s: StagedSlice, now: int) -> bool:
+        """Whether referencing ``s``'s blob now could race GC (the age rule, :mod:`llog.gc`)."""
+        return now - s.created_at_ms > self.config.gc_grace_ms // 2
+
     @staticmethod
     def _pending(commit: _Commit, append_id: str, start: int) -> PendingAppend:
         s = commit.staged
@@ -350,6 +355,9 @@ class LogWriter(ClientUser):
                 control = control.with_sink_progress(
                     batch.sink_id, SinkProgress(batch.batch_id, slice_no + 1, now_ms()),
                     self.config.sink_progress_retention_ms)
+            if self._stale(s, now_ms()):  # checked again at each attempt: a long CAS loop ages the blob too
+                raise StaleBlob(f"{keys.tp}: {s.wal_uri} was uploaded more than {self.config.gc_grace_ms // 2} ms "
+                                f"ago (half of LLOG_GC_GRACE_MS); upload the records again")
             reserved.append(control.sequence_counter)
             return control.with_changes(sequence_counter=control.sequence_counter + s.msg_count,
                                          pending=self._pending(commit, append_id, control.sequence_counter))

@@ -6,6 +6,7 @@ import time
 
 import pytest
 
+import llog.writer
 from llog.control import read_control
 from llog.errors import StaleBlob
 from llog.records import now_ms
@@ -56,6 +57,19 @@ def test_replay_after_a_partial_commit_commits_only_the_rest(writer, reader):
     results = writer.commit_staged(staged, batch)
     assert results[0] is None and results[1].start_offset == 1 and results[2].start_offset == 4
     assert _values(reader, "partial", 0) == [b"q-a0", b"q-a1", b"q-a2", b"q-c0", b"q-c1", b"q-c2", b"q-c3"]
+
+
+def test_a_blob_that_ages_past_half_the_grace_period_during_the_commit_is_not_referenced(config, writer, monkeypatch):
+    staged = writer.upload([AppendGroup("aging", 0, [b"x"])])
+    real = llog.writer.now_ms
+    calls = iter(range(1_000_000))
+    # The clock jumps by the grace period after commit_staged's first look at it, as if the CAS
+    # loop had been stuck that long.
+    monkeypatch.setattr(llog.writer, "now_ms", lambda: real() + (0 if next(calls) == 0 else config.gc_grace_ms))
+    with pytest.raises(StaleBlob, match=r"aging\[0\]: .* upload the records again"):
+        writer.commit_staged(staged, SinkBatch("q", 0))
+    control = read_control(writer.coordination, writer.keys("aging", 0)).record
+    assert control.sequence_counter == 1 and control.pending is None and control.sink_progress("q") is None
 
 
 def test_a_sink_idle_past_the_retention_loses_its_progress(config, writer):
