@@ -34,7 +34,9 @@ deleted its blob find the blob gone; they resolve the offsets again (``llog.read
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Iterable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 
@@ -45,6 +47,9 @@ from llog.errors import InconsistentReadState
 from llog.keys import PartitionKeys, TopicPartition, s3_uri, shared_wal_prefix
 from llog.objects import ObjectStore
 from llog.records import CompactionRecord, ControlRecord, IndexEntry
+
+#: Prefixes listed at once (the shared WAL prefix, and each partition's compacted blobs).
+_LIST_THREADS = 16
 
 
 def check_grace(grace_ms: int, config: Config) -> int:
@@ -113,16 +118,19 @@ def collect_garbage(objects: ObjectStore, root: str, referenced: set[str], grace
     bucket = objects.config.require("s3_bucket").s3_bucket
     report = GcReport()
     doomed: list[tuple[str, int]] = []
-    prefixes = [shared_wal_prefix(root)] + [PartitionKeys(root, tp).compacted_prefix for tp in partitions]
-    for info in (info for prefix in prefixes for info in objects.list(prefix)):
-        report.listed += 1
-        uri = s3_uri(bucket, info.key)
-        if uri in referenced:
-            report.referenced += 1
-        elif (now - info.last_modified).total_seconds() * 1000 < grace_ms:
-            report.too_young += 1
-        else:
-            doomed.append((uri, info.size))
+    compacted = [PartitionKeys(root, tp).compacted_prefix for tp in partitions]
+    with ThreadPoolExecutor(max_workers=_LIST_THREADS, thread_name_prefix="llog-gc-list") as pool:
+        # The shared WAL blobs stream by while the partitions' (smaller) listings run alongside.
+        for info in itertools.chain(objects.list(shared_wal_prefix(root)), itertools.chain.from_iterable(
+                pool.map(lambda prefix: list(objects.list(prefix)), compacted))):
+            report.listed += 1
+            uri = s3_uri(bucket, info.key)
+            if uri in referenced:
+                report.referenced += 1
+            elif (now - info.last_modified).total_seconds() * 1000 < grace_ms:
+                report.too_young += 1
+            else:
+                doomed.append((uri, info.size))
     if doomed and not dry_run:
         objects.delete_many([uri for uri, _ in doomed])
     report.deleted = len(doomed)
