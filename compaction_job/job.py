@@ -50,8 +50,7 @@ from llog.config import Config
 from llog.coordination import Coordination
 from llog.discovery import topic_partitions
 from llog.errors import LlogError
-from llog.gc import all_partitions, collect_garbage
-from llog.gc import check_grace, referenced_blobs
+from llog.gc import GcReport, all_partitions, check_grace, collect_garbage, referenced_blobs
 from llog.keys import TopicPartition, validate_topic
 from llog.objects import ObjectStore
 
@@ -110,13 +109,9 @@ class CompactionReport:
     partitions_failed: int = 0
     #: ``"topic[partition]: error"`` for each partition whose compaction failed.
     errors: list[str] = field(default_factory=list)
-    gc: bool = False
+    #: Partitions whose references GC read, and what it did (None with ``--no-gc``).
     gc_partitions: int = 0
-    gc_listed: int = 0
-    gc_referenced: int = 0
-    gc_too_young: int = 0
-    gc_deleted: int = 0
-    gc_deleted_bytes: int = 0
+    gc: GcReport | None = None
     duration_s: float = 0.0
     #: Every compacted partition's ``PartitionCompaction`` as a dict (not in the JSON line).
     partitions: list[dict] = field(default_factory=list, repr=False)
@@ -124,6 +119,8 @@ class CompactionReport:
     def to_json(self) -> str:
         """One JSON line, without the per-partition details."""
         fields = {k: v for k, v in dataclasses.asdict(self).items() if k != "partitions"}
+        if fields["gc"] is not None:
+            del fields["gc"]["deleted_uris"]
         return json.dumps({"job": "llog_compaction", **fields})
 
     def summary(self) -> str:
@@ -132,10 +129,10 @@ class CompactionReport:
                  f"{self.skipped_claimed} skipped (claimed elsewhere), {self.recoveries} recovery(ies), "
                  f"{self.partitions_failed} failed"]
         lines += [f"  failed: {e}" for e in self.errors]
-        if self.gc:
-            lines.append(f"compaction_job: GC over {self.gc_partitions} partition(s): {self.gc_listed} blob(s) "
-                         f"listed, {self.gc_referenced} referenced, {self.gc_too_young} too young, "
-                         f"{self.gc_deleted} deleted ({self.gc_deleted_bytes:,} bytes)")
+        if self.gc is not None:
+            lines.append(f"compaction_job: GC over {self.gc_partitions} partition(s): {self.gc.listed} blob(s) "
+                         f"listed, {self.gc.referenced} referenced, {self.gc.too_young} too young, "
+                         f"{self.gc.deleted} deleted ({self.gc.deleted_bytes:,} bytes)")
         lines.append(f"compaction_job: done in {self.duration_s:.1f}s")
         return "\n".join(lines)
 
@@ -213,7 +210,7 @@ def run(spark, options: JobOptions, config: Config) -> CompactionReport:
     deadline_epoch = None if options.max_runtime_s is None else time.time() + options.max_runtime_s
     with Coordination(config) as coordination:
         selected, groups = plan(coordination, config.root_prefix, options)
-    report = CompactionReport(partitions_seen=len(selected), gc=options.gc)
+    report = CompactionReport(partitions_seen=len(selected))
     results = []
     if groups:
         sc = spark.sparkContext
@@ -242,11 +239,10 @@ def run(spark, options: JobOptions, config: Config) -> CompactionReport:
         report.gc_partitions = len(scanned)
         objects = ObjectStore(config)
         try:
-            gc = collect_garbage(objects, config.root_prefix, referenced, grace_ms, now=began, partitions=scanned)
+            report.gc = collect_garbage(objects, config.root_prefix, referenced, grace_ms, now=began,
+                                        partitions=scanned)
         finally:
             objects.close()
-        report.gc_listed, report.gc_referenced, report.gc_too_young = gc.listed, gc.referenced, gc.too_young
-        report.gc_deleted, report.gc_deleted_bytes = gc.deleted, gc.deleted_bytes
     report.duration_s = round(time.monotonic() - started, 3)
     return report
 

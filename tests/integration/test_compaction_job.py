@@ -106,8 +106,8 @@ def test_job_compacts_the_topics_and_collects_old_unreferenced_blobs(spark, conf
     # GC read the references of all 4 partitions before compacting: only the orphan is garbage
     # now; the blobs this run stopped referencing go in the next run. The 7 compacted blobs this
     # run wrote are listed too, and too young.
-    assert (report.gc_partitions, report.gc_listed, report.gc_too_young, report.gc_deleted) == (4, 16, 8, 1)
-    assert report.gc_deleted_bytes == len(b"an aborted batch's blob")
+    assert (report.gc_partitions, report.gc.listed, report.gc.too_young, report.gc.deleted) == (4, 16, 8, 1)
+    assert report.gc.deleted_bytes == len(b"an aborted batch's blob")
     assert _blobs(config, objects) == blobs["compacted_only"] | blobs["audit"] | {young}
     for (topic, partition), values in expected.items():
         assert _values(reader, topic, partition) == values
@@ -117,6 +117,8 @@ def test_job_compacts_the_topics_and_collects_old_unreferenced_blobs(spark, conf
     assert {tp: r.wal_entries for tp, r in rows.items()} == {("orders", 0): 0, ("orders", 1): 0, ("payments", 0): 0,
                                                             ("audit", 0): 2}
     assert json.loads(report.to_json())["compactions"] == 7
+    assert json.loads(report.to_json())["gc"] == {"listed": 16, "referenced": 7, "too_young": 8, "deleted": 1,
+                                                  "deleted_bytes": len(b"an aborted batch's blob")}
 
     # Run 2: every partition (audit[0] too: one compaction of 10 offsets). The blobs only the
     # compacted partitions used, and the young one now old, are collected; audit's are kept
@@ -124,14 +126,14 @@ def test_job_compacts_the_topics_and_collects_old_unreferenced_blobs(spark, conf
     _wait_older_than_grace(time.time())
     report = run(spark, JobOptions(max_offsets=MAX_OFFSETS), config)
     assert (report.partitions_seen, report.compactions, report.records) == (4, 1, 10)
-    assert report.gc_deleted == len(blobs["compacted_only"]) + 1 == 6
+    assert report.gc.deleted == len(blobs["compacted_only"]) + 1 == 6
     assert _blobs(config, objects) == blobs["audit"]
     for (topic, partition), values in expected.items():
         assert _values(reader, topic, partition) == values
 
     # Run 3: nothing left to compact, and audit's blobs are garbage now.
     report = run(spark, JobOptions(max_offsets=MAX_OFFSETS), config)
-    assert (report.partitions_seen, report.compactions, report.gc_deleted) == (4, 0, 2)
+    assert (report.partitions_seen, report.compactions, report.gc.deleted) == (4, 0, 2)
     assert _blobs(config, objects) == set()
     for (topic, partition), values in expected.items():
         assert _values(reader, topic, partition) == values
@@ -146,7 +148,7 @@ def test_job_recovers_a_killed_compactor_and_skips_a_claimed_partition(spark, co
     assert killed.returncode == -9, killed.stderr
     options = JobOptions(max_offsets=MAX_OFFSETS, gc=False, max_runtime_s=60)
     report = run(spark, options, config)  # the killed compactor's session is still alive
-    assert (report.partitions_seen, report.skipped_claimed, report.compactions, report.gc) == (1, 1, 0, False)
+    assert (report.partitions_seen, report.skipped_claimed, report.compactions, report.gc) == (1, 1, 0, None)
     time.sleep(10)  # its session has expired now
     report = run(spark, options, config)
     assert (report.skipped_claimed, report.recoveries, report.compactions, report.records) == (0, 1, 3, 30)
