@@ -7,10 +7,8 @@ from __future__ import annotations
 import glob
 import json
 import math
-import os
 import signal
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -20,8 +18,8 @@ from jobs.llog_to_delta import FAILPOINTS, Job, main, parse_trigger, run
 from jobs.local_spark import local_spark
 from llog.consumer_groups import describe_group
 from llog.coordination import Coordination
+from tests.helpers import driver_process
 
-REPO = Path(__file__).resolve().parents[2]
 PARTITIONS, APPENDS, RECORDS = 3, 5, 100        # 500 records per partition, 1,500 in all
 MAX_PER_TRIGGER = 400                           # 4 batches: 3 of 400, 1 of 300
 BATCHES = math.ceil(PARTITIONS * APPENDS * RECORDS / MAX_PER_TRIGGER)
@@ -68,17 +66,10 @@ def _txns(table: Path) -> list[tuple[str, int]]:
 
 def _run_job(config, topic: str, table: Path, checkpoint: Path, failpoint: str | None = None
              ) -> subprocess.CompletedProcess:
-    """``python -m jobs.llog_to_delta`` as a session leader, so a failpoint kills its driver, JVM
-    and Python workers at once."""
-    env = {**os.environ, "LLOG_SETTINGS_FILE": "/nonexistent", **config.to_options()}
-    env.pop("LLOG_FAILPOINT", None)
-    if failpoint:
-        env.update(LLOG_FAILPOINT=failpoint, LLOG_FAILPOINT_SCOPE="session")
-    return subprocess.run(
-        [sys.executable, "-m", "jobs.llog_to_delta", "--topics", topic, "--table", str(table),
-         "--checkpoint", str(checkpoint), "--max-offsets-per-trigger", str(MAX_PER_TRIGGER)],
-        cwd=REPO, env=env, capture_output=True, text=True, timeout=600, start_new_session=True,
-    )
+    """``python -m jobs.llog_to_delta``, killed at ``failpoint`` with its JVM and Python workers."""
+    return driver_process.run(config, ["jobs.llog_to_delta", "--topics", topic, "--table", str(table), "--checkpoint",
+                                       str(checkpoint), "--max-offsets-per-trigger", str(MAX_PER_TRIGGER)],
+                              failpoint, timeout=600)
 
 
 @pytest.mark.parametrize("failpoint", sorted(FAILPOINTS))

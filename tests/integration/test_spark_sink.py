@@ -17,6 +17,7 @@ from llog.coordination import Coordination
 from llog.discovery import topic_partitions
 from llog.objects import ObjectStore
 from llog_sink import write_batch
+from tests.helpers import driver_process
 from tests.helpers.invariants import check_partition
 from jobs.local_spark import local_spark
 
@@ -118,15 +119,8 @@ def test_bad_input_fails_with_a_clear_error_and_writes_nothing(spark, config, ca
 
 def _run_query(config, topic: str, checkpoint: Path, failpoint: str | None = None, batches: int = 3,
                rows: int = 600) -> subprocess.CompletedProcess:
-    env = {**os.environ, "LLOG_SETTINGS_FILE": "/nonexistent", **config.to_options()}
-    env.pop("LLOG_FAILPOINT", None)
-    if failpoint:
-        env.update(LLOG_FAILPOINT=failpoint, LLOG_FAILPOINT_SCOPE="session")
-    return subprocess.run(
-        [sys.executable, "-m", "tests.helpers.sink_query", "--topic", topic, "--checkpoint", str(checkpoint),
-         "--rows", str(rows), "--batches", str(batches)],
-        cwd=REPO, env=env, capture_output=True, text=True, timeout=300, start_new_session=True,
-    )
+    return driver_process.run(config, ["tests.helpers.sink_query", "--topic", topic, "--checkpoint", str(checkpoint),
+                                       "--rows", str(rows), "--batches", str(batches)], failpoint)
 
 
 def _check_exactly_once_prefix(config, reader, topic: str, rows: int, min_batches: int) -> None:
