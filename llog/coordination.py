@@ -359,10 +359,12 @@ class Coordination:
                     out[i] = found
         return out
 
-    def put_many(self, items: Sequence[tuple[str, bytes, str, int | None]]) -> list[int | VersionConflict]:
+    def put_many(self, items: Sequence[tuple[str, bytes, str, int | None]],
+                 guard: Callable[[], None] | None = None) -> list[int | VersionConflict]:
         """Several puts in one Write RPC per shard: ``(key, value, partition_key,
         expected_version)`` each. Returns the new version id, or the :class:`VersionConflict`
-        of a put whose condition failed (``outcome_unknown`` as in :meth:`put`)."""
+        of a put whose condition failed (``outcome_unknown`` as in :meth:`put`). ``guard``
+        as in :meth:`put`, before every RPC."""
         out: list[int | VersionConflict] = [0] * len(items)
         for shard, indexes in self._by_shard((key, pk) for key, _, pk, _ in items).items():
             batch = [wire.PutRequest(key=items[i][0], value=items[i][1], partition_key=items[i][2],
@@ -373,8 +375,12 @@ class Coordination:
                 nonlocal retried
                 retried = True
 
-            results = self._call("put", f"{len(batch)} keys", lambda: self._send_puts(shard, batch),
-                                 on_retry=note_retry, count=len(batch))
+            def send():
+                if guard is not None:
+                    guard()
+                return self._send_puts(shard, batch)
+
+            results = self._call("put", f"{len(batch)} keys", send, on_retry=note_retry, count=len(batch))
             for i, result in zip(indexes, results):
                 if isinstance(result, oxia.ex.UnexpectedVersionId):
                     self._count_conflicts(1)
@@ -400,10 +406,15 @@ class Coordination:
     # --- writes -------------------------------------------------------------------------------
 
     def put(self, key: str, value: bytes, partition_key: str, expected_version: int | None = None,
-            ephemeral: bool = False) -> int:
+            ephemeral: bool = False, guard: Callable[[], None] | None = None) -> int:
         """Write ``value``; with ``expected_version`` only if the key is at that version
         (``oxia.EXPECTED_RECORD_DOES_NOT_EXIST`` = only if absent). Returns the new version id.
-        Raises :class:`VersionConflict` when the condition fails."""
+        Raises :class:`VersionConflict` when the condition fails.
+
+        ``guard`` is called immediately before every attempt, retries included, and what it
+        raises is raised unretried: a write guarded by a time check (PROTOCOL.md section 8,
+        timing assumption) re-checks it before each send, so a retry after an outage never
+        sends a write whose check has expired."""
         in_transit_failure = False
 
         def note_retry():
@@ -411,6 +422,8 @@ class Coordination:
             in_transit_failure = True
 
         def fn():
+            if guard is not None:
+                guard()
             try:
                 if ephemeral:  # needs the client's session
                     return self._client.put(key, value, partition_key=partition_key,

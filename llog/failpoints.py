@@ -1,14 +1,21 @@
-"""Named crash points for crash-injection tests.
+"""Named points for crash-injection and interleaving tests.
 
 ``LLOG_FAILPOINT=<name>`` makes the process kill itself with SIGKILL when it reaches the point
-of that name: no cleanup, no flushing, exactly like a machine losing power there. Unset (the
-normal case), a failpoint costs one dictionary lookup.
+of that name: no cleanup, no flushing, exactly like a machine losing power there.
+
+``hooks[name] = fn`` (in-process, for tests) calls ``fn()`` when the point is reached, before
+the SIGKILL check: one actor "pauses" there while the hook runs other actors to completion, so
+an interleaving that needs a stall is reproduced deterministically, with no threads. A hook may
+raise to abort the actor at that point.
+
+Unset (the normal case), a point costs two dictionary lookups.
 """
 
 from __future__ import annotations
 
 import os
 import signal
+from collections.abc import Callable
 
 #: Every failpoint, by where it sits (PROTOCOL.md section numbers).
 POINTS = {
@@ -18,14 +25,27 @@ POINTS = {
     "sink.before_commit": "a Spark batch's blobs are staged, its driver-side commit not begun",
     "sink.after_commit": "a Spark batch is committed to the log, Spark has not recorded it",
     "writer.after_staged_slice": "commit_staged has committed one slice, others perhaps not yet",
+    "writer.before_reserve_cas": "section 4.3: control read, blob age not yet checked, reserving CAS not sent",
+    "control.before_materialize": "section 4.4: a materializer holds a pending, its budget not yet checked",
+    "compactor.after_recover": "section 6.0 done: pending finished, in-flight record resumed, no run selected",
+    "compactor.after_select": "section 6.1 done: a run is selected, its blob not yet written",
+    "compactor.after_age_check": "section 6.2 done: the compacted blob is written and was young enough once",
+    "gc.after_scan": "section 9: references scanned, blobs not yet listed",
 }
+
+#: In-process hooks by point name (tests only); see the module doc.
+hooks: dict[str, Callable[[], None]] = {}
 
 
 def hit(name: str) -> None:
     """Kill this process at point ``name`` if ``LLOG_FAILPOINT`` names it. With
     ``LLOG_FAILPOINT_SCOPE=session`` the process group of this session's leader dies first: a
     Spark driver started as a session leader takes its JVM with it, whichever Python worker
-    (a task's or the commit's) reaches the point, as when the driver's machine goes down."""
+    (a task's or the commit's) reaches the point, as when the driver's machine goes down.
+    A hook registered in :data:`hooks` for ``name`` runs first."""
+    hook = hooks.get(name)
+    if hook is not None:
+        hook()
     if os.environ.get("LLOG_FAILPOINT") == name:
         if os.environ.get("LLOG_FAILPOINT_SCOPE") == "session":
             os.killpg(os.getsid(0), signal.SIGKILL)
