@@ -1,9 +1,11 @@
-"""What the writer and reader share: the Oxia and S3 clients they use and a thread pool."""
+"""What the writer, reader and compactor share: the Oxia and S3 clients they use, a thread pool and
+the clock their time checks read (:mod:`llog.clock`)."""
 
 from __future__ import annotations
 
 from concurrent.futures import ThreadPoolExecutor
 
+from llog.clock import SYSTEM, Clock
 from llog.config import Config
 from llog.coordination import Coordination
 from llog.keys import PartitionKeys, TopicPartition
@@ -14,8 +16,9 @@ class ClientUser:
     """Uses the given clients, or creates its own; ``close`` closes only the ones it created."""
 
     def __init__(self, config: Config, coordination: Coordination | None, objects: ObjectStore | None,
-                 max_workers: int, thread_name_prefix: str):
+                 max_workers: int, thread_name_prefix: str, clock: Clock | None = None):
         self.config = config
+        self.clock = clock or SYSTEM
         self.coordination = coordination or Coordination(config)
         self.objects = objects or ObjectStore(config)
         self._owned = [c for c, given in ((self.coordination, coordination), (self.objects, objects)) if given is None]

@@ -1,21 +1,28 @@
-"""Compaction (PROTOCOL.md section 6): rewrite a run of WAL entries of one partition as one
+"""Compaction (PROTOCOL.md v1.1 section 6): rewrite a run of WAL entries of one partition as one
 compacted blob, one bytes-batch-v1 body, and swap the index over to it without a moment in which
 any offset is unreadable.
 
 Per partition: take the ephemeral ``meta/compactor-claim`` (skip the partition if someone holds
-it), finish a pending append, resume a ``meta/compaction`` record left by a crashed compactor,
+it), finish a pending append (:func:`llog.control.finish_pending`, with the materialization
+budget), resume a ``meta/compaction`` record left by a crashed compactor (or delete it if it is
+stale: its run starts below the cursor, written by a compactor that stalled past its claim),
 then compact run after run until none is left or the deadline passes, and release the claim
 with a versioned delete. Each compaction:
 
 1. From ``meta/compaction-cursor``, select WAL entries starting exactly at the cursor, stopping
-   at a gap, a COMPACTED entry or the offsets limit.
+   at a gap, a COMPACTED entry, the offsets limit, the entry still named by ``pending``, or the
+   first entry not older than the grace period ``G`` (the compaction lag: an index key that
+   compaction deletes can then never be created late, section 8 "Created once").
 2. Fetch each source blob once (range GETs), concatenate the bodies with Arrow, PUT one blob.
-3. Create ``meta/compaction`` (state WRITING_COMPACTED_INDEX); it must not exist. A blob PUT more
-   than half the GC grace period ago is not referenced (``StaleBlob``; GC collects it and the
-   next run compacts again): the age rule of :mod:`llog.gc`, kept as writers keep it.
+3. Check the blob's age immediately before creating ``meta/compaction`` (state
+   WRITING_COMPACTED_INDEX; it must not exist), and again before any retry of the create. A blob
+   PUT more than half the GC grace period ago is not referenced (``StaleBlob``; GC collects it
+   and the next run compacts again): the age rule of :mod:`llog.gc`, kept as writers keep it.
 4. CAS ``index/{end}`` from the run's last WAL entry to the COMPACTED entry; state DELETING_OLD.
    Readers now see the COMPACTED entry overlapping the WAL entries below it; both hold the same
-   bytes, and the reader takes each offset from the first entry that covers it.
+   bytes, and the reader takes each offset from the first entry that covers it. If the entry
+   changed since step 1 and the cursor moved past the run, another compactor did this run
+   (this one stalled past its claim): the record is deleted again and the partition left.
 5. ``delete_range(index/{start}, index/{end})``: the lower keys only; state UPDATING_CURSOR.
 6. Move the cursor to ``end + 1`` (only forward), delete ``meta/compaction``.
 
@@ -28,6 +35,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import logging
 import socket
 import time
 import uuid
@@ -38,18 +46,21 @@ import pyarrow as pa
 
 from llog import failpoints
 from llog.clients import ClientUser
+from llog.clock import Clock
 from llog.codec import encode_batch
 from llog.config import Config
-from llog.control import finish_pending_append, read_control
+from llog.control import ControlState, check_blob_age, finish_pending, read_control
 from llog.coordination import Coordination
-from llog.errors import ClaimHeld, CorruptRecord, InconsistentReadState, StaleBlob
+from llog.errors import ClaimHeld, CorruptRecord, InconsistentReadState, VersionConflict
 from llog.keys import PartitionKeys
 from llog.objects import ObjectStore
 from llog.reader import LogReader
 from llog.records import (
     BYTES_BATCH_V1, COMPACTED, DELETING_OLD, UPDATING_CURSOR, WAL, WRITING_COMPACTED_INDEX, CompactionCursor,
-    CompactionRecord, IndexEntry, LocatedEntry, now_ms,
+    CompactionRecord, ControlRecord, IndexEntry, LocatedEntry,
 )
+
+log = logging.getLogger(__name__)
 
 #: Offsets and body bytes one compaction takes at most, by default (a run is held in memory).
 DEFAULT_MAX_OFFSETS = 1_000_000
@@ -84,11 +95,11 @@ class Compactor(ClientUser):
 
     def __init__(self, config: Config, coordination: Coordination | None = None, objects: ObjectStore | None = None,
                  compactor_id: str | None = None, max_offsets: int = DEFAULT_MAX_OFFSETS,
-                 max_bytes: int = DEFAULT_MAX_BYTES, max_workers: int = 8):
+                 max_bytes: int = DEFAULT_MAX_BYTES, max_workers: int = 8, clock: Clock | None = None):
         if max_offsets < 1 or max_bytes < 1:
             raise ValueError(f"max_offsets and max_bytes must be >= 1, got {max_offsets} and {max_bytes}")
         super().__init__(config.require("oxia_service_address", "s3_bucket"), coordination, objects, max_workers,
-                         "llog-compact")
+                         "llog-compact", clock)
         self.reader = LogReader(config, self.coordination, self.objects, max_workers)
         self.compactor_id = compactor_id or f"{config.client_identifier or socket.gethostname()}-{uuid.uuid4().hex[:8]}"
         self.max_offsets = max_offsets
@@ -105,20 +116,28 @@ class Compactor(ClientUser):
         passes ``deadline``, release the claim."""
         keys = self.keys(topic, partition)
         done = PartitionCompaction(topic, partition)
-        claim = json.dumps({"compactor_id": self.compactor_id, "claimed_at_ms": now_ms()}).encode()
+        claim = json.dumps({"compactor_id": self.compactor_id, "claimed_at_ms": self.clock.now_ms()}).encode()
         try:
             claim_version = self.coordination.claim(keys.compactor_claim, claim, keys.partition_key)
         except ClaimHeld:
             done.skipped_claimed = True
             return done
         try:
-            state = read_control(self.coordination, keys)
-            if finish_pending_append(self.coordination, keys, state, self.config.cas_max_attempts) is not None:
+            state = read_control(self.coordination, keys, self.clock)  # step 0
+            if state.record.pending is not None:
+                finish_pending(self.coordination, [(keys, state)], self.config, self.clock)
                 done.recoveries += 1
             in_flight = self.coordination.get(keys.compaction, keys.partition_key)
             if in_flight is not None:
-                self._finish(keys, CompactionRecord.from_json(in_flight.value, in_flight.key), in_flight.version_id)
+                record = CompactionRecord.from_json(in_flight.value, in_flight.key)
+                if record.start_offset < self._cursor(keys).offset:
+                    log.warning("%s: deleting the stale compaction record %s of %d..%d (its run starts below the "
+                                "cursor)", keys.tp, record.compaction_id, record.start_offset, record.end_offset)
+                    self._delete_record(keys, in_flight.version_id)
+                else:
+                    self._finish(keys, record, in_flight.version_id)
                 done.recoveries += 1
+            failpoints.hit("compactor.after_recover")
             while deadline is None or time.monotonic() < deadline:
                 if not self._compact_next(keys, done):
                     break
@@ -131,10 +150,13 @@ class Compactor(ClientUser):
 
     # --- one compaction -----------------------------------------------------------------------
 
-    def _select(self, keys: PartitionKeys, cursor: int) -> list[tuple[LocatedEntry, int]]:
+    def _select(self, keys: PartitionKeys, cursor: int, control: ControlRecord) -> list[tuple[LocatedEntry, int]]:
         """Step 1: WAL entries (with their versions) from exactly ``cursor``, contiguous, at most
-        ``max_offsets`` offsets and ``max_bytes`` of bodies (but at least one entry)."""
+        ``max_offsets`` offsets and ``max_bytes`` of bodies (but at least one entry), none of
+        them named by ``control.pending`` and each older than the grace period ``G``."""
         pk = keys.partition_key
+        pending_from = control.pending.start_offset if control.pending is not None else None
+        young_from = self.clock.now_ms() - self.config.gc_grace_ms  # created at or after this: too young
         found = self.coordination.range_scan(keys.index(cursor), keys.index(cursor + self.max_offsets), pk)
         if not found:
             first = self.coordination.ceiling(keys.index(cursor), pk, keys.index_prefix)
@@ -144,6 +166,9 @@ class Compactor(ClientUser):
             located = LocatedEntry(keys.index_end_offset(v.key), IndexEntry.from_json(v.value, v.key))
             if located.entry.type != WAL or located.start_offset != position:
                 break
+            if (pending_from is not None and located.end_offset >= pending_from) \
+                    or located.entry.created_at_ms >= young_from:
+                break
             size += located.entry.byte_length or 0
             if run and size > self.max_bytes:
                 break
@@ -152,22 +177,27 @@ class Compactor(ClientUser):
         return run
 
     def _compact_next(self, keys: PartitionKeys, done: PartitionCompaction) -> bool:
-        cursor = self._cursor(keys)
-        run = self._select(keys, cursor.offset)
+        cursor, control = self._cursor_and_control(keys)
+        run = self._select(keys, cursor.offset, control.record)
         if not run:
             return False
+        failpoints.hit("compactor.after_select")
         entries = [located for located, _ in run]
         before = self.objects.stats["get"] + self.objects.stats["range_get"]
         values = pa.concat_arrays(self.reader.entry_values(entries))
         done.source_gets += self.objects.stats["get"] + self.objects.stats["range_get"] - before
         done.source_entries += len(entries)
         body = encode_batch(values)
-        put_at = now_ms()
+        put_at = self.clock.now_ms()
         data_key = self.objects.put(keys.compacted_object(), body.pieces)  # step 2
         failpoints.hit("compactor.after_blob_put")
-        if now_ms() - put_at > self.config.gc_grace_ms // 2:
-            raise StaleBlob(f"{keys.tp}: compacted blob {data_key} was written more than half of LLOG_GC_GRACE_MS "
-                            f"ago; it is left for GC and the run is compacted again next time")
+
+        def age_check() -> None:  # step 3, immediately before every attempt of the create
+            check_blob_age(f"{keys.tp}: compaction", data_key, put_at, self.config, self.clock,
+                           "it is left for GC and the run is compacted again next time")
+
+        age_check()  # a slow PUT fails here already, before anything else is done
+        failpoints.hit("compactor.after_age_check")
         start, end = entries[0].start_offset, entries[-1].end_offset
         record = CompactionRecord(
             compaction_id=str(uuid.uuid4()), state=WRITING_COMPACTED_INDEX, start_offset=start, end_offset=end,
@@ -175,20 +205,31 @@ class Compactor(ClientUser):
             created_at_ms=max(e.entry.created_at_ms for e in entries), last_entry_start_offset=entries[-1].start_offset,
         )
         version = self.coordination.put(keys.compaction, record.to_json(), keys.partition_key,
-                                        expected_version=oxia.EXPECTED_RECORD_DOES_NOT_EXIST)  # step 3
+                                        expected_version=oxia.EXPECTED_RECORD_DOES_NOT_EXIST, guard=age_check)
         failpoints.hit("compactor.after_record_create")
-        self._finish(keys, record, version, run[-1][1])
+        if not self._finish(keys, record, version, run[-1][1]):
+            return False
         done.compactions += 1
         done.records += record.msg_count
         done.bytes += body.length
         return True
 
     def _finish(self, keys: PartitionKeys, record: CompactionRecord, version: int,
-                end_entry_version: int | None = None) -> None:
-        """Steps 4 to 6 from the record's state (a fresh compaction, or one being resumed)."""
+                end_entry_version: int | None = None) -> bool:
+        """Steps 4 to 6 from the record's state (a fresh compaction, or one being resumed).
+        False if another compactor did this run meanwhile (the record is deleted again)."""
         pk = keys.partition_key
         if record.state == WRITING_COMPACTED_INDEX:
-            self._overwrite_end_entry(keys, record, end_entry_version)
+            try:
+                self._overwrite_end_entry(keys, record, end_entry_version)
+            except (InconsistentReadState, VersionConflict):
+                if end_entry_version is None or self._cursor(keys).offset <= record.start_offset:
+                    raise
+                log.warning("%s: %d..%d was compacted by another compactor while this one stalled; deleting "
+                            "compaction record %s", keys.tp, record.start_offset, record.end_offset,
+                            record.compaction_id)
+                self._delete_record(keys, version)
+                return False
             record = record.with_state(DELETING_OLD)
             version = self.coordination.put(keys.compaction, record.to_json(), pk, expected_version=version)
             failpoints.hit("compactor.after_index_overwrite")
@@ -203,8 +244,15 @@ class Compactor(ClientUser):
             self.coordination.put(keys.compaction_cursor, CompactionCursor(record.end_offset + 1).to_json(), pk,
                                   expected_version=cursor.version)
         failpoints.hit("compactor.after_cursor_move")
-        self.coordination.delete(keys.compaction, pk, expected_version=version)
+        self._delete_record(keys, version)
+        return True
 
+    def _delete_record(self, keys: PartitionKeys, version: int) -> None:
+        """Delete ``meta/compaction`` only at ``version`` (a record someone else wrote since stays)."""
+        try:
+            self.coordination.delete(keys.compaction, keys.partition_key, expected_version=version)
+        except VersionConflict:
+            pass
     def _overwrite_end_entry(self, keys: PartitionKeys, record: CompactionRecord, version: int | None) -> None:
         """Step 4: ``index/{end}`` becomes the COMPACTED entry, by CAS on the WAL entry it
         replaces (on resume: on whatever version is there, if it is still that WAL entry)."""
@@ -223,6 +271,17 @@ class Compactor(ClientUser):
         if version is not None and version != current.version_id:
             raise InconsistentReadState(f"{keys.tp}: {key} changed while compaction {record.compaction_id} ran")
         self.coordination.put(key, record.index_entry().to_json(), pk, expected_version=current.version_id)
+
+    def _cursor_and_control(self, keys: PartitionKeys) -> tuple["_CursorState", ControlState]:
+        """The cursor and ``meta/control``, in one read."""
+        seen_at = self.clock.monotonic()
+        cursor, control = self.coordination.get_many([(keys.compaction_cursor, keys.partition_key),
+                                                      (keys.control, keys.partition_key)])
+        if cursor is None or control is None:
+            raise CorruptRecord(f"{keys.tp}: meta/compaction-cursor or meta/control is missing (the partition was "
+                                f"not initialized)")
+        return (_CursorState(CompactionCursor.from_json(cursor.value, cursor.key).offset, cursor.version_id),
+                ControlState(ControlRecord.from_json(control.value, control.key), control.version_id, seen_at))
 
     def _cursor(self, keys: PartitionKeys) -> "_CursorState":
         found = self.coordination.get(keys.compaction_cursor, keys.partition_key)

@@ -9,8 +9,11 @@ blob and creating the record.
 
 Why a blob cannot be referenced again between the scan and the delete (the age rule): references
 are only ever made by a writer (or a sink commit, or a compactor) to a blob it wrote itself, and
-never to one older than half the grace period (``LogWriter`` and ``Compactor`` raise
-``StaleBlob`` and write again instead). So a pass proceeds in this order:
+never to one older than half the grace period (``LogWriter`` and ``Compactor`` check the age
+immediately before the reserving CAS or the record create, raise ``StaleBlob`` and write again
+instead). An index entry is created only from a pending that still references its blob, within
+the materialization budget, and never again once compaction removed it (PROTOCOL.md v1.1
+sections 4.4, 6.1 and 8: the compaction lag ``G``). So a pass proceeds in this order:
 
 1. Take the pass's time ``began`` first, before any partition is discovered. A blob is collected
    only if it was older than the grace period at ``began``: every reference to it was then made
@@ -40,6 +43,8 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 
+from llog import failpoints
+from llog.clock import SYSTEM, Clock
 from llog.config import Config
 from llog.coordination import Coordination
 from llog.discovery import list_topics, topic_partitions
@@ -140,9 +145,10 @@ def collect_garbage(objects: ObjectStore, root: str, referenced: set[str], grace
 
 
 def gc_pass(coordination: Coordination, objects: ObjectStore, root: str, grace_ms: int,
-            dry_run: bool = False) -> GcReport:
+            dry_run: bool = False, clock: Clock = SYSTEM) -> GcReport:
     """One whole pass in the safe order (module doc): time, discovery, references, listing."""
-    began = datetime.now(timezone.utc)
+    began = datetime.fromtimestamp(clock.now_ms() / 1000, timezone.utc)
     partitions = all_partitions(coordination, root)
     referenced = referenced_blobs(coordination, root, partitions)
+    failpoints.hit("gc.after_scan")
     return collect_garbage(objects, root, referenced, grace_ms, now=began, dry_run=dry_run, partitions=partitions)

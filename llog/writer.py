@@ -1,9 +1,11 @@
-"""The write path: one shared WAL blob, then one commit per partition (PROTOCOL.md section 4).
+"""The write path: one shared WAL blob, then one commit per partition (PROTOCOL.md v1.1 section 4).
 
 ``append_shared(groups)`` encodes each topic-partition's records as one bytes-batch-v1 body,
-packs the bodies into one LLS1 blob, PUTs it (the only S3 write), then commits the partitions
-concurrently, each with three Oxia writes: the reserving CAS on ``meta/control``, the index
-entry, and the CAS that clears ``pending``.
+packs the bodies into one LLS1 blob, PUTs it (the only S3 write), then commits every partition
+in lockstep, each step one Oxia RPC per shard for all of them: the reserving CAS on
+``meta/control`` (blob age checked immediately before), the create-if-absent of the index entry
+(within the materialization budget), and the CAS that clears ``pending``. The steps themselves
+live in :mod:`llog.control`, shared with everyone who finishes another's append.
 """
 
 from __future__ import annotations
@@ -11,23 +13,26 @@ from __future__ import annotations
 import logging
 import uuid
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import pyarrow as pa
 
 from llog import failpoints
 from llog.clients import ClientUser
+from llog.clock import SYSTEM, Clock
 from llog.codec import encode_batch, pack_shared, to_binary_array
 from llog.config import Config
-from llog.control import ControlState, clear_pending, initialize_partition, read_control, update_control
+from llog.control import (
+    ControlState, backoff, clear, finish_pending, initialize_partition, materialize, read_controls, reserve, tripwire,
+)
 from llog.coordination import Coordination
 from llog.errors import (
-    AppendFailed, AppendOutcomeUnknown, EmptyAppend, LlogError, LogFenced, PartitionNotInitialized,
-    StaleBlob, VersionConflict,
+    AppendFailed, AppendOutcomeUnknown, EmptyAppend, LlogError, LogFenced, MaxRetriesExceeded,
+    PartitionNotInitialized, StaleBlob, VersionConflict,
 )
 from llog.keys import PartitionKeys, TopicPartition, shared_wal_object
 from llog.objects import ObjectStore
-from llog.records import BYTES_BATCH_V1, WAL, ControlRecord, IndexEntry, PendingAppend, SinkProgress, now_ms
+from llog.records import BYTES_BATCH_V1, WAL, ControlRecord, IndexEntry, PendingAppend, SinkProgress
 
 log = logging.getLogger(__name__)
 
@@ -81,18 +86,28 @@ class SinkBatch:
     batch_id: int
 
 
-@dataclass(frozen=True)
-class _Commit:
-    """One partition's part of a shared append, ready to commit."""
+@dataclass
+class _Slot:
+    """One partition's part of a commit round: a staged slice, who commits it, and what the
+    reserving CAS attempts proposed (to tell, after a CAS failed in transit, whether one landed)."""
 
     keys: PartitionKeys
     staged: StagedSlice
+    sink: tuple[SinkBatch, int] | None = None
+    append_id: str = field(default_factory=lambda: str(uuid.uuid4()))
+    proposed: list[int] = field(default_factory=list)
+    in_doubt: bool = False
 
 
-def stage(objects: ObjectStore, root_prefix: str, groups: Sequence[AppendGroup]) -> list[StagedSlice]:
+#: A slot's outcome: ``(start_offset, index_key)``, None (the sink had committed it), or the error.
+_Outcome = tuple[int, str] | None | BaseException
+
+
+def stage(objects: ObjectStore, root_prefix: str, groups: Sequence[AppendGroup], clock: Clock = SYSTEM
+          ) -> list[StagedSlice]:
     """:meth:`LogWriter.upload` without a writer: needs S3 only, so a Spark task stages its
     records with no Oxia connection; the driver commits the slices."""
-    return _stage(objects, root_prefix, _merge(groups, "stage"))
+    return _stage(objects, root_prefix, _merge(groups, "stage"), clock)
 
 
 def _merge(groups: Sequence[AppendGroup], what: str) -> dict[TopicPartition, list[tuple[int, pa.BinaryArray]]]:
@@ -106,14 +121,14 @@ def _merge(groups: Sequence[AppendGroup], what: str) -> dict[TopicPartition, lis
     return merged
 
 
-def _stage(objects: ObjectStore, root_prefix: str,
-           merged: dict[TopicPartition, list[tuple[int, pa.BinaryArray]]]) -> list[StagedSlice]:
+def _stage(objects: ObjectStore, root_prefix: str, merged: dict[TopicPartition, list[tuple[int, pa.BinaryArray]]],
+           clock: Clock) -> list[StagedSlice]:
     """Section 4.2: one bytes-batch-v1 body per topic-partition, packed into one LLS1 blob, PUT."""
     bodies = []
     for tp, arrays in merged.items():
         values = arrays[0][1] if len(arrays) == 1 else pa.concat_arrays([a for _, a in arrays])
         bodies.append((tp.topic, tp.partition, encode_batch(values)))
-    created_at_ms = now_ms()
+    created_at_ms = clock.now_ms()
     pieces, _, slices = pack_shared(bodies, created_at_ms)
     wal_uri = objects.put(shared_wal_object(root_prefix), pieces)
     failpoints.hit("writer.after_blob_put")
@@ -130,9 +145,10 @@ class LogWriter(ClientUser):
     """
 
     def __init__(self, config: Config, coordination: Coordination | None = None,
-                 objects: ObjectStore | None = None, auto_initialize: bool = False, max_workers: int = 16):
+                 objects: ObjectStore | None = None, auto_initialize: bool = False, max_workers: int = 16,
+                 clock: Clock | None = None):
         super().__init__(config.require("oxia_service_address", "s3_bucket"), coordination, objects, max_workers,
-                         "llog-commit")
+                         "llog-commit", clock)
         self.auto_initialize = auto_initialize
 
     def initialize_partition(self, topic: str, partition: int) -> bool:
@@ -154,25 +170,18 @@ class LogWriter(ClientUser):
         it); one that fails after is durable as ``pending``, and the next writer finishes it.
         """
         merged = _merge(groups, "append_shared")
-        staged = _stage(self.objects, self.config.root_prefix, merged)
-        commits = [_Commit(self.keys(s.topic, s.partition), s) for s in staged]
-        committed, contended, errors = self._commit_together(commits)
-        futures = [self._pool.submit(self._commit, c) for c in contended]
-        for commit, future in zip(contended, futures):
-            try:
-                committed[commit.keys.tp] = future.result()
-            except Exception as e:  # noqa: BLE001 - reported per partition below
-                errors[(commit.keys.tp.topic, commit.keys.tp.partition)] = e
-
+        staged = _stage(self.objects, self.config.root_prefix, merged, self.clock)
+        outcomes = self._commit([_Slot(self.keys(s.topic, s.partition), s) for s in staged])
         results: list[tuple[int, AppendResult]] = []
-        wal_uri = staged[0].wal_uri
-        for tp, arrays in merged.items():
-            if tp not in committed:
+        errors: dict[tuple[str, int], BaseException] = {}
+        for (tp, arrays), s, outcome in zip(merged.items(), staged, outcomes):
+            if isinstance(outcome, BaseException):
+                errors[(tp.topic, tp.partition)] = outcome
                 continue
-            start, index_key = committed[tp]
+            start, index_key = outcome
             for i, values in arrays:
                 results.append((i, AppendResult(tp.topic, tp.partition, start, start + len(values) - 1,
-                                                index_key, wal_uri)))
+                                                index_key, s.wal_uri)))
                 start += len(values)
         ordered = [r for _, r in sorted(results, key=lambda x: x[0])]
         if errors:
@@ -185,24 +194,26 @@ class LogWriter(ClientUser):
         """Section 4.2 only: encode the groups and PUT them as one shared WAL blob. Nothing is
         written to Oxia; until :meth:`commit_staged` commits the slices, the blob is garbage.
         Groups of one topic-partition become one body, in the order given."""
-        return _stage(self.objects, self.config.root_prefix, _merge(groups, "upload"))
+        return _stage(self.objects, self.config.root_prefix, _merge(groups, "upload"), self.clock)
 
     def commit_staged(self, staged: Sequence[StagedSlice], sink: SinkBatch | None = None) -> list[AppendResult | None]:
         """Sections 4.3 to 4.5 for slices :meth:`upload` staged, here or in other processes.
         One result per slice; ``None`` where ``sink`` had committed that slice before.
 
-        Partitions commit concurrently; the slices of one partition commit one after another in
-        the order given, and with ``sink`` slice ``n`` of a partition records progress
-        ``(batch_id, n + 1)`` in its reserving CAS. Replaying the same batch with the same slices
-        (a restarted query, a commit that failed halfway) skips what is committed and commits
-        the rest, so every slice lands exactly once. A slice older than half the GC grace
-        period raises :class:`StaleBlob` before anything is committed. Failures are reported as
-        :meth:`append_shared` reports them.
+        Partitions commit in lockstep; the slices of one partition commit one after another in
+        the order given (round ``n`` commits every partition's slice ``n``), and with ``sink``
+        slice ``n`` of a partition records progress ``(batch_id, n + 1)`` in its reserving CAS.
+        Replaying the same batch with the same slices (a restarted query, a commit that failed
+        halfway) skips what is committed and commits the rest, so every slice lands exactly
+        once. A slice older than half the GC grace period raises :class:`StaleBlob` before
+        anything is committed (and is checked again before every reserving CAS). Failures are
+        reported as :meth:`append_shared` reports them; a partition that fails commits none of
+        its later slices.
         """
         if not staged:
             return []
-        now = now_ms()
-        stale = [s for s in staged if self._stale(s, now)]
+        now = self.clock.now_ms()
+        stale = [s for s in staged if now - s.created_at_ms > self.config.gc_grace_ms // 2]
         if stale:
             raise StaleBlob(f"{len(stale)} staged slice(s), first in {stale[0].wal_uri}, were uploaded more than "
                             f"{self.config.gc_grace_ms // 2} ms ago (half of LLOG_GC_GRACE_MS); upload the records "
@@ -211,189 +222,161 @@ class LogWriter(ClientUser):
         for i, s in enumerate(staged):
             by_partition.setdefault(TopicPartition(s.topic, s.partition), []).append(i)
         results: list[AppendResult | None] = [None] * len(staged)
-
-        def commit_partition(tp: TopicPartition, indexes: list[int]) -> None:
-            keys = self.keys(tp.topic, tp.partition)
-            for n, i in enumerate(indexes):
-                done = self._commit(_Commit(keys, staged[i]), sink and (sink, n))
-                if done is not None:
-                    start, index_key = done
+        errors: dict[tuple[str, int], BaseException] = {}
+        for n in range(max(len(ix) for ix in by_partition.values())):
+            round_ = [(tp, ix[n]) for tp, ix in by_partition.items()
+                      if n < len(ix) and (tp.topic, tp.partition) not in errors]
+            slots = [_Slot(self.keys(tp.topic, tp.partition), staged[i], sink and (sink, n)) for tp, i in round_]
+            for (tp, i), outcome in zip(round_, self._commit(slots) if slots else []):
+                if isinstance(outcome, BaseException):
+                    errors[(tp.topic, tp.partition)] = outcome
+                elif outcome is not None:
+                    start, index_key = outcome
                     results[i] = AppendResult(tp.topic, tp.partition, start, start + staged[i].msg_count - 1,
                                               index_key, staged[i].wal_uri)
                     failpoints.hit("writer.after_staged_slice")
-
-        futures = {tp: self._pool.submit(commit_partition, tp, ix) for tp, ix in by_partition.items()}
-        errors: dict[tuple[str, int], BaseException] = {}
-        for tp, future in futures.items():
-            try:
-                future.result()
-            except Exception as e:  # noqa: BLE001 - reported per partition below
-                errors[(tp.topic, tp.partition)] = e
         if errors:
             committed = [r for r in results if r is not None]
-            if not committed and len(errors) == len(futures):
+            if not committed and len(errors) == len(by_partition):
                 raise next(iter(errors.values()))
             raise AppendFailed(committed, errors)
         return results
 
-    # --- all partitions at once (section 4.3 to 4.5, uncontended) ------------------------------
+    # --- sections 4.3 to 4.5, every partition in lockstep --------------------------------------
 
-    def _commit_together(self, commits: list[_Commit]):
-        """Sections 4.3 to 4.5 for every partition in lockstep: read all controls, CAS all
-        reservations, put all index entries, CAS all clears, each step one RPC per shard.
+    def _commit(self, slots: Sequence[_Slot]) -> list[_Outcome]:
+        """Commit one slice per partition: reserve (4.3), materialize (4.4), clear (4.5), each
+        step one RPC per shard for all partitions (:mod:`llog.control`).
 
-        Returns ``(committed, contended, errors)``: what committed; the partitions left to
-        :meth:`_commit`'s own CAS loop (not initialized, fenced, holding someone's pending append,
-        or whose reservation lost a race: nothing of theirs was reserved); and the partitions
-        that failed after their reservation may have landed, which must not be retried (the next
-        writer finishes a reservation left pending). A reservation whose reply was lost is
-        looked for before it is left to retry, so it is never made twice.
+        Each round reads every control still to reserve; a partition holding someone's pending
+        append has it finished first (as any writer must), a fenced one fails, one the sink
+        already committed is done, and the rest are reserved by one CAS each. A partition whose
+        CAS lost a race goes to the next round (jittered backoff; bounded). A CAS that failed in
+        transit is looked for before it is tried again, so it is never made twice. A partition
+        that fails after its reservation may have landed is not retried: it is durable as
+        ``pending`` and the next writer finishes it.
         """
-        coordination, pk = self.coordination, lambda c: c.keys.partition_key
-        committed: dict[TopicPartition, tuple[int, str]] = {}
-        errors: dict[tuple[str, int], BaseException] = {}
-        try:
-            controls = coordination.get_many([(c.keys.control, pk(c)) for c in commits])
-        except LlogError:
-            return committed, commits, errors  # nothing reserved yet
-        contended, ready = [], []
-        for commit, found in zip(commits, controls):
-            state = found and ControlState(ControlRecord.from_json(found.value, found.key), found.version_id)
-            if state is None or state.record.pending is not None or state.record.fenced:
-                contended.append(commit)
-            else:
-                ready.append((commit, state, self._pending(commit, str(uuid.uuid4()), state.record.sequence_counter)))
-
-        def fail(batch, error: BaseException):
-            for commit, *_ in batch:
-                errors[(commit.keys.tp.topic, commit.keys.tp.partition)] = error
-            return committed, contended, errors
-
-        try:
-            reservations = coordination.put_many([
-                (c.keys.control, state.record.with_changes(sequence_counter=p.end_offset + 1, pending=p).to_json(),
-                 pk(c), state.version) for c, state, p in ready])
-        except LlogError as e:
-            return fail(ready, e)
-        reserved = []
-        for (commit, state, pending), result in zip(ready, reservations):
-            if isinstance(result, VersionConflict):
-                if not result.outcome_unknown:
-                    contended.append(commit)
-                    continue
-                try:
-                    current = read_control(coordination, commit.keys)
-                    landed = self._find_landed_reservation(commit.keys, pending.append_id, [pending.start_offset],
-                                                           current, commit)
-                except LlogError as e:
-                    fail([(commit,)], e)
-                    continue
-                if landed is None:
-                    contended.append(commit)
-                elif current.record.pending is None or current.record.pending.append_id != pending.append_id:
-                    # Landed, and someone else already finished it.
-                    committed[commit.keys.tp] = (pending.start_offset, commit.keys.index(pending.end_offset))
-                else:
-                    reserved.append((commit, current, pending))
-            else:
-                reserved.append((commit, ControlState(state.record.with_changes(
-                    sequence_counter=pending.end_offset + 1, pending=pending), result), pending))
+        out: list[_Outcome] = [None] * len(slots)
+        reserved: list[tuple[int, ControlState]] = []
+        todo = list(range(len(slots)))
+        for attempt in range(self.config.cas_max_attempts):
+            if not todo:
+                break
+            if attempt:
+                backoff(attempt - 1)
+            todo = self._reserve_round(slots, todo, out, reserved)
+        for i in todo:
+            out[i] = MaxRetriesExceeded(f"reserving offsets on {slots[i].keys.tp}", self.config.cas_max_attempts)
         if not reserved:
-            return committed, contended, errors
+            return out
         failpoints.hit("writer.after_reserve")
-
         try:
-            coordination.put_many([(c.keys.index(p.end_offset), p.to_index_entry().to_json(), pk(c), None)
-                                   for c, _, p in reserved])
+            states, created = materialize(self.coordination, [(slots[i].keys, s) for i, s in reserved], self.config,
+                                          self.clock)
             failpoints.hit("writer.after_index_put")
-            clears = coordination.put_many([(c.keys.control, state.record.with_changes(pending=None).to_json(),
-                                             pk(c), state.version) for c, state, _ in reserved])
-        except LlogError as e:
-            return fail(reserved, e)
-        for (commit, _, pending), result in zip(reserved, clears):
+            wire = self._pool.submit(tripwire, self.coordination, created)  # alongside the clears
+            clear(self.coordination, [(slots[i].keys, slots[i].append_id, s)
+                                      for (i, _), s in zip(reserved, states) if s is not None], self.config, self.clock)
             try:
-                if isinstance(result, VersionConflict):  # e.g. fenced meanwhile: clear through the CAS loop
-                    clear_pending(coordination, commit.keys, pending.append_id,
-                                  read_control(coordination, commit.keys), self.config.cas_max_attempts)
+                wire.result()
+            except LlogError as e:  # the append is done either way
+                log.warning("tripwire check after appending failed: %s", e)
+        except LlogError as e:
+            for i, _ in reserved:
+                out[i] = e
+            return out
+        for i, state in reserved:
+            pending = state.record.pending
+            out[i] = (pending.start_offset, slots[i].keys.index(pending.end_offset))
+        return out
+
+    def _reserve_round(self, slots: Sequence[_Slot], todo: list[int], out: list[_Outcome],
+                       reserved: list[tuple[int, ControlState]]) -> list[int]:
+        """One round of section 4.3 for the slots in ``todo``; returns the slots for the next."""
+        again: list[int] = []
+        helping: list[tuple[int, ControlState]] = []
+        cas: list[tuple[int, ControlState, ControlRecord]] = []
+        try:
+            states = read_controls(self.coordination, [slots[i].keys for i in todo], self.clock)
+        except LlogError as e:
+            for i in todo:
+                out[i] = e  # nothing reserved yet, or a reservation in doubt stays pending
+            return []
+        for i, state in zip(todo, states):
+            slot = slots[i]
+            try:
+                if state is None:
+                    if not self.auto_initialize:
+                        raise PartitionNotInitialized(slot.keys.tp.topic, slot.keys.tp.partition)
+                    initialize_partition(self.coordination, slot.keys)
+                    again.append(i)
+                    continue
+                pending = state.record.pending
+                if pending is not None and pending.append_id == slot.append_id:
+                    reserved.append((i, state))  # a CAS that failed in transit had landed
+                    continue
+                if slot.in_doubt:
+                    slot.in_doubt = False
+                    landed = self._find_landed_reservation(slot, state)
+                    if landed is not None:  # it landed, and someone else finished it
+                        out[i] = (landed, slot.keys.index(landed + slot.staged.msg_count - 1))
+                        continue
+                if pending is not None:
+                    helping.append((i, state))
+                    again.append(i)
+                    continue
+                new = self._reservation(slot, state.record)
             except LlogError as e:
-                fail([(commit,)], e)
+                out[i] = e
                 continue
-            committed[commit.keys.tp] = (pending.start_offset, commit.keys.index(pending.end_offset))
-        return committed, contended, errors
+            if new is None:
+                out[i] = None  # the sink committed this slice before
+            else:
+                cas.append((i, state, new))
+        if helping:
+            try:
+                finish_pending(self.coordination, [(slots[i].keys, s) for i, s in helping], self.config, self.clock)
+            except LlogError as e:
+                for i, _ in helping:
+                    out[i] = e
+                again = [i for i in again if i not in {j for j, _ in helping}]
+        if cas:
+            try:
+                results = reserve(self.coordination, [(slots[i].keys, s, new) for i, s, new in cas], self.config,
+                                  self.clock)
+            except LlogError as e:  # e.g. StaleBlob; after a failure in transit a reservation may have landed
+                for i, _, _ in cas:
+                    out[i] = e
+                return again
+            for (i, _, new), result in zip(cas, results):
+                slots[i].proposed.append(new.pending.start_offset)
+                if isinstance(result, VersionConflict):
+                    slots[i].in_doubt = result.outcome_unknown
+                    again.append(i)
+                else:
+                    reserved.append((i, result))
+        return again
 
-    def _stale(self, s: StagedSlice, now: int) -> bool:
-        """Whether referencing ``s``'s blob now could race GC (the age rule, :mod:`llog.gc`)."""
-        return now - s.created_at_ms > self.config.gc_grace_ms // 2
-
-    @staticmethod
-    def _pending(commit: _Commit, append_id: str, start: int) -> PendingAppend:
-        s = commit.staged
-        return PendingAppend(
-            append_id=append_id, start_offset=start, end_offset=start + s.msg_count - 1, msg_count=s.msg_count,
+    def _reservation(self, slot: _Slot, control: ControlRecord) -> ControlRecord | None:
+        """The control a reserving CAS writes for ``slot`` (section 4.3, with the sink's progress,
+        section 9), or None when the sink had committed this slice."""
+        keys, s = slot.keys, slot.staged
+        if control.fenced:
+            raise LogFenced(keys.tp.topic, keys.tp.partition)
+        if slot.sink is not None:
+            (batch, slice_no), progress = slot.sink, control.sink_progress(slot.sink[0].sink_id)
+            if progress is not None and progress.covers(batch.batch_id, slice_no):
+                return None
+            control = control.with_sink_progress(batch.sink_id, SinkProgress(batch.batch_id, slice_no + 1,
+                                                                              self.clock.now_ms()),
+                                                  self.config.sink_progress_retention_ms)
+        start = control.sequence_counter
+        pending = PendingAppend(
+            append_id=slot.append_id, start_offset=start, end_offset=start + s.msg_count - 1, msg_count=s.msg_count,
             data_key=s.wal_uri, entry_type=WAL, encoding=BYTES_BATCH_V1, created_at_ms=s.created_at_ms,
             byte_offset=s.body_offset, byte_length=s.body_length,
         )
-
-    # --- one partition (section 4.3 to 4.5) ---------------------------------------------------
-
-    def _commit(self, commit: _Commit, sink: tuple[SinkBatch, int] | None = None) -> tuple[int, str] | None:
-        """One partition through the CAS loop: ``(start_offset, index_key)``, or None when
-        ``sink`` (a sink batch and this slice's number in it) shows the slice committed."""
-        keys, s = commit.keys, commit.staged
-        append_id = str(uuid.uuid4())
-        already = False
-
-        def reserve(control: ControlRecord) -> ControlRecord | None:
-            nonlocal already
-            if control.fenced:
-                raise LogFenced(keys.tp.topic, keys.tp.partition)
-            if sink is not None:
-                (batch, slice_no), progress = sink, control.sink_progress(sink[0].sink_id)
-                if progress is not None and progress.covers(batch.batch_id, slice_no):
-                    already = True
-                    return None
-                control = control.with_sink_progress(
-                    batch.sink_id, SinkProgress(batch.batch_id, slice_no + 1, now_ms()),
-                    self.config.sink_progress_retention_ms)
-            if self._stale(s, now_ms()):  # checked again at each attempt: a long CAS loop ages the blob too
-                raise StaleBlob(f"{keys.tp}: {s.wal_uri} was uploaded more than {self.config.gc_grace_ms // 2} ms "
-                                f"ago (half of LLOG_GC_GRACE_MS); upload the records again")
-            reserved.append(control.sequence_counter)
-            return control.with_changes(sequence_counter=control.sequence_counter + s.msg_count,
-                                         pending=self._pending(commit, append_id, control.sequence_counter))
-
-        def landed(current: ControlState) -> ControlState | None:
-            nonlocal landed_start
-            landed_start = self._find_landed_reservation(keys, append_id, reserved, current, commit)
-            return None if landed_start is None else current
-
-        reserved: list[int] = []  # the start offset each CAS attempt proposed
-        landed_start: int | None = None
-        state = self._reserve(keys, reserve, landed)
-        if already:
-            return None
-        pending = state.record.pending
-        if pending is None or pending.append_id != append_id:
-            # The reservation landed in transit and someone else already finished it.
-            return landed_start, keys.index(landed_start + s.msg_count - 1)
-        failpoints.hit("writer.after_reserve")
-
-        entry = pending.to_index_entry()
-        self.coordination.put(keys.index(pending.end_offset), entry.to_json(), keys.partition_key)
-        failpoints.hit("writer.after_index_put")
-        clear_pending(self.coordination, keys, append_id, state, self.config.cas_max_attempts)
-        return pending.start_offset, keys.index(pending.end_offset)
-
-    def _reserve(self, keys: PartitionKeys, reserve, landed) -> ControlState:
-        try:
-            return update_control(self.coordination, keys, reserve, self.config.cas_max_attempts,
-                                  "reserving offsets", on_outcome_unknown=landed)
-        except PartitionNotInitialized:
-            if not self.auto_initialize:
-                raise
-            self.initialize_partition(keys.tp.topic, keys.tp.partition)
-            return update_control(self.coordination, keys, reserve, self.config.cas_max_attempts,
-                                  "reserving offsets", on_outcome_unknown=landed)
+        return control.with_changes(sequence_counter=pending.end_offset + 1, pending=pending)
 
     def _owner(self, keys: PartitionKeys, offset: int, current: ControlState) -> IndexEntry | None:
         """The index entry (or pending append) covering ``offset``, if any."""
@@ -407,25 +390,24 @@ class LogWriter(ClientUser):
             return pending.to_index_entry()
         return None
 
-    def _find_landed_reservation(self, keys: PartitionKeys, append_id: str, reserved: list[int],
-                                 current: ControlState, commit: _Commit) -> int | None:
-        """After a reserving CAS failed in transit and then conflicted: did an attempt land?
-        Returns the start offset of the one that did, or None.
+    def _find_landed_reservation(self, slot: _Slot, current: ControlState) -> int | None:
+        """After a reserving CAS failed in transit and then conflicted, with ``pending`` no
+        longer naming this append: did an attempt land (and someone else finish it)? Returns
+        the start offset of the one that did, or None.
 
-        For each start offset an attempt proposed, look at what now owns that offset. Ours
-        (``pending`` names this append, or the index entry points at this append's bytes): it
-        landed. Another WAL append, or nobody because the counter never got there: that attempt
-        did not land. If every attempt is accounted for as not landed, the CAS loop goes on;
-        otherwise (say the range was compacted meanwhile) :class:`AppendOutcomeUnknown`.
+        For each start offset an attempt proposed, look at what now owns that offset. An index
+        entry pointing at this append's bytes: it landed. Another WAL append, or nobody because
+        the counter never got there: that attempt did not land. If every attempt is accounted
+        for as not landed, the append is tried again; otherwise (say the range was compacted
+        meanwhile) :class:`AppendOutcomeUnknown`.
         """
-        if current.record.pending is not None and current.record.pending.append_id == append_id:
-            return current.record.pending.start_offset
+        keys, staged = slot.keys, slot.staged
         undecided = []
-        for start in reserved:
+        for start in slot.proposed:
             if current.record.sequence_counter <= start:
                 continue
             owner = self._owner(keys, start, current)
-            if owner is not None and owner.data_key == commit.staged.wal_uri and owner.byte_offset == commit.staged.body_offset:
+            if owner is not None and owner.data_key == staged.wal_uri and owner.byte_offset == staged.body_offset:
                 return start
             if owner is None or owner.type != WAL:
                 undecided.append(start)
@@ -433,6 +415,5 @@ class LogWriter(ClientUser):
             return None
         raise AppendOutcomeUnknown(
             f"reserving offsets on {keys.tp} failed in transit and the log has moved on; the append "
-            f"({commit.staged.msg_count} records in {commit.staged.wal_uri}) may or may not be in the log"
+            f"({staged.msg_count} records in {staged.wal_uri}) may or may not be in the log"
         )
-

@@ -7,6 +7,7 @@ from uuid import uuid4
 
 import pytest
 
+from llog import failpoints
 from llog.config import Config
 from llog.local_stack import down, free_ports, install, up
 
@@ -39,3 +40,12 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Config:
 def config(stack: Config) -> Config:
     """The stack's config with a root prefix of its own, so tests do not see each other's data."""
     return stack.replace(root_prefix=f"t{uuid4().hex[:12]}")
+
+
+@pytest.fixture
+def hooks():
+    """``llog.failpoints.hooks``, emptied after the test: ``hooks[point] = fn`` runs ``fn`` when
+    this process reaches ``point`` (an actor pauses there while ``fn`` runs others)."""
+    failpoints.hooks.clear()
+    yield failpoints.hooks
+    failpoints.hooks.clear()

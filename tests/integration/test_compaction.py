@@ -19,6 +19,7 @@ from llog.reader import LogReader
 from llog.records import COMPACTED, CompactionRecord
 from llog.writer import AppendGroup, LogWriter, SinkBatch
 from tests.helpers import compactor_process
+from tests.helpers.clocks import past_the_lag
 from tests.helpers.invariants import check_monotonic, check_partition
 
 PARTITIONS = [0, 1]
@@ -48,7 +49,7 @@ def _snapshots(config, topic):
 def test_compaction_keeps_every_record_with_the_same_bytes(config, writer, reader):
     values = _fill(writer, "t")
     before = _snapshots(config, "t")
-    with Compactor(config, max_offsets=120) as compactor:
+    with Compactor(config, clock=past_the_lag(), max_offsets=120) as compactor:
         done = [compactor.compact_partition("t", p) for p in PARTITIONS]
     assert [d.records for d in done] == [500, 500]
     assert all(d.compactions == 5 and d.source_gets == d.source_entries == 10 for d in done)  # 2 entries per run
@@ -59,7 +60,7 @@ def test_compaction_keeps_every_record_with_the_same_bytes(config, writer, reade
         assert [e.entry.type for e in after[p].entries] == [COMPACTED] * 5
         assert _log(reader, "t", p) == values[p]
         assert reader.read_offset("t", p, 333).value == values[p][332]  # two small range GETs
-    with Compactor(config) as compactor:  # nothing left
+    with Compactor(config, clock=past_the_lag()) as compactor:  # nothing left
         assert compactor.compact_partition("t", 0).compactions == 0
     writer.append("t", 0, [b"after"])  # appends go on after compacted entries
     assert _log(reader, "t", 0) == values[0] + [b"after"]
@@ -82,7 +83,7 @@ def test_a_concurrent_reader_never_sees_an_error_or_a_gap(config, writer):
     thread = threading.Thread(target=read_continuously)
     thread.start()
     try:
-        with Compactor(config, max_offsets=40) as compactor:
+        with Compactor(config, clock=past_the_lag(), max_offsets=40) as compactor:
             assert compactor.compact_partition("live", 0).compactions == 15
     finally:
         stop.set()
@@ -112,7 +113,7 @@ def test_a_compactor_killed_at_every_step_is_resumed_by_another(config, writer, 
 
     # The killed compactor's claim goes with its session; then another resumes and finishes.
     deadline = time.monotonic() + 30
-    with Compactor(config, max_offsets=200) as compactor:
+    with Compactor(config, clock=past_the_lag(), max_offsets=200) as compactor:
         while True:
             done = compactor.compact_partition("c", 0)
             if not done.skipped_claimed:
@@ -132,7 +133,7 @@ def test_racing_compactors_are_kept_apart_by_the_claim(config, writer, reader):
     results = {}
 
     def compact(name):
-        with Compactor(config, max_offsets=60) as compactor:
+        with Compactor(config, clock=past_the_lag(), max_offsets=60) as compactor:
             results[name] = [compactor.compact_partition("race", p) for p in PARTITIONS * 3]
 
     threads = [threading.Thread(target=compact, args=(n,)) for n in ("a", "b")]
@@ -152,7 +153,7 @@ def test_a_killed_claim_holder_is_waited_out(config, writer, reader):
     killed = compactor_process.run(config, "held", [0], max_offsets=100, failpoint="compactor.after_index_overwrite",
                                    session_timeout_ms=4000)
     assert killed.returncode == -9
-    with Compactor(config, max_offsets=100) as compactor:
+    with Compactor(config, clock=past_the_lag(), max_offsets=100) as compactor:
         assert compactor.compact_partition("held", 0).skipped_claimed  # its session is still alive
         time.sleep(6)
         done = compactor.compact_partition("held", 0)
@@ -165,7 +166,8 @@ def test_gc_deletes_exactly_the_old_unreferenced_blobs(config):
     objects = ObjectStore(config)
     with LogWriter(config, auto_initialize=True) as writer, Coordination(config) as coordination:
         values = _fill(writer, "g", appends=4, records=10)
-        with Compactor(config, coordination=coordination, objects=objects, max_offsets=20) as compactor:
+        with Compactor(config, coordination=coordination, objects=objects, max_offsets=20,
+                       clock=past_the_lag()) as compactor:
             compactor.compact_partition("g", 0)  # entries 1..20 of partition 0 compacted
         orphan = objects.put(shared_wal_object(config.root_prefix), b"an aborted sink batch's blob")
         staged = writer.upload([AppendGroup("g", 1, [b"staged, never committed"])])
@@ -202,7 +204,7 @@ def test_gc_deletes_exactly_the_old_unreferenced_blobs(config):
             writer.commit_staged(staged, SinkBatch("late", 0))
 
         # Once partition 1 is compacted too, its old shared blobs are garbage.
-        with Compactor(config, coordination=coordination, objects=objects) as compactor:
+        with Compactor(config, clock=past_the_lag(), coordination=coordination, objects=objects) as compactor:
             compactor.compact_partition("g", 1)
         time.sleep(2.5)
         partitions = all_partitions(coordination, config.root_prefix)
@@ -226,7 +228,8 @@ def test_gc_collects_the_compacted_blob_of_a_compactor_that_died_before_its_reco
     try:
         [orphan] = [o.key for o in objects.list(keys.compacted_prefix)]
         deadline = time.monotonic() + 30
-        with Compactor(config, max_offsets=200) as compactor:  # once the killed one's claim expires
+        # once the killed one's claim expires:
+        with Compactor(config, clock=past_the_lag(), max_offsets=200) as compactor:
             while compactor.compact_partition("orphan", 0).skipped_claimed:
                 assert time.monotonic() < deadline, "the killed compactor's claim never expired"
                 time.sleep(0.5)
@@ -261,7 +264,8 @@ def test_a_gap_in_an_index_stops_gc_before_anything_is_deleted(config, writer):
 def test_a_compactor_does_not_reference_a_blob_older_than_half_the_grace_period(config, writer, reader):
     values = _fill(writer, "slow", appends=2, records=10)
     keys = writer.keys("slow", 0)
-    with Compactor(config.replace(gc_grace_ms=1), max_offsets=200) as compactor:  # any PUT takes too long
+    # any PUT takes too long:
+    with Compactor(config.replace(gc_grace_ms=1), clock=past_the_lag(), max_offsets=200) as compactor:
         with pytest.raises(StaleBlob, match="left for GC"):
             compactor.compact_partition("slow", 0)
     with Coordination(config) as coordination:
@@ -276,7 +280,7 @@ def test_a_reader_whose_blobs_were_compacted_and_collected_resolves_again(config
 
     stream = reader.stream_batches(ReadRequest("gone", 0, 1, 480), chunk_bytes=1, lookahead=1)  # a chunk per entry
     first = next(stream)
-    with Compactor(config) as compactor:
+    with Compactor(config, clock=past_the_lag()) as compactor:
         assert compactor.compact_partition("gone", 0).records == 480
     objects = ObjectStore(config)
     try:  # every WAL blob collected at once (as GC would once they are old enough)
@@ -290,7 +294,7 @@ def test_a_reader_whose_blobs_were_compacted_and_collected_resolves_again(config
 
 def test_max_bytes_bounds_a_run_but_takes_at_least_one_entry(config, writer, reader):
     values = _fill(writer, "bytes", appends=4, records=10)
-    with Compactor(config, max_bytes=1) as compactor:
+    with Compactor(config, clock=past_the_lag(), max_bytes=1) as compactor:
         done = compactor.compact_partition("bytes", 0)
     assert done.compactions == 4 and done.records == 40
     assert _log(reader, "bytes", 0) == values[0]

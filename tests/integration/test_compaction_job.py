@@ -217,6 +217,7 @@ def test_llog_compact_and_gc_commands(cli_env, config, writer, reader, objects):
     writer.append("cli", 1, [b"other"])
     orphan = objects.put(shared_wal_object(config.root_prefix), b"orphan")
     written = time.time()
+    _wait_older_than_grace(written)  # past the compaction lag (PROTOCOL.md v1.1 section 6.1)
 
     done = _llog(cli_env, "compact", "cli", "0", "--max-offsets", "10")
     assert done.returncode == 0, done.stderr

@@ -6,11 +6,11 @@ import time
 
 import pytest
 
-import llog.writer
+from llog.clock import ShiftedClock
 from llog.control import read_control
 from llog.errors import StaleBlob
 from llog.records import now_ms
-from llog.writer import AppendGroup, SinkBatch
+from llog.writer import AppendGroup, LogWriter, SinkBatch
 from tests.helpers.invariants import check_partition
 
 
@@ -59,15 +59,15 @@ def test_replay_after_a_partial_commit_commits_only_the_rest(writer, reader):
     assert _values(reader, "partial", 0) == [b"q-a0", b"q-a1", b"q-a2", b"q-c0", b"q-c1", b"q-c2", b"q-c3"]
 
 
-def test_a_blob_that_ages_past_half_the_grace_period_during_the_commit_is_not_referenced(config, writer, monkeypatch):
-    staged = writer.upload([AppendGroup("aging", 0, [b"x"])])
-    real = llog.writer.now_ms
-    calls = iter(range(1_000_000))
-    # The clock jumps by the grace period after commit_staged's first look at it, as if the CAS
-    # loop had been stuck that long.
-    monkeypatch.setattr(llog.writer, "now_ms", lambda: real() + (0 if next(calls) == 0 else config.gc_grace_ms))
-    with pytest.raises(StaleBlob, match=r"aging\[0\]: .* upload the records again"):
-        writer.commit_staged(staged, SinkBatch("q", 0))
+def test_a_blob_that_ages_past_half_the_grace_period_during_the_commit_is_not_referenced(config, writer, hooks):
+    clock = ShiftedClock()
+    with LogWriter(config, writer.coordination, writer.objects, auto_initialize=True, clock=clock) as w:
+        staged = w.upload([AppendGroup("aging", 0, [b"x"])])
+        # The writer stalls just before its reserving CAS for the grace period, as if its CAS
+        # loop had been stuck that long: the age check right before the CAS refuses the blob.
+        hooks["writer.before_reserve_cas"] = lambda: clock.advance(config.gc_grace_ms / 1000)
+        with pytest.raises(StaleBlob, match=r"aging\[0\]: .* upload the records again"):
+            w.commit_staged(staged, SinkBatch("q", 0))
     control = read_control(writer.coordination, writer.keys("aging", 0)).record
     assert control.sequence_counter == 1 and control.pending is None and control.sink_progress("q") is None
 
