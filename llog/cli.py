@@ -50,7 +50,7 @@ def _set_fence(args) -> int:
     config = Config.load()
     keys = PartitionKeys(config.root_prefix, TopicPartition(args.topic, args.partition))
     with Coordination(config) as coordination:
-        state = (fence if args.command == "fence" else unfence)(coordination, keys, config.cas_max_attempts)
+        state = (fence if args.command == "fence" else unfence)(coordination, keys, config)
     print(f"{keys.tp}: {state.record.log_state} (high watermark {state.record.high_watermark})")
     return 0
 
