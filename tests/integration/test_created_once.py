@@ -23,7 +23,7 @@ import pytest
 
 from llog.clock import ShiftedClock
 from llog.compactor import Compactor
-from llog.control import read_control
+from llog.control import Created, read_control, tripwire
 from llog.errors import StaleBlob
 from llog.gc import gc_pass
 from llog.reader import LogReader
@@ -264,6 +264,26 @@ def test_8_a_create_whose_first_attempt_landed_counts_as_materialized(config):
     assert (result.start_offset, result.end_offset) == (6, 10)
     assert _entries(config) == [(WAL, 1, 5), (WAL, 6, 10)]
     _settled(config, _records("a") + _records("b"))
+
+
+def test_the_tripwire_deletes_a_create_that_landed_behind_the_cursor(config, writer, caplog):
+    """Section 8: if the timing assumption is broken anyway and a create of a compacted-away
+    key lands, the creator deletes it again (at the version it created) and logs an error."""
+    records = _records("a") + _records("b")
+    writer.append(T, 0, records[:5])
+    writer.append(T, 0, records[5:])
+    keys, coordination = writer.keys(T, 0), writer.coordination
+    wal_entry = coordination.get(keys.index(5), keys.partition_key).value
+    with Compactor(config, clock=past_the_lag()) as compactor:
+        assert compactor.compact_partition(T, 0).records == 10
+    late = coordination.put(keys.index(5), wal_entry, keys.partition_key, oxia.EXPECTED_RECORD_DOES_NOT_EXIST)
+    with pytest.raises(AssertionError, match="overlaps"):
+        _entries(config)  # the partition is broken until the tripwire acts
+    # Key 10 is behind the cursor too, but at another version (compaction's entry): left alone.
+    assert tripwire(coordination, [Created(keys, 5, late), Created(keys, 10, late)]) == 1
+    assert TRIPWIRE in caplog.text
+    assert _entries(config) == [(COMPACTED, 1, 10)]
+    _settled(config, records)
 
 
 # --- related holes: late references to a collected blob, a stale compaction record ---------------
