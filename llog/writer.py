@@ -250,25 +250,32 @@ class LogWriter(ClientUser):
 
         Each round reads every control still to reserve; a partition holding someone's pending
         append has it finished first (as any writer must), a fenced one fails, one the sink
-        already committed is done, and the rest are reserved by one CAS each. A partition whose
-        CAS lost a race goes to the next round (jittered backoff; bounded). A CAS that failed in
-        transit is looked for before it is tried again, so it is never made twice. A partition
-        that fails after its reservation may have landed is not retried: it is durable as
-        ``pending`` and the next writer finishes it.
+        already committed is done, and the rest are reserved by one CAS each; what a round
+        reserved is materialized and cleared at once, so no pending waits on another
+        partition's contention. A partition whose CAS lost a race goes to the next round
+        (jittered backoff; bounded). A CAS that failed in transit is looked for before it is
+        tried again, so it is never made twice. A partition that fails after its reservation
+        may have landed is not retried: it is durable as ``pending`` and the next writer
+        finishes it.
         """
         out: list[_Outcome] = [None] * len(slots)
-        reserved: list[tuple[int, ControlState]] = []
         todo = list(range(len(slots)))
         for attempt in range(self.config.cas_max_attempts):
             if not todo:
                 break
             if attempt:
                 backoff(attempt - 1)
+            reserved: list[tuple[int, ControlState]] = []
             todo = self._reserve_round(slots, todo, out, reserved)
+            if reserved:
+                self._finish_reserved(slots, reserved, out)
         for i in todo:
             out[i] = MaxRetriesExceeded(f"reserving offsets on {slots[i].keys.tp}", self.config.cas_max_attempts)
-        if not reserved:
-            return out
+        return out
+
+    def _finish_reserved(self, slots: Sequence[_Slot], reserved: list[tuple[int, ControlState]],
+                         out: list[_Outcome]) -> None:
+        """Sections 4.4 and 4.5 for the appends a round reserved (``state``: after the CAS)."""
         failpoints.hit("writer.after_reserve")
         try:
             states, created = materialize(self.coordination, [(slots[i].keys, s) for i, s in reserved], self.config,
@@ -284,11 +291,10 @@ class LogWriter(ClientUser):
         except LlogError as e:
             for i, _ in reserved:
                 out[i] = e
-            return out
+            return
         for i, state in reserved:
             pending = state.record.pending
             out[i] = (pending.start_offset, slots[i].keys.index(pending.end_offset))
-        return out
 
     def _reserve_round(self, slots: Sequence[_Slot], todo: list[int], out: list[_Outcome],
                        reserved: list[tuple[int, ControlState]]) -> list[int]:
