@@ -29,7 +29,10 @@ import grpc
 import oxia
 import oxia.ex
 from oxia.internal.connection_pool import ConnectionPool
+from oxia.internal.proto.io.streamnative.oxia import proto as pb
 from oxia.internal.proto.io.streamnative.oxia.proto import OxiaClientStub
+from oxia.internal.service_discovery import ServiceDiscovery
+from oxia.internal.sessions import SessionManager
 from tenacity import Retrying, retry_if_exception, stop_after_attempt, stop_after_delay, wait_random_exponential
 
 from llog import oxia_client_pb2 as wire
@@ -49,6 +52,9 @@ _READ = "/io.streamnative.oxia.proto.OxiaClient/Read"
 _WRITE = "/io.streamnative.oxia.proto.OxiaClient/Write"
 _RETRY_ATTEMPTS = 8
 _CONNECT_TIMEOUT_S = 10.0
+#: Building the client: attempts, and how long each waits for the first shard assignments.
+_BUILD_ATTEMPTS = 3
+_ASSIGNMENTS_TIMEOUT_S = 15.0
 _CLOSE_TIMEOUT_S = 5.0
 WRITE_OPS = ("put", "delete", "delete_range")
 
@@ -106,23 +112,73 @@ class _DeadlineConnectionPool(ConnectionPool):
             return conn[1]
 
 
-class _OxiaClient(oxia.Client):
-    """``oxia.Client`` whose connections carry request deadlines."""
+class _ServiceDiscovery(ServiceDiscovery):
+    """The client's shard-assignment stream, without the races of oxia 0.2.1's.
 
-    def __init__(self, config: Config):
-        super().__init__(config.oxia_service_address, namespace=config.oxia_namespace,
-                         session_timeout_ms=config.oxia_session_timeout_ms,
-                         client_identifier=config.client_identifier)
-        # Swap in the deadline pool before any request is made through it; the service
-        # discovery thread keeps its own (long-lived) stream on the old pool.
-        deadline_pool = _DeadlineConnectionPool(config.oxia_request_timeout_ms / 1000)
-        self._service_discovery._connection_pool = deadline_pool
-        self._old_connections, self._connections = self._connections, deadline_pool
+    That class starts its stream thread before it creates the barrier the thread waits on: when
+    the first assignments arrive before the constructor gets there (a loaded machine), the
+    thread dies with ``AttributeError: ... '_init_barrier'`` and the constructor waits out its
+    30 s. It also waits on that barrier again at every later update, so it stops following
+    assignments after the first. Here an event marks the first assignments; updates keep
+    coming; a failed or closed discovery stops its thread; the stream's backoff is short and
+    wakes up on close.
+    """
+
+    def __init__(self, service_address: str, stream_pool: ConnectionPool, request_pool: ConnectionPool,
+                 namespace: str, init_timeout_s: float):
+        self._assignments = {}
+        self._service_address = service_address
+        self._connection_pool = request_pool  # get_stub / get_leader: the pool whose requests have deadlines
+        self._stream_pool = stream_pool  # the long-lived assignments stream (no deadline)
+        self._namespace = namespace
+        self._closed = False
+        self._lock = threading.Lock()
+        self._ready = threading.Event()
+        self._wake = threading.Event()
+        self._thread = threading.Thread(target=self.get_assignments, daemon=True, name="llog-oxia-assignments")
+        self._thread.start()
+        if not self._ready.wait(init_timeout_s):
+            self.close()
+            raise RuntimeError(f"no shard assignments from {service_address} within {init_timeout_s:.0f} s")
+
+    def get_assignments(self) -> None:
+        delay = 0.05
+        while not self._closed:
+            try:
+                stub = self._stream_pool.get(self._service_address)
+                for sa in stub.get_shard_assignments(pb.ShardAssignmentsRequest(namespace=self._namespace)):
+                    self._parse_assignments(sa.namespaces[self._namespace])
+                    self._ready.set()
+                    delay = 0.05
+            except (grpc.RpcError, ValueError) as e:  # ValueError: the channel was closed under it
+                if self._closed:
+                    return
+                if not isinstance(e, grpc.RpcError) or e.code() != grpc.StatusCode.CANCELLED:
+                    log.info("oxia shard assignments from %s: %s; reconnecting", self._service_address, e)
+            self._wake.wait(delay)
+            delay = min(2.0, delay * 2)
+
+    def close(self) -> None:
+        self._closed = True
+        self._wake.set()
+        self._stream_pool.close()  # ends the stream
+        self._thread.join(_CLOSE_TIMEOUT_S)
+
+
+class _OxiaClient(oxia.Client):
+    """``oxia.Client`` whose requests carry deadlines and whose shard discovery has no start-up
+    race (:class:`_ServiceDiscovery`). Raises RuntimeError when no assignments come in time."""
+
+    def __init__(self, config: Config, init_timeout_s: float):  # noqa: the parent's __init__ is replaced whole
+        self._closed = False
+        self._connections = _DeadlineConnectionPool(config.oxia_request_timeout_ms / 1000)
+        self._service_discovery = _ServiceDiscovery(config.oxia_service_address, ConnectionPool(), self._connections,
+                                                    config.oxia_namespace, init_timeout_s)
+        self._session_manager = SessionManager(self._service_discovery, config.oxia_session_timeout_ms,
+                                               config.client_identifier)
 
     def close(self):
-        # The discovery thread's stream lives on the old pool; closing it ends the stream, so
-        # the client's close can join that thread.
-        self._old_connections.close()
+        self._service_discovery.close()  # first, so its thread does not reconnect while the rest closes
         super().close()
 
 
@@ -216,16 +272,28 @@ class Coordination:
     def __init__(self, config: Config):
         config.require("oxia_service_address")
         self.config = config
-        _wait_ready(config.oxia_service_address, _CONNECT_TIMEOUT_S)
-        try:
-            self._client = _OxiaClient(config)
-        except RuntimeError as e:  # the client's own 30 s wait for shard assignments
-            raise CoordinationError(f"cannot connect to Oxia at {config.oxia_service_address}: {e}") from e
+        self._client = self._build_client(config)
         self._deadline_s = max(30.0, 3 * config.oxia_request_timeout_ms / 1000)
         self._lock = threading.Lock()
         self._combiners: dict[tuple[str, int], _Combiner] = {}
         self._rpc_cache: dict[OxiaClientStub, tuple[Callable, Callable]] = {}
         self.stats: collections.Counter[str] = collections.Counter()
+
+    @staticmethod
+    def _build_client(config: Config) -> _OxiaClient:
+        """The server must answer within a bound, then the first shard assignments must arrive
+        (a loaded machine gets a few attempts). The error names the address and what failed."""
+        _wait_ready(config.oxia_service_address, _CONNECT_TIMEOUT_S)
+        problem = ""
+        for attempt in range(_BUILD_ATTEMPTS):
+            try:
+                return _OxiaClient(config, _ASSIGNMENTS_TIMEOUT_S)
+            except RuntimeError as e:
+                problem = str(e)
+                log.warning("connecting to Oxia at %s (attempt %d of %d): %s", config.oxia_service_address,
+                            attempt + 1, _BUILD_ATTEMPTS, problem)
+        raise CoordinationError(f"cannot connect to Oxia at {config.oxia_service_address}: {problem} "
+                                f"({_BUILD_ATTEMPTS} attempts)")
 
     # --- batched single-key requests ----------------------------------------------------------
 
