@@ -49,7 +49,7 @@ from llog.clients import ClientUser
 from llog.clock import Clock
 from llog.codec import encode_batch
 from llog.config import Config
-from llog.control import ControlState, check_blob_age, finish_pending, read_control
+from llog.control import check_blob_age, finish_pending, read_control
 from llog.coordination import Coordination
 from llog.errors import ClaimHeld, CorruptRecord, InconsistentReadState, VersionConflict
 from llog.keys import PartitionKeys
@@ -178,7 +178,7 @@ class Compactor(ClientUser):
 
     def _compact_next(self, keys: PartitionKeys, done: PartitionCompaction) -> bool:
         cursor, control = self._cursor_and_control(keys)
-        run = self._select(keys, cursor.offset, control.record)
+        run = self._select(keys, cursor.offset, control)
         if not run:
             return False
         failpoints.hit("compactor.after_select")
@@ -253,6 +253,7 @@ class Compactor(ClientUser):
             self.coordination.delete(keys.compaction, keys.partition_key, expected_version=version)
         except VersionConflict:
             pass
+
     def _overwrite_end_entry(self, keys: PartitionKeys, record: CompactionRecord, version: int | None) -> None:
         """Step 4: ``index/{end}`` becomes the COMPACTED entry, by CAS on the WAL entry it
         replaces (on resume: on whatever version is there, if it is still that WAL entry)."""
@@ -272,16 +273,15 @@ class Compactor(ClientUser):
             raise InconsistentReadState(f"{keys.tp}: {key} changed while compaction {record.compaction_id} ran")
         self.coordination.put(key, record.index_entry().to_json(), pk, expected_version=current.version_id)
 
-    def _cursor_and_control(self, keys: PartitionKeys) -> tuple["_CursorState", ControlState]:
+    def _cursor_and_control(self, keys: PartitionKeys) -> tuple["_CursorState", ControlRecord]:
         """The cursor and ``meta/control``, in one read."""
-        seen_at = self.clock.monotonic()
         cursor, control = self.coordination.get_many([(keys.compaction_cursor, keys.partition_key),
                                                       (keys.control, keys.partition_key)])
         if cursor is None or control is None:
             raise CorruptRecord(f"{keys.tp}: meta/compaction-cursor or meta/control is missing (the partition was "
                                 f"not initialized)")
         return (_CursorState(CompactionCursor.from_json(cursor.value, cursor.key).offset, cursor.version_id),
-                ControlState(ControlRecord.from_json(control.value, control.key), control.version_id, seen_at))
+                ControlRecord.from_json(control.value, control.key))
 
     def _cursor(self, keys: PartitionKeys) -> "_CursorState":
         found = self.coordination.get(keys.compaction_cursor, keys.partition_key)

@@ -169,7 +169,7 @@ class _OxiaClient(oxia.Client):
     """``oxia.Client`` whose requests carry deadlines and whose shard discovery has no start-up
     race (:class:`_ServiceDiscovery`). Raises RuntimeError when no assignments come in time."""
 
-    def __init__(self, config: Config, init_timeout_s: float):  # noqa: the parent's __init__ is replaced whole
+    def __init__(self, config: Config, init_timeout_s: float):  # the parent's __init__ is replaced whole
         self._closed = False
         self._connections = _DeadlineConnectionPool(config.oxia_request_timeout_ms / 1000)
         self._service_discovery = _ServiceDiscovery(config.oxia_service_address, ConnectionPool(), self._connections,
