@@ -16,7 +16,7 @@ import time
 
 from llog import local_stack
 from llog.config import Config
-from llog.consumer_groups import describe_group, format_group
+from llog.consumer_groups import describe_group, format_group, format_offsets, reset_offsets
 from llog.coordination import Coordination
 from llog.describe import describe_topic, format_descriptions
 from llog.errors import LlogError
@@ -43,6 +43,19 @@ def _describe_group(args) -> int:
         print(json.dumps([dict(dataclasses.asdict(r), lag=r.lag) for r in rows], indent=2))
     else:
         print(format_group(args.group, rows))
+    return 0
+
+
+def _reset_group(args) -> int:
+    config = Config.load()
+    with Coordination(config) as coordination:
+        offsets = reset_offsets(coordination, config.root_prefix, args.group, args.to, args.topic or None,
+                                dry_run=args.dry_run)
+    if args.json:
+        print(json.dumps([{"topic": tp.topic, "partition": tp.partition, "offset": o}
+                          for tp, o in sorted(offsets.items())], indent=2))
+    else:
+        print(format_offsets(args.group, offsets, args.dry_run))
     return 0
 
 
@@ -151,6 +164,15 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--topic", action="append", help="only this topic (repeatable; default: all topics)")
     p.add_argument("--json", action="store_true", help="print JSON instead of a table")
     p.set_defaults(func=_describe_group)
+    p = groups.add_parser("reset", help="move a group's committed offsets, backwards too (commits only move forward)")
+    p.add_argument("group")
+    p.add_argument("--to", required=True, metavar="earliest|latest|JSON",
+                   help='earliest, latest (the log end: nothing left to read), or {"topic": {"0": 17, "1": -2}} '
+                        '(-2 earliest, -1 latest)')
+    p.add_argument("--topic", action="append", help="only this topic (repeatable; default: all the group has)")
+    p.add_argument("--dry-run", action="store_true", help="print what would be set, set nothing")
+    p.add_argument("--json", action="store_true", help="print JSON instead of a table")
+    p.set_defaults(func=_reset_group)
 
     for name, text in (("fence", "reject appends to a partition"), ("unfence", "accept appends again")):
         p = sub.add_parser(name, help=text)

@@ -1,32 +1,144 @@
 """Consumer groups (PROTOCOL.md section 9): per partition, the next offset a group will read,
 committed in Oxia at ``P/consumers/{group}``, so lag is visible outside the consuming job.
 
+Commits are CAS on the version read and only move forward: a late commit (a straggling driver
+replaying an old batch) never moves a group back. Moving back is deliberate:
+:func:`reset_offsets` (``llog groups reset GROUP --to earliest|latest|JSON``).
+
 ``llog groups describe GROUP`` prints, per partition the group has committed: the committed
 offset, the high watermark and the lag (records written but not yet consumed).
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+import json
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 
+import oxia
+
+from llog.control import backoff
 from llog.coordination import Coordination
 from llog.discovery import list_topics, topic_partitions
-from llog.errors import CorruptRecord
+from llog.errors import CorruptRecord, InvalidOffset, MaxRetriesExceeded, PartitionNotInitialized, VersionConflict
 from llog.keys import PartitionKeys, TopicPartition, validate_group
 from llog.records import ConsumerOffset, ControlRecord, now_ms
 
+#: Rounds of a commit or reset CAS before giving up.
+_MAX_ATTEMPTS = 64
+#: In a JSON reset, Kafka's "earliest" and "latest".
+EARLIEST, LATEST = -2, -1
+
 
 def commit_offsets(coordination: Coordination, root: str, group: str,
-                   offsets: Mapping[TopicPartition, int]) -> None:
-    """Commit ``group``'s next offset to read for each partition (one write RPC per shard)."""
+                   offsets: Mapping[TopicPartition, int]) -> dict[TopicPartition, int]:
+    """Commit ``group``'s next offset to read for each partition, only forward: a partition
+    already committed at or past the new offset keeps its offset. CAS on the version read,
+    one RPC per shard and round; a lost race re-reads and retries (bounded). Returns what this
+    call moved."""
+    return _cas_offsets(coordination, root, group, offsets, lambda current, new: current is None or new > current,
+                        "committing offsets")
+
+
+def reset_offsets(coordination: Coordination, root: str, group: str, to: str,
+                  topics: Iterable[str] | None = None, dry_run: bool = False) -> dict[TopicPartition, int]:
+    """Move ``group`` to ``to`` (backwards too): ``earliest`` (offset 1), ``latest`` (the log-end
+    offset, high watermark + 1: nothing left to read), or JSON ``{"topic": {"partition":
+    offset}}`` with -2 for earliest and -1 for latest (Kafka's form). Earliest and latest apply
+    to the partitions the group has committed (of ``topics``); JSON names its partitions, which
+    must exist. Offsets must lie in ``1..high watermark + 1``. Returns the offsets set (or, with
+    ``dry_run``, that would be set)."""
     validate_group(group)
-    stamp = now_ms()
-    coordination.put_many([
-        (PartitionKeys(root, tp).consumer_group(group), ConsumerOffset(offset, stamp).to_json(),
-         PartitionKeys(root, tp).partition_key, None)
-        for tp, offset in offsets.items()
-    ])
+    if to in ("earliest", "latest"):
+        if topics is None:
+            topics = list_topics(coordination, root)
+        partitions = list(committed_offsets(coordination, root, group,
+                                            [TopicPartition(t, p) for t in topics
+                                             for p in topic_partitions(coordination, root, t)]))
+        wanted = {tp: EARLIEST if to == "earliest" else LATEST for tp in partitions}
+    else:
+        wanted = _parse_reset(to)
+        if topics is not None:
+            wanted = {tp: o for tp, o in wanted.items() if tp.topic in set(topics)}
+    ends = _log_ends(coordination, root, list(wanted))
+    targets = {}
+    for tp, offset in wanted.items():
+        target = 1 if offset == EARLIEST else ends[tp] if offset == LATEST else offset
+        if not 1 <= target <= ends[tp]:
+            raise InvalidOffset(f"{tp}: offset {offset} is outside 1..{ends[tp]} (the log-end offset: "
+                                f"the next to be written)")
+        targets[tp] = target
+    if dry_run:
+        return targets
+    _cas_offsets(coordination, root, group, targets, lambda current, new: current != new, "resetting offsets")
+    return targets
+
+
+def _parse_reset(raw: str) -> dict[TopicPartition, int]:
+    try:
+        parsed = json.loads(raw)
+    except ValueError:
+        parsed = None
+    if not isinstance(parsed, dict) or not parsed:
+        raise InvalidOffset(f"--to must be earliest, latest or JSON like {{\"orders\": {{\"0\": 17, \"1\": -2}}}}, "
+                            f"got {raw!r}")
+    out = {}
+    for topic, offsets in parsed.items():
+        if not isinstance(offsets, dict) or not offsets:
+            raise InvalidOffset(f"--to: topic {topic!r} needs an object of partition to offset, like {{\"0\": 17}}")
+        for partition, offset in offsets.items():
+            try:
+                tp = TopicPartition(topic, int(partition))
+            except ValueError:
+                raise InvalidOffset(f"--to: partition {partition!r} of topic {topic!r} is not a number") from None
+            if not isinstance(offset, int) or isinstance(offset, bool) or (offset < 1 and offset not in (EARLIEST,
+                                                                                                        LATEST)):
+                raise InvalidOffset(f"--to: offset {offset!r} of {tp} must be an offset >= 1 (the next record to "
+                                    f"read), -2 (earliest) or -1 (latest)")
+            out[tp] = offset
+    return out
+
+
+def _log_ends(coordination: Coordination, root: str, partitions: list[TopicPartition]) -> dict[TopicPartition, int]:
+    """Each partition's log-end offset (high watermark + 1); a clear error for one that does not exist."""
+    keys = [PartitionKeys(root, tp) for tp in partitions]
+    ends = {}
+    for tp, k, control in zip(partitions, keys, coordination.get_many([(k.control, k.partition_key) for k in keys])):
+        if control is None:
+            raise PartitionNotInitialized(tp.topic, tp.partition)
+        ends[tp] = ControlRecord.from_json(control.value, k.control).high_watermark + 1
+    return ends
+
+
+def _cas_offsets(coordination: Coordination, root: str, group: str, offsets: Mapping[TopicPartition, int],
+                 moves: Callable[[int | None, int], bool], what: str) -> dict[TopicPartition, int]:
+    """Write each ``offsets[tp]`` where ``moves(current, new)``, by CAS on the version read
+    (absent: only if still absent); conflicts re-read and retry, bounded."""
+    validate_group(group)
+    todo, moved = dict(offsets), {}
+    for attempt in range(_MAX_ATTEMPTS):
+        if not todo:
+            return moved
+        if attempt:
+            backoff(attempt - 1)
+        keys = {tp: PartitionKeys(root, tp) for tp in todo}
+        found = coordination.get_many([(k.consumer_group(group), k.partition_key) for k in keys.values()])
+        writes = []
+        for (tp, k), current in zip(keys.items(), found):
+            offset = None if current is None else ConsumerOffset.from_json(current.value, current.key).offset
+            if moves(offset, todo[tp]):
+                writes.append((tp, k, oxia.EXPECTED_RECORD_DOES_NOT_EXIST if current is None else current.version_id))
+        stamp = now_ms()
+        results = coordination.put_many([(k.consumer_group(group), ConsumerOffset(todo[tp], stamp).to_json(),
+                                          k.partition_key, version) for tp, k, version in writes])
+        lost = {}
+        for (tp, _, _), result in zip(writes, results):
+            if isinstance(result, VersionConflict):
+                lost[tp] = todo[tp]  # re-read: a commit that landed in transit then shows as done
+            else:
+                moved[tp] = todo[tp]
+        todo = lost
+    raise MaxRetriesExceeded(f"{what} of group {group!r} on {len(todo)} partition(s)", _MAX_ATTEMPTS)
 
 
 def committed_offsets(coordination: Coordination, root: str, group: str,
@@ -70,6 +182,18 @@ def describe_group(coordination: Coordination, root: str, group: str,
         hw = ControlRecord.from_json(control.value, k.control).high_watermark
         rows.append(PartitionLag(tp.topic, tp.partition, offset.offset, offset.committed_at_ms, hw))
     return rows
+
+
+def format_offsets(group: str, offsets: Mapping[TopicPartition, int], dry_run: bool = False) -> str:
+    """The table ``llog groups reset`` prints."""
+    if not offsets:
+        return f"group {group!r}: nothing to reset"
+    header = ("TOPIC", "PARTITION", "NEW_OFFSET")
+    table = [header] + [(tp.topic, str(tp.partition), str(o)) for tp, o in sorted(offsets.items())]
+    widths = [max(len(row[i]) for row in table) for i in range(len(header))]
+    lines = [f"group {group}: {'would reset' if dry_run else 'reset'} {len(offsets)} partition(s)"]
+    lines += ["  ".join(cell.ljust(w) for cell, w in zip(row, widths)).rstrip() for row in table]
+    return "\n".join(lines)
 
 
 def format_group(group: str, rows: list[PartitionLag]) -> str:
