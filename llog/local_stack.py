@@ -486,9 +486,8 @@ def up(stack_dir: Path | None = None, ports: StackPorts | None = None, bucket: s
     return status(paths.root)
 
 
-def _start(paths: _Paths, ports: StackPorts, bucket: str, binaries: dict[str, Path], timeout_s: float) -> None:
-    for d in (paths.logs, paths.oxia_data, paths.seaweedfs_data):
-        d.mkdir(parents=True, exist_ok=True)
+def _commands(paths: _Paths, ports: StackPorts, binaries: dict[str, Path]) -> dict[str, tuple[list[str], dict]]:
+    """Each service's command line and environment."""
     oxia_cmd = [
         str(binaries["oxia"]), "standalone",
         "-p", f"{HOST}:{ports.oxia}", "-m", f"{HOST}:{ports.oxia_metrics}",
@@ -501,16 +500,22 @@ def _start(paths: _Paths, ports: StackPorts, bucket: str, binaries: dict[str, Pa
         "-admin.ui=false", "-webdav=false", "-s3.port.iceberg=0", "-s3.port.lance=0",
     ]
     weed_env = {**os.environ, "AWS_ACCESS_KEY_ID": S3_ACCESS_KEY_ID, "AWS_SECRET_ACCESS_KEY": S3_SECRET_ACCESS_KEY}
+    return {"oxia": (oxia_cmd, dict(os.environ)), "seaweedfs": (weed_cmd, weed_env)}
+
+
+def _start(paths: _Paths, ports: StackPorts, bucket: str, binaries: dict[str, Path], timeout_s: float) -> None:
+    for d in (paths.logs, paths.oxia_data, paths.seaweedfs_data):
+        d.mkdir(parents=True, exist_ok=True)
+    commands = _commands(paths, ports, binaries)
     record = {
         "started_at": datetime.now(timezone.utc).isoformat(timespec="seconds"),
         "bucket": bucket,
         "ports": dataclasses.asdict(ports),
     }
     try:
-        record["oxia"] = _spawn(paths, "oxia", oxia_cmd, os.environ)
-        _write_json(paths.record, record)
-        record["seaweedfs"] = _spawn(paths, "seaweedfs", weed_cmd, weed_env)
-        _write_json(paths.record, record)
+        for service, (cmd, env) in commands.items():
+            record[service] = _spawn(paths, service, cmd, env)
+            _write_json(paths.record, record)
         _wait_healthy(paths, record, ports, bucket, timeout_s)
     except BaseException:
         _stop_recorded(paths)
@@ -524,6 +529,25 @@ def _start(paths: _Paths, ports: StackPorts, bucket: str, binaries: dict[str, Pa
         "LLOG_S3_ACCESS_KEY_ID": S3_ACCESS_KEY_ID,
         "LLOG_S3_SECRET_ACCESS_KEY": S3_SECRET_ACCESS_KEY,
     })
+
+
+def restart_service(stack_dir: Path | None, service: str, timeout_s: float = 60) -> None:
+    """Stop one service of a running stack (exactly its recorded process: SIGTERM, then SIGKILL)
+    and start it again on the same ports and data; return once the stack is healthy again. For
+    failure tests (``python -m chaos``): clients must ride through it."""
+    if service not in ("oxia", "seaweedfs"):
+        raise LlogError(f"unknown service {service!r}: oxia or seaweedfs")
+    paths = _Paths(stack_dir)
+    with _locked(paths.lock, timeout_s + 30, "`llog stack up` or `down`"):
+        record = _read_record(paths)
+        if record is None or service not in record or not status(paths.root)["running"]:
+            raise LlogError(f"no running stack in {paths.root} (`llog stack up` starts one)")
+        ports = StackPorts(**record["ports"])
+        _stop(record[service]["pid"], record[service]["binary"])
+        cmd, env = _commands(paths, ports, install())[service]
+        record[service] = _spawn(paths, service, cmd, env)
+        _write_json(paths.record, record)
+        _wait_healthy(paths, record, ports, record["bucket"], timeout_s)
 
 
 def _spawn(paths: _Paths, service: str, cmd: list[str], env: Mapping[str, str]) -> dict:
