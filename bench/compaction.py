@@ -47,6 +47,7 @@ import pyarrow as pa
 
 import llog.compactor as compactor_module
 from bench.report import emit, env_int, mb_s, progress, timed_together
+from llog.clock import ShiftedClock
 from llog.compactor import Compactor, PartitionCompaction
 from llog.config import Config
 from llog.keys import parse_s3_uri
@@ -341,7 +342,11 @@ def run(config: Config) -> dict:
              f"records of {sizes.record_bytes} B ({record_bytes / 1e6:.0f} MB of records per round), "
              f"{sizes.threads} threads, {sizes.rounds} rounds")
 
-    compactors = [Compactor(config) for _ in range(sizes.threads)]
+    # The compactors' clock runs past the compaction lag G (PROTOCOL.md v1.1 section 6.1: only
+    # entries older than G are compacted), so the data each round has just written is compacted
+    # at once. Their own age checks of the blob they write read the same clock: unaffected.
+    lagged = ShiftedClock(config.gc_grace_ms / 1000 + 60)
+    compactors = [Compactor(config, clock=lagged) for _ in range(sizes.threads)]
     clients = [make_s3_client(config) for _ in range(sizes.threads)]
     rounds: list[dict] = []
     try:
