@@ -2,10 +2,14 @@
 section 2), each with a deadline and a bounded retry.
 
 The Oxia Python client (0.2.1) has no request timeouts: every request here carries a gRPC
-deadline (``LLOG_OXIA_REQUEST_TIMEOUT_MS``) added by a channel interceptor, connecting is
-checked with a bounded wait before the client is built, and ``close`` runs with a bound too.
+deadline (``LLOG_OXIA_REQUEST_TIMEOUT_MS``, *T*) added by a channel interceptor. Building the
+client takes up to 3 attempts, each waiting at most *T* for the server to answer and then for
+its first shard assignments, with a short backoff between; ``close`` runs with a bound too.
 Transient failures (unavailable, deadline exceeded, expired session) are retried with jittered
-backoff; a conditional write whose earlier attempt failed in transit reports a conflict as
+backoff for up to max(30 s, 3 *T*), long enough to ride through an Oxia restart: channels
+reconnect within a second of the server coming back, shard discovery follows it, and a session
+the server no longer knows is replaced. Every final error names the address. A conditional
+write whose earlier attempt failed in transit reports a conflict as
 ``VersionConflict(outcome_unknown=True)``, since the conflict may be with itself.
 
 Gets and puts from concurrent threads to the same shard share one RPC (:class:`_Combiner`), as
@@ -21,6 +25,7 @@ from __future__ import annotations
 import collections
 import logging
 import threading
+import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import TypeVar
@@ -50,12 +55,15 @@ _TRANSIENT_CODES = {
 }
 _READ = "/io.streamnative.oxia.proto.OxiaClient/Read"
 _WRITE = "/io.streamnative.oxia.proto.OxiaClient/Write"
-_RETRY_ATTEMPTS = 8
-_CONNECT_TIMEOUT_S = 10.0
-#: Building the client: attempts, and how long each waits for the first shard assignments.
-_BUILD_ATTEMPTS = 3
-_ASSIGNMENTS_TIMEOUT_S = 15.0
+#: Retries are bounded by time (``Coordination._deadline_s``); this caps their number as well.
+_RETRY_ATTEMPTS = 100
+_RETRY_MAX_WAIT_S = 1.0
+#: Building the client: one attempt after each wait, each attempt within the request timeout.
+_BUILD_BACKOFF_S = (0.0, 0.5, 1.0)
 _CLOSE_TIMEOUT_S = 5.0
+#: A restarted server is reconnected to within a second (gRPC's default backoff grows to 2 min).
+_CHANNEL_OPTIONS = [("grpc.initial_reconnect_backoff_ms", 100), ("grpc.min_reconnect_backoff_ms", 100),
+                    ("grpc.max_reconnect_backoff_ms", 1000)]
 WRITE_OPS = ("put", "delete", "delete_range")
 
 
@@ -95,19 +103,25 @@ class _Deadline(grpc.UnaryUnaryClientInterceptor, grpc.UnaryStreamClientIntercep
 
 
 class _DeadlineConnectionPool(ConnectionPool):
-    def __init__(self, timeout_s: float):
+    """Channels that reconnect quickly; with ``timeout_s``, every short request gets that deadline."""
+
+    def __init__(self, timeout_s: float | None):
         super().__init__()
-        self._interceptor = _Deadline(timeout_s)
+        self._interceptor = _Deadline(timeout_s) if timeout_s is not None else None
 
     def get(self, address) -> OxiaClientStub:
         with self._lock:
             conn = self.connections.get(address)
             if conn is None:
-                # Read and RangeScan are server streams; by default gRPC starts a thread to
-                # consume each one, which costs more than a small read itself.
-                channel = grpc.insecure_channel(
-                    address, options=[(grpc.experimental.ChannelOptions.SingleThreadedUnaryStream, 1)])
-                conn = (channel, OxiaClientStub(grpc.intercept_channel(channel, self._interceptor)))
+                if self._interceptor is None:  # the assignments stream, consumed by its own thread
+                    channel = grpc.insecure_channel(address, options=_CHANNEL_OPTIONS)
+                    conn = (channel, OxiaClientStub(channel))
+                else:
+                    # Read and RangeScan are server streams; by default gRPC starts a thread to
+                    # consume each one, which costs more than a small read itself.
+                    channel = grpc.insecure_channel(address, options=[
+                        *_CHANNEL_OPTIONS, (grpc.experimental.ChannelOptions.SingleThreadedUnaryStream, 1)])
+                    conn = (channel, OxiaClientStub(grpc.intercept_channel(channel, self._interceptor)))
                 self.connections[address] = conn
             return conn[1]
 
@@ -121,7 +135,7 @@ class _ServiceDiscovery(ServiceDiscovery):
     30 s. It also waits on that barrier again at every later update, so it stops following
     assignments after the first. Here an event marks the first assignments; updates keep
     coming; a failed or closed discovery stops its thread; the stream's backoff is short and
-    wakes up on close.
+    wakes up on close. A namespace the server does not have fails at once, by name.
     """
 
     def __init__(self, service_address: str, stream_pool: ConnectionPool, request_pool: ConnectionPool,
@@ -135,11 +149,16 @@ class _ServiceDiscovery(ServiceDiscovery):
         self._lock = threading.Lock()
         self._ready = threading.Event()
         self._wake = threading.Event()
+        self._problem = ""  # the stream's last error
+        self._fatal: str | None = None  # a problem no retry solves
         self._thread = threading.Thread(target=self.get_assignments, daemon=True, name="llog-oxia-assignments")
         self._thread.start()
-        if not self._ready.wait(init_timeout_s):
+        if not self._ready.wait(init_timeout_s) or self._fatal:
             self.close()
-            raise RuntimeError(f"no shard assignments from {service_address} within {init_timeout_s:.0f} s")
+            if self._fatal:
+                raise CoordinationError(f"Oxia at {service_address}: {self._fatal}")
+            raise RuntimeError(f"no shard assignments within {init_timeout_s:.1f} s"
+                               + (f" (last error: {self._problem})" if self._problem else ""))
 
     def get_assignments(self) -> None:
         delay = 0.05
@@ -153,8 +172,13 @@ class _ServiceDiscovery(ServiceDiscovery):
             except (grpc.RpcError, ValueError) as e:  # ValueError: the channel was closed under it
                 if self._closed:
                     return
+                self._problem = _describe(e)
+                if "namespace not found" in self._problem:
+                    self._fatal = f"namespace {self._namespace!r} does not exist (LLOG_OXIA_NAMESPACE)"
+                    self._ready.set()
+                    return
                 if not isinstance(e, grpc.RpcError) or e.code() != grpc.StatusCode.CANCELLED:
-                    log.info("oxia shard assignments from %s: %s; reconnecting", self._service_address, e)
+                    log.info("oxia shard assignments from %s: %s; reconnecting", self._service_address, self._problem)
             self._wake.wait(delay)
             delay = min(2.0, delay * 2)
 
@@ -172,8 +196,12 @@ class _OxiaClient(oxia.Client):
     def __init__(self, config: Config, init_timeout_s: float):  # the parent's __init__ is replaced whole
         self._closed = False
         self._connections = _DeadlineConnectionPool(config.oxia_request_timeout_ms / 1000)
-        self._service_discovery = _ServiceDiscovery(config.oxia_service_address, ConnectionPool(), self._connections,
-                                                    config.oxia_namespace, init_timeout_s)
+        try:
+            self._service_discovery = _ServiceDiscovery(config.oxia_service_address, _DeadlineConnectionPool(None),
+                                                        self._connections, config.oxia_namespace, init_timeout_s)
+        except BaseException:
+            self._connections.close()  # nothing half-built stays open
+            raise
         self._session_manager = SessionManager(self._service_discovery, config.oxia_session_timeout_ms,
                                                config.client_identifier)
 
@@ -255,13 +283,20 @@ def _is_transient(error: BaseException) -> bool:
     return isinstance(error, oxia.ex.SessionNotFound)
 
 
+def _describe(error: BaseException) -> str:
+    """One line for an error; gRPC's own text is a multi-line repr."""
+    if isinstance(error, grpc.RpcError) and hasattr(error, "code"):
+        return f"{error.code().name}: {error.details() if hasattr(error, 'details') else error}"
+    return f"{type(error).__name__}: {error}" if str(error) else type(error).__name__
+
+
 def _wait_ready(address: str, timeout_s: float) -> None:
-    channel = grpc.insecure_channel(address)
+    """Raises RuntimeError if no connection to ``address`` is ready within ``timeout_s``."""
+    channel = grpc.insecure_channel(address, options=_CHANNEL_OPTIONS)
     try:
         grpc.channel_ready_future(channel).result(timeout=timeout_s)
     except grpc.FutureTimeoutError:
-        raise CoordinationError(f"Oxia at {address} did not answer within {timeout_s:.0f}s "
-                                "(is it running? `llog stack status` shows the local one)") from None
+        raise RuntimeError(f"no connection within {timeout_s:.1f} s") from None
     finally:
         channel.close()
 
@@ -281,19 +316,27 @@ class Coordination:
 
     @staticmethod
     def _build_client(config: Config) -> _OxiaClient:
-        """The server must answer within a bound, then the first shard assignments must arrive
-        (a loaded machine gets a few attempts). The error names the address and what failed."""
-        _wait_ready(config.oxia_service_address, _CONNECT_TIMEOUT_S)
-        problem = ""
-        for attempt in range(_BUILD_ATTEMPTS):
+        """Each attempt has the request timeout for the server to answer and then for its first
+        shard assignments (a loaded machine can make one attempt slow); a few attempts with
+        backoff, so the whole is bounded. The error names the address and what was waited for."""
+        address, step = config.oxia_service_address, config.oxia_request_timeout_ms / 1000
+        started = time.monotonic()
+        for attempt, backoff_s in enumerate(_BUILD_BACKOFF_S, 1):
+            time.sleep(backoff_s)
+            attempt_deadline = time.monotonic() + step
+            what = "a connection"
             try:
-                return _OxiaClient(config, _ASSIGNMENTS_TIMEOUT_S)
+                _wait_ready(address, step)
+                what = "the first shard assignments"
+                return _OxiaClient(config, max(0.1, attempt_deadline - time.monotonic()))
             except RuntimeError as e:
                 problem = str(e)
-                log.warning("connecting to Oxia at %s (attempt %d of %d): %s", config.oxia_service_address,
-                            attempt + 1, _BUILD_ATTEMPTS, problem)
-        raise CoordinationError(f"cannot connect to Oxia at {config.oxia_service_address}: {problem} "
-                                f"({_BUILD_ATTEMPTS} attempts)")
+                log.warning("connecting to Oxia at %s (attempt %d of %d): waiting for %s: %s", address,
+                            attempt, len(_BUILD_BACKOFF_S), what, problem)
+        raise CoordinationError(
+            f"cannot connect to Oxia at {address}: waited for {what} ({problem}); gave up after "
+            f"{len(_BUILD_BACKOFF_S)} attempts in {time.monotonic() - started:.1f} s (is it running? "
+            "`llog stack status` shows the local one)")
 
     # --- batched single-key requests ----------------------------------------------------------
 
@@ -360,18 +403,23 @@ class Coordination:
               count: int = 1) -> T:
         with self._lock:
             self.stats[op] += count
+        started = time.monotonic()
         retrying = Retrying(
             retry=retry_if_exception(_is_transient),
             stop=stop_after_attempt(_RETRY_ATTEMPTS) | stop_after_delay(self._deadline_s),
-            wait=wait_random_exponential(multiplier=0.05, max=2.0),
+            wait=wait_random_exponential(multiplier=0.05, max=_RETRY_MAX_WAIT_S),
             before_sleep=lambda state: (on_retry and on_retry(), log.warning(
-                "oxia %s %s failed (%s), retrying", op, what, state.outcome.exception())),
+                "oxia %s %s at %s failed (%s), retrying", op, what, self.config.oxia_service_address,
+                _describe(state.outcome.exception()))),
             reraise=True,
         )
         try:
             return retrying(fn)
         except (grpc.RpcError, oxia.ex.SessionNotFound) as e:
-            raise CoordinationError(f"oxia {op} {what} failed: {e}") from e
+            attempts = retrying.statistics.get("attempt_number", 1)
+            raise CoordinationError(
+                f"oxia {op} {what} at {self.config.oxia_service_address} failed after {attempts} attempt(s) "
+                f"in {time.monotonic() - started:.1f} s: {_describe(e)}") from e
 
     # --- reads --------------------------------------------------------------------------------
 
@@ -494,8 +542,17 @@ class Coordination:
                 guard()
             try:
                 if ephemeral:  # needs the client's session
-                    return self._client.put(key, value, partition_key=partition_key,
-                                            expected_version_id=expected_version, ephemeral=True)[1].version_id()
+                    session = self._client._session_manager.get_session(self._shard(key, partition_key))
+                    try:
+                        return self._client.put(key, value, partition_key=partition_key,
+                                                expected_version_id=expected_version, ephemeral=True)[1].version_id()
+                    except oxia.ex.SessionNotFound:
+                        # The server dropped it (this process or the server was away longer than
+                        # the session timeout); the client would go on sending it until its own
+                        # expiry check notices. Closed, the retry gets a new one. Only this very
+                        # session: closing another thread's new one would delete its claims.
+                        session.close()
+                        raise
                 request = wire.PutRequest(key=key, value=value, partition_key=partition_key,
                                           expected_version_id=expected_version)
                 return self._combiner("write", self._shard(key, partition_key)).run(request)

@@ -533,8 +533,9 @@ def _start(paths: _Paths, ports: StackPorts, bucket: str, binaries: dict[str, Pa
 
 def restart_service(stack_dir: Path | None, service: str, timeout_s: float = 60) -> None:
     """Stop one service of a running stack (exactly its recorded process: SIGTERM, then SIGKILL)
-    and start it again on the same ports and data; return once the stack is healthy again. For
-    failure tests (``python -m chaos``): clients must ride through it."""
+    and start it again with the same binary, ports and data; update ``stack.json`` and return
+    once the stack is healthy again. For failure tests (``python -m chaos``): clients must ride
+    through it."""
     if service not in ("oxia", "seaweedfs"):
         raise LlogError(f"unknown service {service!r}: oxia or seaweedfs")
     paths = _Paths(stack_dir)
@@ -544,7 +545,8 @@ def restart_service(stack_dir: Path | None, service: str, timeout_s: float = 60)
             raise LlogError(f"no running stack in {paths.root} (`llog stack up` starts one)")
         ports = StackPorts(**record["ports"])
         _stop(record[service]["pid"], record[service]["binary"])
-        cmd, env = _commands(paths, ports, install())[service]
+        binaries = {"oxia": Path(record["oxia"]["binary"]), "weed": Path(record["seaweedfs"]["binary"])}
+        cmd, env = _commands(paths, ports, binaries)[service]
         record[service] = _spawn(paths, service, cmd, env)
         _write_json(paths.record, record)
         _wait_healthy(paths, record, ports, record["bucket"], timeout_s)

@@ -1,9 +1,14 @@
 """Object storage access over boto3: put, get, range get, list, batch delete (PROTOCOL.md
 section 3). The only module that talks to S3.
 
-Requests use botocore's standard retry mode (``LLOG_S3_MAX_ATTEMPTS``) and connect/read
-timeouts (``LLOG_S3_TIMEOUT_S``); reading a response body is retried here as well, since a body
-that breaks off mid-stream is outside botocore's retries. Bodies carry their own CRC, so
+Every request has connect/read timeouts (``LLOG_S3_TIMEOUT_S``) and is retried here, up to
+``LLOG_S3_MAX_ATTEMPTS`` attempts, when it fails in transit (no connection, a timeout, a body
+that breaks off) or S3 answers 5xx/429/SlowDown. The waits between attempts grow from 1 s to
+8 s, so the default 5 attempts ride through about 15 s of S3 being away (a restart), and the
+final error names the endpoint, the object or bucket, the attempts and the time they took.
+The retries are ours, not botocore's (it gets one attempt per call): one policy for both
+request paths below, and none of botocore's retry quota, which stops retrying altogether after
+a long outage. Creating an ``ObjectStore`` does no I/O. Bodies carry their own CRC, so
 request checksums are only sent where S3 requires them, and PUT bodies are not hashed into the
 signature (``UNSIGNED-PAYLOAD``, as botocore does over HTTPS with a checksum): hashing costs
 about 0.6 ms of CPU per MB written, a third of what a PUT costs this client. Headers are
@@ -21,29 +26,42 @@ import collections
 import logging
 import threading
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from datetime import datetime
+from typing import TypeVar
 
 import boto3
 import botocore.exceptions
 import urllib3
 from botocore.config import Config as BotoConfig
-from tenacity import Retrying, retry_if_exception_type, stop_after_attempt, wait_random_exponential
+from tenacity import Retrying, retry_if_exception, stop_after_attempt, wait_exponential_jitter
 
 from llog.config import Config
 from llog.errors import ObjectNotFound, StorageError
 from llog.keys import parse_s3_uri, s3_uri
 
 log = logging.getLogger(__name__)
+T = TypeVar("T")
 _DELETE_BATCH = 1000  # S3's limit per DeleteObjects request
 _URL_EXPIRES_S = 3600  # lifetime of a presigned GET URL
 _URL_KEEP_S = 300  # how long one is reused
 _URL_CACHE_MAX = 4096
+_TRANSIENT_CODES = {"RequestTimeout", "RequestTimeoutException", "PriorRequestNotComplete", "SlowDown",
+                    "Throttling", "ThrottlingException", "RequestThrottled", "ServiceUnavailable", "InternalError"}
 
 
 class _Transient(Exception):
     """A GET failed in a way worth another attempt (connection error, 5xx, short body)."""
+
+
+def _is_transient(error: BaseException) -> bool:
+    if isinstance(error, (_Transient, botocore.exceptions.ConnectionError, botocore.exceptions.HTTPClientError)):
+        return True
+    if isinstance(error, botocore.exceptions.ClientError):
+        status = error.response.get("ResponseMetadata", {}).get("HTTPStatusCode", 0)
+        return status >= 500 or status == 429 or error.response.get("Error", {}).get("Code") in _TRANSIENT_CODES
+    return False
 
 
 @dataclass(frozen=True)
@@ -53,25 +71,30 @@ class ObjectInfo:
     last_modified: datetime
 
 
-def make_s3_client(config: Config, max_pool_connections: int = 32):
-    """A boto3 S3 client for ``config`` (also used by benchmarks for raw baselines)."""
-    return boto3.session.Session().client(
-        "s3",
-        endpoint_url=config.s3_endpoint_url,
-        region_name=config.s3_region_name,
-        aws_access_key_id=config.s3_access_key_id,
-        aws_secret_access_key=config.s3_secret_access_key,
-        aws_session_token=config.s3_session_token,
-        config=BotoConfig(
-            retries={"max_attempts": config.s3_max_attempts, "mode": "standard"},
-            connect_timeout=min(config.s3_timeout_s, 10.0),
-            read_timeout=config.s3_timeout_s,
-            max_pool_connections=max_pool_connections,
-            request_checksum_calculation="when_required",
-            response_checksum_validation="when_required",
-            s3={"addressing_style": "path", "payload_signing_enabled": False},  # module doc
-        ),
-    )
+def make_s3_client(config: Config, max_pool_connections: int = 32, attempts: int | None = None):
+    """A boto3 S3 client for ``config``, making ``attempts`` attempts per request with botocore's
+    standard retries (default ``LLOG_S3_MAX_ATTEMPTS``; benchmarks use it for raw baselines)."""
+    try:
+        return boto3.session.Session().client(
+            "s3",
+            endpoint_url=config.s3_endpoint_url,
+            region_name=config.s3_region_name,
+            aws_access_key_id=config.s3_access_key_id,
+            aws_secret_access_key=config.s3_secret_access_key,
+            aws_session_token=config.s3_session_token,
+            config=BotoConfig(
+                retries={"total_max_attempts": attempts or config.s3_max_attempts, "mode": "standard"},
+                connect_timeout=min(config.s3_timeout_s, 10.0),
+                read_timeout=config.s3_timeout_s,
+                max_pool_connections=max_pool_connections,
+                request_checksum_calculation="when_required",
+                response_checksum_validation="when_required",
+                s3={"addressing_style": "path", "payload_signing_enabled": False},  # module doc
+            ),
+        )
+    except (ValueError, botocore.exceptions.BotoCoreError) as e:
+        raise StorageError(f"cannot create an S3 client for endpoint {config.s3_endpoint_url!r} "
+                           f"(LLOG_S3_ENDPOINT_URL): {e}") from e
 
 
 class ObjectStore:
@@ -79,7 +102,8 @@ class ObjectStore:
 
     def __init__(self, config: Config):
         self.config = config
-        self._s3 = make_s3_client(config)
+        self._endpoint = config.s3_endpoint_url or f"AWS S3 ({config.s3_region_name})"
+        self._s3 = make_s3_client(config, attempts=1)  # retried by _call
         self._lock = threading.Lock()
         self.stats: collections.Counter[str] = collections.Counter()
         self._http = urllib3.PoolManager(
@@ -92,8 +116,26 @@ class ObjectStore:
             self.stats[op] += 1
             self.stats[f"{op}_bytes"] += nbytes
 
-    def _fail(self, op: str, target: str, error: Exception) -> StorageError:
-        return StorageError(f"s3 {op} {target} failed: {error}")
+    def _fail(self, op: str, target: str, error: object) -> StorageError:
+        return StorageError(f"s3 {op} {target} at {self._endpoint} failed: {error}")
+
+    def _call(self, op: str, target: str, fn: Callable[[], T]) -> T:
+        """``fn()``, with transient failures retried (module doc); other errors as they are."""
+        started = time.monotonic()
+        retrying = Retrying(
+            retry=retry_if_exception(_is_transient),
+            stop=stop_after_attempt(self.config.s3_max_attempts),
+            wait=wait_exponential_jitter(initial=1.0, max=8.0, jitter=0.5),
+            before_sleep=lambda state: log.warning("s3 %s %s at %s failed (%s), retrying", op, target,
+                                                   self._endpoint, state.outcome.exception()),
+            reraise=True,
+        )
+        try:
+            return retrying(fn)
+        except (_Transient, botocore.exceptions.BotoCoreError, botocore.exceptions.ClientError) as e:
+            attempts = retrying.statistics.get("attempt_number", 1)
+            raise StorageError(f"s3 {op} {target} at {self._endpoint} failed after {attempts} attempt(s) in "
+                               f"{time.monotonic() - started:.1f} s: {e}") from e
 
     # --- writes -------------------------------------------------------------------------------
 
@@ -105,10 +147,7 @@ class ObjectStore:
         bucket = self.config.require("s3_bucket").s3_bucket
         body = pieces if isinstance(pieces, bytes) else b"".join(pieces)
         self._count("put", len(body))
-        try:
-            self._s3.put_object(Bucket=bucket, Key=key, Body=body)
-        except (botocore.exceptions.BotoCoreError, botocore.exceptions.ClientError) as e:
-            raise self._fail("put", s3_uri(bucket, key), e) from e
+        self._call("put", s3_uri(bucket, key), lambda: self._s3.put_object(Bucket=bucket, Key=key, Body=body))
         return s3_uri(bucket, key)
 
     def delete_many(self, uris: Sequence[str]) -> int:
@@ -122,14 +161,13 @@ class ObjectStore:
             for i in range(0, len(keys), _DELETE_BATCH):
                 chunk = keys[i:i + _DELETE_BATCH]
                 self._count("delete")
-                try:
-                    response = self._s3.delete_objects(
-                        Bucket=bucket, Delete={"Objects": [{"Key": k} for k in chunk], "Quiet": True})
-                except (botocore.exceptions.BotoCoreError, botocore.exceptions.ClientError) as e:
-                    raise self._fail("delete", f"{len(chunk)} objects in {bucket}", e) from e
+                request = {"Objects": [{"Key": k} for k in chunk], "Quiet": True}
+                response = self._call("delete", f"{len(chunk)} objects in s3://{bucket}",
+                                      lambda: self._s3.delete_objects(Bucket=bucket, Delete=request))
                 errors = response.get("Errors", [])
                 if errors:
-                    raise StorageError(f"s3 delete in {bucket} failed for {len(errors)} objects, first: {errors[0]}")
+                    raise StorageError(f"s3 delete in s3://{bucket} at {self._endpoint} failed for {len(errors)} "
+                                       f"objects, first: {errors[0]}")
                 deleted += len(chunk)
         return deleted
 
@@ -149,15 +187,7 @@ class ObjectStore:
                 raise ValueError(f"range get of {uri} needs byte_length >= 1, got {byte_length}")
             headers["Range"] = f"bytes={byte_offset}-{byte_offset + byte_length - 1}"
         self._count("range_get" if byte_offset is not None else "get")
-        try:
-            body, size = Retrying(
-                retry=retry_if_exception_type(_Transient),
-                stop=stop_after_attempt(self.config.s3_max_attempts),
-                wait=wait_random_exponential(multiplier=0.05, max=2.0),
-                reraise=True,
-            )(self._fetch, uri, bucket, key, headers)
-        except _Transient as e:
-            raise self._fail("get", uri, e.__cause__ or e) from e
+        body, size = self._call("get", uri, lambda: self._fetch(uri, bucket, key, headers))
         with self._lock:
             self.stats["get_bytes"] += len(body)
         if byte_length is not None and len(body) != byte_length:
@@ -185,7 +215,7 @@ class ObjectStore:
                 continue  # the URL may have outlived its credentials: sign again
             if status >= 500 or status == 429:
                 raise _Transient(f"HTTP {status}: {response.data[:200]!r}")
-            raise StorageError(f"s3 get {uri} failed: HTTP {status}: {response.data[:300]!r}")
+            raise self._fail("get", uri, f"HTTP {status}: {response.data[:300]!r}")
         raise AssertionError("unreachable")
 
     def _url(self, bucket: str, key: str, fresh: bool) -> str:
@@ -206,14 +236,15 @@ class ObjectStore:
     def list(self, prefix: str, bucket: str | None = None) -> Iterator[ObjectInfo]:
         """Objects under ``prefix`` in ``bucket`` (default: the configured one)."""
         bucket = bucket or self.config.require("s3_bucket").s3_bucket
-        paginator = self._s3.get_paginator("list_objects_v2")
-        try:
-            for page in paginator.paginate(Bucket=bucket, Prefix=prefix):
-                self._count("list")
-                for obj in page.get("Contents", []):
-                    yield ObjectInfo(obj["Key"], obj["Size"], obj["LastModified"])
-        except (botocore.exceptions.BotoCoreError, botocore.exceptions.ClientError) as e:
-            raise self._fail("list", f"s3://{bucket}/{prefix}", e) from e
+        request = {"Bucket": bucket, "Prefix": prefix}
+        while True:  # page by page, each page a call of its own with its own retries
+            page = self._call("list", f"s3://{bucket}/{prefix}", lambda: self._s3.list_objects_v2(**request))
+            self._count("list")
+            for obj in page.get("Contents", []):
+                yield ObjectInfo(obj["Key"], obj["Size"], obj["LastModified"])
+            if not page.get("IsTruncated"):
+                return
+            request["ContinuationToken"] = page["NextContinuationToken"]
 
     def close(self) -> None:
         self._http.clear()

@@ -1,0 +1,192 @@
+"""Robust connections: Oxia and S3 calls, and a writer and reader built on them, ride through a
+restart of their server with the same client; a server that is not there fails within a bound
+with an error naming its address; ``restart_service`` restarts exactly one recorded process.
+Restarts use a stack of the test's own, since restarting the session's stack would disturb
+other tests."""
+
+from __future__ import annotations
+
+import json
+import socket
+import threading
+import time
+
+import pytest
+
+from llog import process_clients
+from llog.config import Config
+from llog.coordination import Coordination
+from llog.errors import CoordinationError, LlogError, StorageError
+from llog.local_stack import HOST, down, free_ports, restart_service, status, up
+from llog.objects import ObjectStore
+from llog.reader import LogReader
+from llog.writer import LogWriter
+
+
+@pytest.fixture
+def own_stack(tmp_path):
+    up(stack_dir=tmp_path, ports=free_ports())
+    try:
+        yield tmp_path, Config.load(env={}, settings_path=tmp_path / "settings.json")
+    finally:
+        down(tmp_path, purge=True)
+
+
+def _unused_port() -> int:
+    with socket.socket() as sock:
+        sock.bind((HOST, 0))
+        return sock.getsockname()[1]
+
+
+def _call_during(call, restart) -> list[str]:
+    """Run ``call`` in a loop while ``restart()`` runs and once after it; the failures."""
+    failures: list[str] = []
+    done = threading.Event()
+
+    def loop():
+        i = 0
+        while not done.is_set():
+            try:
+                call(i)
+            except Exception as e:  # noqa: BLE001 - collected for the assertion
+                failures.append(f"{type(e).__name__}: {e}")
+            i += 1
+            time.sleep(0.05)
+
+    thread = threading.Thread(target=loop)
+    thread.start()
+    try:
+        restart()
+    finally:
+        done.set()
+        thread.join(90)
+    assert not thread.is_alive()
+    call(-1)
+    return failures
+
+
+def test_oxia_calls_ride_through_an_oxia_restart(own_stack):
+    stack_dir, config = own_stack
+    coordination = Coordination(config)
+    try:
+        claim = coordination.claim("/held", b"me", "pk")
+        before = json.loads((stack_dir / "stack.json").read_text())["oxia"]["pid"]
+
+        def call(i):
+            version = coordination.put(f"/k{i}", b"v", "pk")
+            assert coordination.get(f"/k{i}", "pk").version_id == version
+
+        started = time.monotonic()
+        assert _call_during(call, lambda: restart_service(stack_dir, "oxia")) == []
+        assert time.monotonic() - started < 30
+        after = json.loads((stack_dir / "stack.json").read_text())["oxia"]
+        assert after["pid"] != before and after["pid"] == status(stack_dir)["oxia"]["pid"]
+        assert status(stack_dir)["oxia"]["service_address"] == config.oxia_service_address
+        assert status(stack_dir)["running"]
+        assert coordination.get("/k0", "pk") is not None  # same data dir
+        assert coordination.release("/held", "pk", claim)  # the session's claim survived
+        assert coordination.claim("/held2", b"me", "pk") > 0
+    finally:
+        started = time.monotonic()
+        coordination.close()
+        assert time.monotonic() - started < 6
+
+
+def test_s3_calls_ride_through_a_seaweedfs_restart(own_stack):
+    stack_dir, config = own_stack
+    store = ObjectStore(config)
+    try:
+        uri = store.put("before", b"x" * 1000)
+
+        def call(i):
+            assert store.get(store.put(f"during/{i}", b"y" * 100)) == b"y" * 100
+            assert store.get(uri, 10, 5) == b"xxxxx"
+
+        started = time.monotonic()
+        assert _call_during(call, lambda: restart_service(stack_dir, "seaweedfs")) == []
+        assert time.monotonic() - started < 60
+        assert status(stack_dir)["running"]
+        assert [o.key for o in store.list("before")] == ["before"]
+        assert store.delete_many([uri]) == 1
+    finally:
+        store.close()
+
+
+@pytest.mark.parametrize("service", ["oxia", "seaweedfs"])
+def test_a_writer_and_reader_go_on_after_a_server_restart(own_stack, service):
+    stack_dir, config = own_stack
+    with LogWriter(config, auto_initialize=True) as writer, LogReader(config) as reader:
+        writer.append("r", 0, [b"before"])
+        pid = status(stack_dir)[service]["pid"]
+        restart_service(stack_dir, service)
+        assert status(stack_dir)[service]["pid"] != pid and status(stack_dir)["running"]
+        started = time.monotonic()
+        writer.append("r", 0, [b"after"])
+        assert [r.value for r in reader.read_range("r", 0, 1)] == [b"before", b"after"]
+        assert time.monotonic() - started < 60
+
+
+def test_restart_service_names_what_is_wrong(tmp_path):
+    with pytest.raises(LlogError, match="unknown service 'kafka'"):
+        restart_service(tmp_path, "kafka")
+    with pytest.raises(LlogError, match=f"no running stack in {tmp_path}"):
+        restart_service(tmp_path, "oxia")
+
+
+def test_oxia_that_is_not_there_fails_in_a_bound_naming_the_address():
+    address = f"{HOST}:{_unused_port()}"
+    config = Config(oxia_service_address=address, oxia_request_timeout_ms=500)
+    started = time.monotonic()
+    with pytest.raises(CoordinationError, match=f"cannot connect to Oxia at {address}: waited for a connection"):
+        Coordination(config)
+    assert time.monotonic() - started < 6  # 3 attempts of 0.5 s, 1.5 s of backoff
+
+
+def test_a_process_keeps_no_client_whose_creation_failed(stack):
+    config = stack.replace(oxia_service_address=f"{HOST}:{_unused_port()}", oxia_request_timeout_ms=300)
+    for _ in range(2):  # each call tries again
+        with pytest.raises(CoordinationError, match=f"cannot connect to Oxia at {config.oxia_service_address}"):
+            process_clients.log_writer(config)
+        assert config not in process_clients._writers._clients
+
+
+def test_an_unknown_oxia_namespace_fails_at_once_by_name(stack):
+    started = time.monotonic()
+    with pytest.raises(CoordinationError, match=f"Oxia at {stack.oxia_service_address}: namespace 'nope' does not"):
+        Coordination(stack.replace(oxia_namespace="nope"))
+    assert time.monotonic() - started < 5
+
+
+def test_s3_that_is_not_there_fails_in_a_bound_naming_endpoint_and_bucket(stack):
+    endpoint = f"http://{HOST}:{_unused_port()}"
+    store = ObjectStore(stack.replace(s3_endpoint_url=endpoint, s3_max_attempts=2))
+    try:
+        for call, what in ((lambda: store.put("k", b"v"), "put"), (lambda: store.get(f"s3://{stack.s3_bucket}/k"), "get"),
+                           (lambda: list(store.list("p")), "list")):
+            started = time.monotonic()
+            with pytest.raises(StorageError, match=f"s3 {what} s3://{stack.s3_bucket}/.* at {endpoint} failed after "
+                                                   "2 attempt"):
+                call()
+            assert time.monotonic() - started < 5  # one backoff of about 1 s
+    finally:
+        store.close()
+
+
+def test_a_session_the_server_dropped_is_replaced(stack):
+    coordination = Coordination(stack.replace(oxia_session_timeout_ms=2000))
+    try:
+        root = f"/{stack.root_prefix}-session-{time.monotonic_ns()}"
+        coordination.claim(f"{root}/a", b"me", "pk")
+        session = coordination._client._session_manager.sessions_by_shard[coordination._shard(f"{root}/a", "pk")]
+        session._stop_event.set()  # no more keepalives: the server expires it, the client does not notice
+        deadline = time.monotonic() + 15
+        while coordination.get(f"{root}/a", "pk") is not None:
+            assert time.monotonic() < deadline, "the server did not expire the session"
+            time.sleep(0.2)
+        assert not session.is_closed()
+        started = time.monotonic()
+        coordination.claim(f"{root}/b", b"me", "pk")  # SessionNotFound, then a new session
+        assert time.monotonic() - started < 5 and session.is_closed()
+        assert coordination.get(f"{root}/b", "pk").value == b"me"
+    finally:
+        coordination.close()
