@@ -50,16 +50,19 @@ def reset_offsets(coordination: Coordination, root: str, group: str, to: str,
     ``dry_run``, that would be set)."""
     validate_group(group)
     if to in ("earliest", "latest"):
-        if topics is None:
-            topics = list_topics(coordination, root)
-        partitions = list(committed_offsets(coordination, root, group,
-                                            [TopicPartition(t, p) for t in topics
-                                             for p in topic_partitions(coordination, root, t)]))
+        partitions = []
+        for topic in list_topics(coordination, root) if topics is None else topics:
+            numbers = topic_partitions(coordination, root, topic)
+            if not numbers:  # a named topic that does not exist: say so, not "nothing to reset"
+                raise PartitionNotInitialized(topic, 0)
+            partitions += [TopicPartition(topic, p) for p in numbers]
+        partitions = list(committed_offsets(coordination, root, group, partitions))
         wanted = {tp: EARLIEST if to == "earliest" else LATEST for tp in partitions}
     else:
         wanted = _parse_reset(to)
         if topics is not None:
-            wanted = {tp: o for tp, o in wanted.items() if tp.topic in set(topics)}
+            keep = set(topics)
+            wanted = {tp: o for tp, o in wanted.items() if tp.topic in keep}
     ends = _log_ends(coordination, root, list(wanted))
     targets = {}
     for tp, offset in wanted.items():
@@ -115,7 +118,7 @@ def _cas_offsets(coordination: Coordination, root: str, group: str, offsets: Map
     """Write each ``offsets[tp]`` where ``moves(current, new)``, by CAS on the version read
     (absent: only if still absent); conflicts re-read and retry, bounded."""
     validate_group(group)
-    todo, moved = dict(offsets), {}
+    todo, moved, unsure = dict(offsets), {}, set()
     for attempt in range(_MAX_ATTEMPTS):
         if not todo:
             return moved
@@ -128,13 +131,17 @@ def _cas_offsets(coordination: Coordination, root: str, group: str, offsets: Map
             offset = None if current is None else ConsumerOffset.from_json(current.value, current.key).offset
             if moves(offset, todo[tp]):
                 writes.append((tp, k, oxia.EXPECTED_RECORD_DOES_NOT_EXIST if current is None else current.version_id))
+            elif tp in unsure and offset == todo[tp]:
+                moved[tp] = offset  # our attempt that failed in transit landed (or set the same)
         stamp = now_ms()
         results = coordination.put_many([(k.consumer_group(group), ConsumerOffset(todo[tp], stamp).to_json(),
                                           k.partition_key, version) for tp, k, version in writes])
-        lost = {}
+        lost, unsure = {}, set()
         for (tp, _, _), result in zip(writes, results):
             if isinstance(result, VersionConflict):
-                lost[tp] = todo[tp]  # re-read: a commit that landed in transit then shows as done
+                lost[tp] = todo[tp]  # re-read: a write that landed in transit then shows as done
+                if result.outcome_unknown:
+                    unsure.add(tp)
             else:
                 moved[tp] = todo[tp]
         todo = lost

@@ -14,7 +14,7 @@ from llog.errors import InvalidOffset, PartitionNotInitialized
 from llog.keys import TopicPartition
 from llog.writer import AppendGroup
 
-A0, A1 = TopicPartition("a", 0), TopicPartition("a", 1)
+A0, A1, B0 = TopicPartition("a", 0), TopicPartition("a", 1), TopicPartition("b", 0)
 
 
 def _offsets(writer, config, group: str, partitions=(A0, A1)) -> dict[TopicPartition, int]:
@@ -34,8 +34,9 @@ def test_commits_move_forward_and_a_late_commit_does_not_move_a_group_back(confi
     assert commit_offsets(c, root, "g", {A0: 3, A1: 2}) == {A0: 3, A1: 2}
     assert commit_offsets(c, root, "g", {A0: 8}) == {A0: 8}
     # A straggler commits what it had read before: nothing moves back.
-    assert commit_offsets(c, root, "g", {A0: 5, A1: 2}) == {}
+    late = commit_offsets(c, root, "g", {A0: 5, A1: 2})
     assert _offsets(log, config, "g") == {A0: 8, A1: 2}
+    assert late == {}
     assert [(r.partition, r.committed_offset, r.lag) for r in describe_group(c, root, "g")] == [(0, 8, 3), (1, 2, 3)]
 
 
@@ -69,6 +70,18 @@ def test_reset_moves_a_group_to_earliest_latest_or_given_offsets(config, log):
     assert _offsets(log, config, "g") == {A0: 4, A1: 1}  # the dry run set nothing
     # JSON may name a partition the group has not committed yet.
     assert reset_offsets(c, root, "new", '{"a": {"1": -1}}') == {A1: 5}
+
+
+def test_reset_applies_to_the_topics_named(config, log):
+    c, root = log.coordination, config.root_prefix
+    log.append_shared([AppendGroup("b", 0, [b"z"] * 3)])
+    commit_offsets(c, root, "g", {A0: 8, A1: 3, B0: 2})
+    assert reset_offsets(c, root, "g", "latest", topics=["b"]) == {B0: 4}
+    assert reset_offsets(c, root, "g", '{"a": {"0": 1}, "b": {"0": 1}}', topics=iter(["a"])) == {A0: 1}
+    assert _offsets(log, config, "g", (A0, A1, B0)) == {A0: 1, A1: 3, B0: 4}
+    with pytest.raises(PartitionNotInitialized, match="nosuch\\[0\\] is not initialized"):
+        reset_offsets(c, root, "g", "earliest", topics=["b", "nosuch"])
+    assert _offsets(log, config, "g", (A0, A1, B0)) == {A0: 1, A1: 3, B0: 4}
 
 
 @pytest.mark.parametrize("to, error, message", [
