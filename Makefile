@@ -6,7 +6,7 @@ PY     := $(VENV)/bin/python
 # Reinstall when setup.py changes.
 STAMP  := $(VENV)/.installed-$(shell sha1sum setup.py | cut -c1-12)
 
-.PHONY: install demo test bench proto stack-up stack-down stack-status
+.PHONY: install demo test bench chaos proto stack-up stack-down stack-status
 
 $(STAMP): setup.py
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -26,6 +26,11 @@ test: install
 
 bench: install
 	$(PY) -m bench
+
+# Writers, compactors, GC and readers paused, killed and restarted, Oxia and SeaweedFS restarted;
+# prints one JSON line. CHAOS_ARGS="--seconds 300 --seed N" for a longer run or a replay.
+chaos: install
+	$(PY) -m chaos $(CHAOS_ARGS)
 
 # llog/oxia_client_pb2.py: Oxia's client protocol for the protobuf runtime, generated from the
 # client.proto that the pinned oxia package ships. Rerun when that pin changes.
