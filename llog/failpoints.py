@@ -31,6 +31,7 @@ POINTS = {
     "compactor.after_select": "section 6.1 done: a run is selected, its blob not yet written",
     "compactor.after_age_check": "section 6.2 done: the compacted blob is written and was young enough once",
     "gc.after_scan": "section 9: references scanned, blobs not yet listed",
+    "reader.before_fetch": "section 5.4: a read's entries are resolved, their blobs not yet fetched",
 }
 
 #: In-process hooks by point name (tests only); see the module doc.

@@ -8,6 +8,15 @@ index is an error, never a skip.
 Compaction may be midway (section 6, between the end-key overwrite and the delete range): a
 COMPACTED entry then overlaps the WAL entries below it. Both hold the same records, so the
 resolver takes each offset from the first entry in key order that covers it.
+
+Compaction and GC may also finish between resolving and fetching: the WAL blob an entry named
+is then gone, and its offsets are in a compacted entry. The slices of a blob found missing,
+and only those, are resolved again and fetched; the rest of the read keeps what it fetched (a
+long read of a partition whose entries keep reaching the compaction lag would otherwise lose
+the race again and again). One more round suffices: GC collects a blob only once no index
+entry references it, an index key is never created again (section 8), so those offsets now
+resolve to compacted entries, which GC keeps. A blob still missing after
+:data:`MISSING_ROUNDS` rounds raises :class:`ObjectNotFound`.
 """
 
 from __future__ import annotations
@@ -20,6 +29,7 @@ from dataclasses import dataclass
 import numpy as np
 import pyarrow as pa
 
+from llog import failpoints
 from llog.clients import ClientUser
 from llog.codec import decode_batch, offsets_prefix_length, record_span
 from llog.config import Config
@@ -38,6 +48,8 @@ RECORD_SCHEMA = pa.schema([
     pa.field("value", pa.binary(), nullable=False),
     pa.field("created_at_ms", pa.int64(), nullable=False),
 ])
+#: How often the slices of a blob found missing are resolved again before ObjectNotFound.
+MISSING_ROUNDS = 2
 #: Offsets :meth:`LogReader.iter_from` resolves per round trip.
 ITER_WINDOW = 100_000
 #: Bytes of record bodies :meth:`LogReader.stream_batches` fetches per step, and steps in flight.
@@ -190,10 +202,59 @@ class LogReader(ClientUser):
         return decode_batch(body, s.located.entry.msg_count, where)
 
     def _fetch(self, slices: Sequence[_Slice]) -> dict[int, pa.BinaryArray]:
-        """Decode every slice's entry, fetching each blob once. Blobs are fetched in parallel;
-        decoding (a CRC at several GB/s) runs in the calling thread."""
-        fetched = self._map(lambda item: self._fetch_blob(*item), self._by_blob(slices))
-        return {id(s): self._decode(s, body) for part in fetched for s, body in part}
+        """Decode every slice's entry, fetching each blob once; :class:`ObjectNotFound` if a blob
+        is missing."""
+        decoded, missing = self._fetch_available(slices)
+        if missing is not None:
+            raise missing
+        return decoded
+
+    def _fetch_available(self, slices: Sequence[_Slice]) -> tuple[dict[int, pa.BinaryArray], ObjectNotFound | None]:
+        """Decode the entry of every slice whose blob exists, fetching each blob once; and the
+        error of a blob found missing, if any. Blobs are fetched in parallel; decoding (a CRC at
+        several GB/s) runs in the calling thread."""
+
+        def fetch(item: tuple[str, list[_Slice]]) -> list[tuple[_Slice, memoryview]] | ObjectNotFound:
+            try:
+                return self._fetch_blob(*item)
+            except ObjectNotFound as e:
+                return e
+
+        failpoints.hit("reader.before_fetch")
+        decoded: dict[int, pa.BinaryArray] = {}
+        missing = None
+        for part in self._map(fetch, self._by_blob(slices)):
+            if isinstance(part, ObjectNotFound):
+                missing = part
+                continue
+            for s, body in part:
+                decoded[id(s)] = self._decode(s, body)
+        return decoded, missing
+
+    def _batches(self, items: Sequence[tuple[str, int, _Slice]]) -> list[list[pa.RecordBatch]]:
+        """The record batches of each ``(topic, partition, slice)``, in offset order, fetching
+        each blob once per round. The slices of a blob found missing are resolved again and
+        fetched in the next round, at most :data:`MISSING_ROUNDS` times (module doc)."""
+        parts: list[list[tuple[_Slice, pa.RecordBatch | None]]] = [[(s, None)] for _, _, s in items]
+        for round_ in range(MISSING_ROUNDS + 1):
+            decoded, missing = self._fetch_available([s for part in parts for s, batch in part if batch is None])
+            gone = [(i, s) for i, part in enumerate(parts) for s, batch in part if batch is None and id(s) not in decoded]
+            if gone and round_ == MISSING_ROUNDS:
+                raise missing
+            again = iter(self._resolve_many([ReadRequest(items[i][0], items[i][1], s.lo, s.hi) for i, s in gone])
+                         if gone else ())
+            for i, part in enumerate(parts):
+                parts[i] = []
+                for s, batch in part:
+                    if batch is not None:
+                        parts[i].append((s, batch))
+                    elif id(s) in decoded:
+                        parts[i].append((s, self._to_batch(s, decoded[id(s)])))
+                    else:  # in the order of ``gone``
+                        parts[i] += [(fresh, None) for fresh in next(again)[2]]
+            if not gone:
+                break
+        return [[batch for _, batch in part] for part in parts]
 
     def _map(self, fn, items: list) -> list:
         return list(self._pool.map(fn, items)) if len(items) > 1 else [fn(i) for i in items]
@@ -243,14 +304,11 @@ class LogReader(ClientUser):
         """
         requests = list(requests)
         resolved = self._resolve_many(requests)
-        try:
-            decoded = self._fetch([s for *_, slices in resolved for s in slices])
-        except ObjectNotFound:  # compacted and collected since it was resolved? Once more.
-            resolved = self._resolve_many(requests)
-            decoded = self._fetch([s for *_, slices in resolved for s in slices])
+        batches = iter(self._batches([(req.topic, req.partition, s)
+                                      for req, (_, _, slices) in zip(requests, resolved) for s in slices]))
         return [
             PartitionBatches(req.topic, req.partition, req.start, end, state.record.high_watermark,
-                             [self._to_batch(s, decoded[id(s)]) for s in slices])
+                             [batch for _ in slices for batch in next(batches)])
             for req, (state, end, slices) in zip(requests, resolved)
         ]
 
@@ -262,10 +320,10 @@ class LogReader(ClientUser):
         order, in bounded memory: slices are fetched ``chunk_bytes`` at a time with up to
         ``lookahead`` chunks in flight while the caller consumes the current one.
 
-        A blob found missing is resolved again once (it may have been compacted and collected
-        meanwhile); still missing, it raises :class:`ObjectNotFound`, or with ``on_missing``,
-        ``on_missing(first_offset, last_offset, error)`` is called per slice instead, and the
-        slice is skipped if it returns.
+        The slices of a blob found missing are resolved again (it may have been compacted and
+        collected meanwhile; module doc); still missing, it raises :class:`ObjectNotFound`, or
+        with ``on_missing``, ``on_missing(first_offset, last_offset, error)`` is called per slice
+        instead, and the slice is skipped if it returns.
         """
         _, _, slices = self._resolve_many([request])[0]
         chunks = _chunks(slices, chunk_bytes)
@@ -301,8 +359,7 @@ class LogReader(ClientUser):
         which happens when compaction swapped its entries for a compacted one and garbage
         collection deleted it after this reader resolved them."""
         _, _, slices = self._resolve_many([ReadRequest(topic, partition, lo, hi)])[0]
-        decoded = self._fetch(slices)
-        return [self._to_batch(s, decoded[id(s)]) for s in slices]
+        return [batch for part in self._batches([(topic, partition, s) for s in slices]) for batch in part]
 
     def entry_values(self, entries: Sequence[LocatedEntry]) -> list[pa.BinaryArray]:
         """Every record of each entry, CRC checked, fetching each blob once (one range GET

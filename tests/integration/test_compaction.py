@@ -9,6 +9,7 @@ import time
 
 import pytest
 
+from llog.clock import ShiftedClock
 from llog.compactor import FAILPOINTS, Compactor
 from llog.coordination import Coordination
 from llog.errors import InconsistentReadState, StaleBlob
@@ -90,6 +91,35 @@ def test_a_concurrent_reader_never_sees_an_error_or_a_gap(config, writer):
         thread.join(60)
     assert not errors, errors[0]
     assert reads[0] > 0
+
+
+def test_a_read_loses_no_race_with_compaction_and_gc_between_resolving_and_fetching(config, reader, hooks):
+    """Each time the read is about to fetch, the next entry it resolved is compacted and its
+    blob collected (what a chaos run's reader met). Only the slices of the missing blob are
+    resolved again; fetching everything again would meet the next collected blob, and so on.
+    Entry ``e`` is written ``e * 1000`` s later by its writer's clock, so a compactor whose clock
+    is ``G + k * 1000 + 500`` s ahead takes entries ``0..k`` only (the compaction lag)."""
+    entries = [[f"{e}/{i}".encode() for i in range(5)] for e in range(3)]
+    for e, records in enumerate(entries):
+        with LogWriter(config, auto_initialize=True, clock=ShiftedClock(e * 1000)) as writer:
+            writer.append("race", 0, records)  # each entry its own blob
+    compacted = []
+
+    def compact_and_collect(k: int):
+        def hook():
+            del hooks["reader.before_fetch"]  # the compactor fetches too
+            with Compactor(config, clock=ShiftedClock(config.gc_grace_ms / 1000 + k * 1000 + 500)) as compactor:
+                compacted.append(compactor.compact_partition("race", 0).records)
+            report = gc_pass(reader.coordination, reader.objects, config.root_prefix, config.gc_grace_ms,
+                             clock=past_the_lag())
+            assert report.deleted == 1  # entry k's blob
+            if k < 1:
+                hooks["reader.before_fetch"] = compact_and_collect(k + 1)
+        return hook
+
+    hooks["reader.before_fetch"] = compact_and_collect(0)
+    assert _log(reader, "race", 0) == [r for records in entries for r in records]
+    assert compacted == [5, 5] and "reader.before_fetch" not in hooks
 
 
 @pytest.mark.parametrize("failpoint", FAILPOINTS)
