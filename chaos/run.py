@@ -124,7 +124,9 @@ def _disturb(run: Run) -> None:
                 del restarts[service]
         for actor in run.actors:
             if actor.proc.poll() is not None and actor.paused_until is None:
-                _progress(f"{actor.label} exited by itself ({actor.proc.returncode}); starting it again")
+                last = (run.dir / "logs" / f"{actor.label}.log").read_text(errors="replace").strip().splitlines()[-1:]
+                _progress(f"{actor.label} exited by itself ({actor.proc.returncode}: {' '.join(last)[-300:]}); "
+                          "starting it again")
                 run.counts["exits"] += 1
                 run.start(actor)
         if now < next_event:
