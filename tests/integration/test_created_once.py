@@ -149,23 +149,26 @@ def test_3_a_stalled_helper_does_not_overwrite_a_compacted_end_key(config, write
     _settled(config, first + killed + helper2 + helper)
 
 
+def _others_run_past_the_pause(config, records: list[bytes], paused_clock: ShiftedClock) -> None:
+    """While an actor is paused: another writer appends ``records``, a compactor takes offsets
+    1..15, then ``G + 1`` s pass for the paused actor and for a GC pass: past its budget ``D``,
+    and long enough for GC to collect the blobs nothing references any more."""
+    with _writer(config) as other:
+        other.append(T, 0, records)
+    with Compactor(config, clock=past_the_lag()) as compactor:
+        assert compactor.compact_partition(T, 0).records == 15
+    pause_s = config.gc_grace_ms / 1000 + 1
+    _gc_later(config, pause_s)
+    paused_clock.advance(pause_s)
+
+
 def test_4_a_writer_stalled_past_its_budget_does_not_recreate_a_deleted_key(config, writer, hooks, caplog):
     """B: compaction deleted W's key as a lower key of a longer run and GC collected W's blob.
     A create-if-absent alone would re-create the key; the budget D stops it."""
     first, late, helper = _records("a"), _records("w"), _records("h")
     writer.append(T, 0, first)
     w_clock = ShiftedClock()
-
-    def others():
-        with _writer(config) as h:
-            h.append(T, 0, helper)
-        with Compactor(config, clock=past_the_lag()) as compactor:
-            assert compactor.compact_partition(T, 0).records == 15
-        pause_s = config.gc_grace_ms / 1000 + 1  # past D, and long enough for GC to collect W's blob
-        _gc_later(config, pause_s)
-        w_clock.advance(pause_s)
-
-    _once(hooks, "writer.after_reserve", others)
+    _once(hooks, "writer.after_reserve", lambda: _others_run_past_the_pause(config, helper, w_clock))
     with _writer(config, w_clock) as w:
         result = w.append(T, 0, late)
     assert (result.start_offset, result.end_offset) == (6, 10)
@@ -182,17 +185,8 @@ def test_5_a_helper_stalled_past_its_budget_does_not_recreate_a_deleted_key(conf
     killed = _killed_writer(config, "k", "writer.after_reserve")
     helper2, helper = _records("h2"), _records("h")
     h_clock = ShiftedClock()
-
-    def others():
-        with _writer(config) as h2:
-            h2.append(T, 0, helper2)
-        with Compactor(config, clock=past_the_lag()) as compactor:
-            assert compactor.compact_partition(T, 0).records == 15
-        pause_s = config.gc_grace_ms / 1000 + 1
-        _gc_later(config, pause_s)  # the killed writer's blob and H's own are collected
-        h_clock.advance(pause_s)
-
-    _once(hooks, "control.before_materialize", others)
+    # The killed writer's blob and H's own are collected.
+    _once(hooks, "control.before_materialize", lambda: _others_run_past_the_pause(config, helper2, h_clock))
     with _writer(config, h_clock) as h, pytest.raises(StaleBlob, match="upload the records again"):
         h.append(T, 0, helper)
     assert _entries(config) == [(COMPACTED, 1, 15)]
