@@ -7,7 +7,7 @@ setup(
     python_requires=">=3.11,<3.12",
     # compaction_job too: its Spark tasks import it on the executors (databricks.yml installs this wheel).
     packages=find_packages(include=["llog", "llog.*", "llog_sink", "llog_sink.*", "llog_source", "llog_source.*", "pyspark_llog",
-                                    "compaction_job"]),
+                                    "compaction_job", "broker_lite"]),
     install_requires=[
         "pyspark==4.2.0",
         "delta-spark==4.4.1",

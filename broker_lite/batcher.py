@@ -1,0 +1,252 @@
+"""Group commit: produce requests from every connection go into one open batch, and each batch
+is written with one ``LogWriter.append_shared`` (one S3 PUT, every partition committed in
+lockstep). A request is answered only after the batch that holds it committed (acked means
+durable), with its own offsets: ``append_shared`` gives each group its own consecutive range,
+and a partition's groups keep the order in which they were admitted.
+
+When the open batch is sealed and handed to a flush:
+- it reached ``LLOG_BATCH_MAX_BYTES``;
+- ``LLOG_BATCH_MAX_DELAY_MS`` passed since its first record;
+- no flush is running (flush-when-idle): a lone producer waits for no window, and under load the
+  window becomes the time the previous flush took, which adapts by itself.
+
+At most ``max_inflight`` flushes run at once (2: a third adds latency, not throughput, since the
+writer's Python side is the limit), and two running flushes never share a partition: a sealed
+batch that touches a partition still being written waits, so a partition's batches commit in
+seal order. ``LLOG_BATCH_MAX_BUFFER_BYTES`` bounds the record bytes held uncommitted (open,
+sealed and in flight): a request past it is refused at once with :class:`BackPressure`, which
+says when to retry, instead of queueing without bound.
+
+Input is validated when a request is admitted, so one bad request never fails a batch of
+others. A flush that fails fails exactly the requests in it, per partition: where
+``append_shared`` committed some partitions and not others (:class:`~llog.errors.AppendFailed`),
+each request learns the outcome of each of its partitions.
+
+Everything here runs on one asyncio event loop; the writer's blocking calls run in a thread pool
+of ``max_inflight`` threads, never on the loop.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import logging
+import math
+import time
+from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+
+from llog.codec import to_binary_array
+from llog.config import Config
+from llog.errors import AppendFailed, EmptyAppend, LlogError
+from llog.keys import TopicPartition
+from llog.writer import AppendGroup, AppendResult, LogWriter
+
+log = logging.getLogger(__name__)
+
+#: Flushes running at once, by default.
+DEFAULT_MAX_INFLIGHT = 2
+
+
+class BackPressure(LlogError):
+    """The group commit holds ``LLOG_BATCH_MAX_BUFFER_BYTES`` of uncommitted records: retry
+    after ``retry_after_s`` seconds. Nothing of the request was taken."""
+
+    def __init__(self, buffered: int, wanted: int, limit: int, retry_after_s: int):
+        self.retry_after_s = retry_after_s
+        super().__init__(f"{buffered} bytes are waiting to be committed; {wanted} more would pass "
+                         f"LLOG_BATCH_MAX_BUFFER_BYTES={limit}; retry after {retry_after_s} s")
+
+
+class BatcherClosed(LlogError):
+    """The group commit was closed (the broker is shutting down); the request was not taken."""
+
+
+@dataclass(frozen=True)
+class Produced:
+    """One group of a request: where its records landed, or why they did not."""
+
+    topic: str
+    partition: int
+    start_offset: int | None = None
+    end_offset: int | None = None
+    error: BaseException | None = None
+
+
+@dataclass
+class _Batch:
+    groups: list[AppendGroup] = field(default_factory=list)
+    #: Per admitted request: its future and the indexes of its groups in ``groups``.
+    requests: list[tuple[asyncio.Future, range]] = field(default_factory=list)
+    partitions: set[TopicPartition] = field(default_factory=set)
+    bytes: int = 0
+
+
+class Batcher:
+    """The group commit of one broker process (module doc). Use from one event loop."""
+
+    def __init__(self, writer: LogWriter, config: Config | None = None, max_inflight: int = DEFAULT_MAX_INFLIGHT):
+        config = config or writer.config
+        if max_inflight < 1:
+            raise ValueError(f"max_inflight must be >= 1, got {max_inflight}")
+        self.writer = writer
+        self.max_bytes = config.batch_max_bytes
+        self.max_delay_s = config.batch_max_delay_ms / 1000
+        self.max_buffer_bytes = config.batch_max_buffer_bytes
+        self.max_inflight = max_inflight
+        self._pool = ThreadPoolExecutor(max_inflight, thread_name_prefix="llog-broker-flush")
+        self._open = _Batch()
+        self._timer: asyncio.TimerHandle | None = None
+        self._sealed: collections.deque[_Batch] = collections.deque()
+        self._inflight: dict[asyncio.Task, _Batch] = {}
+        self._buffered = 0
+        self._closed = False
+        #: Record bytes per second of recent flushes (for ``Retry-After``); None before the first.
+        self._flush_rate: float | None = None
+        self.stats: collections.Counter[str] = collections.Counter()
+
+    @property
+    def buffered_bytes(self) -> int:
+        """Record bytes admitted and not yet answered (open, sealed and in flight)."""
+        return self._buffered
+
+    async def produce(self, groups: Sequence[AppendGroup]) -> list[Produced]:
+        """Admit ``groups`` (one request) into the open batch and wait until the batch that
+        holds it committed; one :class:`Produced` per group, in order. Raises before admitting
+        anything: a validation error for bad input, :class:`BackPressure`,
+        :class:`BatcherClosed`."""
+        if self._closed:
+            raise BatcherClosed("the broker is shutting down; nothing was written")
+        if not groups:
+            raise EmptyAppend("a produce request needs at least one group")
+        checked = []
+        for i, g in enumerate(groups):
+            tp = TopicPartition(g.topic, g.partition)  # validates both
+            checked.append(AppendGroup(tp.topic, tp.partition, to_binary_array(g.records, f"{tp}: groups[{i}].records")))
+        size = sum(g.records.nbytes for g in checked)
+        if self._buffered + size > self.max_buffer_bytes:
+            self.stats["backpressure_rejections"] += 1
+            raise BackPressure(self._buffered, size, self.max_buffer_bytes, self._retry_after_s())
+        loop = asyncio.get_running_loop()
+        future = loop.create_future()
+        batch = self._open
+        first = len(batch.groups)
+        batch.groups += checked
+        batch.requests.append((future, range(first, len(batch.groups))))
+        batch.partitions.update(TopicPartition(g.topic, g.partition) for g in checked)
+        batch.bytes += size
+        self._buffered += size
+        self.stats["requests"] += 1
+        if batch.bytes >= self.max_bytes or self._idle():
+            self._seal()
+        elif self._timer is None:
+            self._timer = loop.call_later(self.max_delay_s, self._seal)
+        return await future
+
+    async def close(self, timeout_s: float = 30.0) -> None:
+        """Stop admitting, flush what was admitted and wait for it (at most ``timeout_s``).
+        Requests whose batch could not start by then fail with :class:`BatcherClosed`; a flush
+        already running is waited for, since its outcome decides what its requests are told."""
+        self._closed = True
+        if self._open.groups:
+            self._seal()
+        deadline = time.monotonic() + timeout_s
+        while self._inflight and time.monotonic() < deadline:
+            await asyncio.wait(list(self._inflight), timeout=max(0.0, deadline - time.monotonic()))
+        while self._sealed:
+            self._answer(self._sealed.popleft(), error=BatcherClosed(
+                f"the broker shut down before this request's batch could be written (waited {timeout_s:.0f} s); "
+                "nothing of it was written"))
+        if self._inflight:
+            await asyncio.wait(list(self._inflight))
+        self._pool.shutdown(wait=True)
+
+    # --- sealing and flushing -----------------------------------------------------------------
+
+    def _idle(self) -> bool:
+        return not self._inflight and not self._sealed
+
+    def _seal(self) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+        if self._open.groups:
+            self._sealed.append(self._open)
+            self._open = _Batch()
+        self._start_flushes()
+
+    def _start_flushes(self) -> None:
+        """Start sealed batches in order while a slot is free and the next one shares no
+        partition with a running flush."""
+        while self._sealed and len(self._inflight) < self.max_inflight:
+            busy = set().union(*(b.partitions for b in self._inflight.values()))
+            if self._sealed[0].partitions & busy:
+                return
+            batch = self._sealed.popleft()
+            task = asyncio.get_running_loop().create_task(self._flush(batch))
+            self._inflight[task] = batch
+
+    async def _flush(self, batch: _Batch) -> None:
+        started = time.monotonic()
+        try:
+            results: list[AppendResult | None] | None = None
+            try:
+                results = await asyncio.get_running_loop().run_in_executor(self._pool, self.writer.append_shared,
+                                                                           batch.groups)
+            except AppendFailed as e:
+                self._answer(batch, failed=e)
+            except Exception as e:  # noqa: BLE001 - every request of the batch is told, with the error
+                log.warning("flush of %d request(s), %d bytes failed: %s", len(batch.requests), batch.bytes, e)
+                self._answer(batch, error=e)
+            if results is not None:
+                self._answer(batch, results=results)
+            self.stats["flushes"] += 1
+            seconds = max(time.monotonic() - started, 1e-3)
+            rate = batch.bytes / seconds
+            self._flush_rate = rate if self._flush_rate is None else 0.7 * self._flush_rate + 0.3 * rate
+        finally:
+            self._buffered -= batch.bytes
+            del self._inflight[asyncio.current_task()]
+            if self._idle() and self._open.groups:
+                self._seal()  # flush-when-idle: what gathered during this flush goes now
+            else:
+                self._start_flushes()
+
+    def _answer(self, batch: _Batch, results: Sequence[AppendResult] | None = None,
+                failed: AppendFailed | None = None, error: BaseException | None = None) -> None:
+        """Tell every request of ``batch`` the outcome of each of its groups."""
+        outcomes: list[Produced]
+        if results is not None:
+            outcomes = [Produced(r.topic, r.partition, r.start_offset, r.end_offset) for r in results]
+        elif failed is not None:
+            outcomes = _outcomes_of_partial(batch.groups, failed)
+        else:
+            outcomes = [Produced(g.topic, g.partition, error=error) for g in batch.groups]
+        for future, indexes in batch.requests:
+            if not future.done():  # a client that went away cancelled its wait
+                future.set_result([outcomes[i] for i in indexes])
+
+    def _retry_after_s(self) -> int:
+        """Whole seconds until the buffered bytes are likely committed (at least 1)."""
+        if not self._flush_rate:
+            return 1
+        return max(1, math.ceil(self._buffered / self._flush_rate))
+
+
+def _outcomes_of_partial(groups: Sequence[AppendGroup], failed: AppendFailed) -> list[Produced]:
+    """Per group, its result or its partition's error. ``failed.results`` holds the committed
+    groups' results in group order (a partition commits all of its groups or none)."""
+    committed: dict[tuple[str, int], collections.deque[AppendResult]] = collections.defaultdict(collections.deque)
+    for r in failed.results:
+        committed[(r.topic, r.partition)].append(r)
+    out = []
+    for g in groups:
+        key = (g.topic, g.partition)
+        if committed.get(key):
+            r = committed[key].popleft()
+            out.append(Produced(g.topic, g.partition, r.start_offset, r.end_offset))
+        else:
+            out.append(Produced(g.topic, g.partition, error=failed.errors.get(key) or failed))
+    return out
+
