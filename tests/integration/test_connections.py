@@ -7,6 +7,7 @@ other tests."""
 from __future__ import annotations
 
 import json
+import os
 import socket
 import threading
 import time
@@ -190,3 +191,30 @@ def test_a_session_the_server_dropped_is_replaced(stack):
         assert coordination.get(f"{root}/b", "pk").value == b"me"
     finally:
         coordination.close()
+
+
+def test_a_process_talking_to_oxia_forks_and_execs_safely(stack):
+    """Spark starts its JVM, and any Popen with a preexec_fn starts its child, by fork + exec.
+    With gRPC's default fork handling a busy client made about 1 child in 100 abort before
+    exec (grpc/grpc#43055); llog turns that handling off (``llog/__init__.py``)."""
+    import subprocess
+
+    assert os.environ["GRPC_ENABLE_FORK_SUPPORT"] == "0"
+    coordination = Coordination(stack)
+    stop = threading.Event()
+
+    def busy():
+        while not stop.is_set():
+            coordination.put(f"/{stack.root_prefix}-fork", b"v", "pk")
+
+    thread = threading.Thread(target=busy)
+    thread.start()
+    try:
+        failed = [r.stderr[-300:] for r in (
+            subprocess.run(["/bin/true"], preexec_fn=lambda: None, capture_output=True) for _ in range(400))
+            if r.returncode != 0]
+    finally:
+        stop.set()
+        thread.join(30)
+        coordination.close()
+    assert failed == []
