@@ -33,7 +33,7 @@ import uuid
 
 import msgspec
 
-from broker_lite.batcher import BackPressure, Batcher, BatcherClosed, Produced
+from broker_lite.batcher import BackPressure, Batcher, BatcherClosed, Outcome, RequestTooLarge
 from broker_lite.models import ErrorBody, Health, ProduceRequest, ProduceResponse, ProduceResult
 from llog.config import Config
 from llog.errors import EmptyAppend, InvalidPartition, InvalidPayload, InvalidTopicName, LlogError
@@ -155,14 +155,16 @@ class BrokerApp:
                               [r.encode() if isinstance(r, str) else r.base64 for r in g.records])
                   for g in request.topic_partitions]
         try:
-            produced = await self.batcher.produce(groups)
+            outcomes = await self.batcher.produce(groups)
         except BackPressure as e:
             return self._unavailable(groups, BACKPRESSURE, str(e), e.retry_after_s)
         except BatcherClosed as e:
             return self._unavailable(groups, type(e).__name__, str(e), 1)
+        except RequestTooLarge as e:  # the body check above makes this rare (JSON is larger than its records)
+            raise _Refused(413, type(e).__name__, str(e)) from None
         except _BAD_INPUT as e:
             raise _Refused(400, type(e).__name__, str(e)) from None
-        results = [_result(p) for p in produced]
+        results = [_result(g, o) for g, o in zip(groups, outcomes)]
         failed = sum(not r.ok for r in results)
         return (409 if failed else 200), ProduceResponse(results, len(results) - failed, failed), []
 
@@ -173,10 +175,9 @@ class BrokerApp:
         return 503, body, [(b"retry-after", str(retry_after_s).encode())]
 
 
-def _result(p: Produced) -> ProduceResult:
-    if p.error is not None:
-        error_type = type(p.error).__name__ if isinstance(p.error, LlogError) else "InternalError"
-        return ProduceResult(p.topic, p.partition, False, error_type=error_type, error=str(p.error))
-    return ProduceResult(p.topic, p.partition, True, p.start_offset, p.end_offset, p.end_offset - p.start_offset + 1,
-                         p.index_key, p.wal_uri)
-
+def _result(group: AppendGroup, outcome: Outcome) -> ProduceResult:
+    if isinstance(outcome, BaseException):
+        error_type = type(outcome).__name__ if isinstance(outcome, LlogError) else "InternalError"
+        return ProduceResult(group.topic, group.partition, False, error_type=error_type, error=str(outcome))
+    return ProduceResult(outcome.topic, outcome.partition, True, outcome.start_offset, outcome.end_offset,
+                         outcome.count, outcome.index_key, outcome.wal_uri)

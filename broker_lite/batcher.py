@@ -62,26 +62,17 @@ class BackPressure(LlogError):
                          f"LLOG_BATCH_MAX_BUFFER_BYTES={limit}; retry after {retry_after_s} s")
 
 
+class RequestTooLarge(LlogError, ValueError):
+    """A request holds more record bytes than ``LLOG_BATCH_MAX_BUFFER_BYTES``: it could never be
+    admitted, so it is refused as bad input instead of with backpressure (which means retry)."""
+
+
 class BatcherClosed(LlogError):
     """The group commit was closed (the broker is shutting down); the request was not taken."""
 
 
-@dataclass(frozen=True)
-class Produced:
-    """One group of a request: where its records landed, or why they did not."""
-
-    topic: str
-    partition: int
-    start_offset: int | None = None
-    end_offset: int | None = None
-    index_key: str | None = None
-    wal_uri: str | None = None
-    error: BaseException | None = None
-
-    @classmethod
-    def of(cls, result: AppendResult) -> "Produced":
-        return cls(result.topic, result.partition, result.start_offset, result.end_offset, result.index_key,
-                   result.wal_uri)
+#: One group's outcome: where its records landed, or its partition's error.
+Outcome = AppendResult | BaseException
 
 
 @dataclass
@@ -121,11 +112,12 @@ class Batcher:
         """Record bytes admitted and not yet answered (open, sealed and in flight)."""
         return self._buffered
 
-    async def produce(self, groups: Sequence[AppendGroup]) -> list[Produced]:
+    async def produce(self, groups: Sequence[AppendGroup]) -> list[Outcome]:
         """Admit ``groups`` (one request) into the open batch and wait until the batch that
-        holds it committed; one :class:`Produced` per group, in order. Raises before admitting
-        anything: a validation error for bad input, :class:`BackPressure`,
-        :class:`BatcherClosed`."""
+        holds it committed; per group, in order, its :class:`AppendResult` or its partition's
+        error. Raises before admitting
+        anything: a validation error for bad input (:class:`RequestTooLarge` included),
+        :class:`BackPressure`, :class:`BatcherClosed`."""
         if self._closed:
             raise BatcherClosed("the broker is shutting down; nothing was written")
         if not groups:
@@ -135,6 +127,9 @@ class Batcher:
             tp = TopicPartition(g.topic, g.partition)  # validates both
             checked.append(AppendGroup(tp.topic, tp.partition, to_binary_array(g.records, f"{tp}: groups[{i}].records")))
         size = sum(_payload_bytes(g.records) for g in checked)
+        if size > self.max_buffer_bytes:
+            raise RequestTooLarge(f"the request holds {size} record bytes, more than "
+                                  f"LLOG_BATCH_MAX_BUFFER_BYTES={self.max_buffer_bytes}; split it")
         if self._buffered + size > self.max_buffer_bytes:
             self.stats["backpressure_rejections"] += 1
             raise BackPressure(self._buffered, size, self.max_buffer_bytes, self._retry_after_s())
@@ -226,13 +221,13 @@ class Batcher:
     def _answer(self, batch: _Batch, results: Sequence[AppendResult] | None = None,
                 failed: AppendFailed | None = None, error: BaseException | None = None) -> None:
         """Tell every request of ``batch`` the outcome of each of its groups."""
-        outcomes: list[Produced]
+        outcomes: Sequence[Outcome]
         if results is not None:
-            outcomes = [Produced.of(r) for r in results]
+            outcomes = results
         elif failed is not None:
             outcomes = _outcomes_of_partial(batch.groups, failed)
         else:
-            outcomes = [Produced(g.topic, g.partition, error=error) for g in batch.groups]
+            outcomes = [error] * len(batch.groups)
         for future, indexes in batch.requests:
             if not future.done():  # a client that went away cancelled its wait
                 future.set_result([outcomes[i] for i in indexes])
@@ -244,7 +239,7 @@ class Batcher:
         return max(1, math.ceil(self._buffered / self._flush_rate))
 
 
-def _outcomes_of_partial(groups: Sequence[AppendGroup], failed: AppendFailed) -> list[Produced]:
+def _outcomes_of_partial(groups: Sequence[AppendGroup], failed: AppendFailed) -> list[Outcome]:
     """Per group, its result or its partition's error. ``failed.results`` holds the committed
     groups' results in group order (a partition commits all of its groups or none)."""
     committed: dict[tuple[str, int], collections.deque[AppendResult]] = collections.defaultdict(collections.deque)
@@ -253,10 +248,7 @@ def _outcomes_of_partial(groups: Sequence[AppendGroup], failed: AppendFailed) ->
     out = []
     for g in groups:
         key = (g.topic, g.partition)
-        if committed.get(key):
-            out.append(Produced.of(committed[key].popleft()))
-        else:
-            out.append(Produced(g.topic, g.partition, error=failed.errors.get(key) or failed))
+        out.append(committed[key].popleft() if committed.get(key) else failed.errors.get(key) or failed)
     return out
 
 

@@ -11,11 +11,11 @@ import threading
 
 import pytest
 
-from broker_lite.batcher import BackPressure, Batcher, BatcherClosed
+from broker_lite.batcher import BackPressure, Batcher, BatcherClosed, RequestTooLarge
 from llog.errors import InvalidPayload, InvalidTopicName, LogFenced, PartitionNotInitialized
 from llog.fence import fence
 from llog.reader import LogReader
-from llog.writer import AppendGroup, LogWriter
+from llog.writer import AppendGroup, AppendResult, LogWriter
 
 #: Long enough that no test depends on the delay timer unless it says so.
 NEVER_MS = 600_000
@@ -79,8 +79,8 @@ def test_concurrent_requests_share_a_put_and_each_gets_its_own_offsets(config):
     ranges = {}
     for request, [produced] in zip(requests, answers):
         group = request[0]
-        assert (produced.topic, produced.partition, produced.error) == ("t", group.partition, None)
-        assert produced.end_offset - produced.start_offset + 1 == len(group.records)
+        assert (produced.topic, produced.partition) == ("t", group.partition)  # an AppendResult, not an error
+        assert produced.count == len(group.records)
         assert _read(config, "t", group.partition, produced.start_offset, produced.end_offset) == group.records
         ranges.setdefault(group.partition, []).append((produced.start_offset, produced.end_offset))
     for partition, taken in ranges.items():  # every offset of the partition once, admission order kept
@@ -146,6 +146,8 @@ def test_backpressure_refuses_with_a_retry_time_and_recovers_with_nothing_lost(c
             with pytest.raises(BackPressure, match="LLOG_BATCH_MAX_BUFFER_BYTES=1500; retry after 1 s") as refused:
                 await batcher.produce([AppendGroup("bp", 0, _records("b", 10, 100))])
             assert refused.value.retry_after_s >= 1 and batcher.stats["backpressure_rejections"] == 1
+            with pytest.raises(RequestTooLarge, match="1600 record bytes, more than LLOG_BATCH_MAX_BUFFER_BYTES=1500"):
+                await batcher.produce([AppendGroup("bp", 0, _records("c", 16, 100))])  # never admissible: no retry
             first = await held
             again = await batcher.produce([AppendGroup("bp", 0, _records("b", 10, 100))])  # room again
             await batcher.close()
@@ -178,10 +180,10 @@ def test_a_failed_flush_fails_exactly_its_requests_per_partition(config):
             return mixed, fenced_only, only_bad
 
     mixed, fenced_only, only_bad = asyncio.run(main())
-    assert (mixed[0].start_offset, mixed[0].error) == (2, None)
-    assert isinstance(mixed[1].error, LogFenced) and mixed[1].start_offset is None
-    assert isinstance(fenced_only[0].error, LogFenced) and isinstance(fenced_only[1].error, PartitionNotInitialized)
-    assert isinstance(only_bad[0].error, LogFenced)
+    assert isinstance(mixed[0], AppendResult) and mixed[0].start_offset == 2
+    assert isinstance(mixed[1], LogFenced)
+    assert isinstance(fenced_only[0], LogFenced) and isinstance(fenced_only[1], PartitionNotInitialized)
+    assert isinstance(only_bad[0], LogFenced)
     assert _read(config, "f", 0, 1, 2) == [b"w", b"ok"] and _read(config, "f", 1, 1, 1) == [b"before"]
 
 
@@ -217,5 +219,6 @@ def test_close_answers_every_admitted_request_and_refuses_new_ones(config):
             return [(await w)[0] for w in waiting]
 
     answers = asyncio.run(main())
-    assert [(a.start_offset, a.error) for a in answers] == [(i + 1, None) for i in range(5)]
+    assert all(isinstance(a, AppendResult) for a in answers)
+    assert [a.start_offset for a in answers] == [i + 1 for i in range(5)]
     assert _read(config, "c", 0, 1, 5) == [f"{i}".encode() for i in range(5)]
