@@ -346,9 +346,13 @@ def _write_json(path: Path, value: dict) -> None:
 
 
 def _alive(pid: int | None, binary: str | None) -> bool:
-    """True if ``pid`` runs ``binary`` (a recycled pid runs something else; a zombie, nothing)."""
+    """True if ``pid`` runs ``binary`` (a recycled pid runs something else; a zombie, nothing).
+    A process this one started is asked directly (its exit status, not ``/proc``)."""
     if not pid or not binary:
         return False
+    child = _children.get(pid)
+    if child is not None:
+        return child.poll() is None
     try:
         argv0 = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0", 1)[0]
     except OSError:
@@ -573,7 +577,9 @@ def _wait_healthy(paths: _Paths, record: dict, ports: StackPorts, bucket: str, t
     for service, check in checks.items():
         while True:
             if not _alive(record[service]["pid"], record[service]["binary"]):
-                raise LlogError(f"{service} exited during startup; last lines of {paths.log(service)}:\n"
+                child = _children.get(record[service]["pid"])
+                status = "" if child is None else f" (exit status {child.returncode})"
+                raise LlogError(f"{service} exited during startup{status}; last lines of {paths.log(service)}:\n"
                                 + _tail(paths.log(service)))
             problem = check()
             if problem is None:
