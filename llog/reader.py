@@ -31,12 +31,13 @@ import pyarrow as pa
 
 from llog import failpoints
 from llog.clients import ClientUser
-from llog.codec import decode_batch, offsets_prefix_length, record_span
+from llog.codec import BATCH_HEADER_SIZE, decode_batch, offsets_prefix_length, read_batch_header, record_span
 from llog.config import Config
 from llog.control import ControlState, read_control
 from llog.coordination import Coordination
 from llog.errors import (
-    InconsistentReadState, InvalidOffset, ObjectNotFound, OffsetOutOfRange, PartitionNotInitialized,
+    CorruptBatch, InconsistentReadState, InvalidOffset, LlogError, ObjectNotFound, OffsetOutOfRange,
+    PartitionNotInitialized,
 )
 from llog.keys import PartitionKeys
 from llog.objects import ObjectStore
@@ -55,6 +56,15 @@ ITER_WINDOW = 100_000
 #: Bytes of record bodies :meth:`LogReader.stream_batches` fetches per step, and steps in flight.
 STREAM_CHUNK_BYTES = 32 * 1024 * 1024
 STREAM_LOOKAHEAD = 2
+#: :meth:`LogReader.fetch` reads a body in part (its offsets table, then the records within the
+#: budget) when it is larger than this many times the budget, or its size is unknown (a
+#: compacted object), instead of fetching it whole.
+PARTIAL_READ_FACTOR = 2
+#: A partial read fetches the offsets of at most ``budget // PARTIAL_MIN_RECORD_BYTES`` records
+#: (smaller records fill less of the budget).
+PARTIAL_MIN_RECORD_BYTES = 64
+#: Bytes per record assumed when planning how far a fetch reads past an entry of unknown size.
+_ASSUMED_RECORD_BYTES = 100
 
 
 @dataclass(frozen=True)
@@ -95,6 +105,38 @@ class PartitionBatches:
 
     def table(self) -> pa.Table:
         return pa.Table.from_batches(self.batches, schema=RECORD_SCHEMA)
+
+
+@dataclass(frozen=True)
+class FetchRequest:
+    """Records of one topic-partition from ``offset`` on, about ``max_bytes`` of record bytes at
+    most (the first record always, even if larger)."""
+
+    topic: str
+    partition: int
+    offset: int
+    max_bytes: int
+
+
+@dataclass(frozen=True)
+class Fetched:
+    """What one :class:`FetchRequest` returned: records ``offset..`` in Arrow batches
+    (:data:`RECORD_SCHEMA`), maybe none (``offset`` is the high watermark + 1)."""
+
+    topic: str
+    partition: int
+    offset: int
+    high_watermark: int
+    batches: list[pa.RecordBatch]
+
+    @property
+    def count(self) -> int:
+        return sum(b.num_rows for b in self.batches)
+
+    @property
+    def nbytes(self) -> int:
+        """Record bytes (the values, not offsets or timestamps)."""
+        return sum(_value_bytes(b.column(1)) for b in self.batches)
 
 
 @dataclass(frozen=True)
@@ -312,6 +354,148 @@ class LogReader(ClientUser):
             for req, (state, end, slices) in zip(requests, resolved)
         ]
 
+    def fetch(self, requests: Sequence[FetchRequest], max_bytes: int | None = None,
+              _again: bool = True) -> list[Fetched | LlogError]:
+        """Records from each request's offset, bounded in bytes: a consumer's fetch (the HTTP
+        broker's ``POST /consume``). Each request gets its own outcome: a :class:`Fetched`
+        (empty at the high watermark + 1) or its partition's error
+        (:class:`PartitionNotInitialized`, :class:`OffsetOutOfRange` past the high watermark + 1,
+        a storage error), so one bad partition does not fail the others.
+
+        A partition returns about ``max_bytes`` of record bytes at most, the whole call
+        ``max_bytes`` at most, in request order; a partition gets at least its first record
+        while the call's budget is not spent, so a consumer always moves on. Resolution is one
+        multi-key Oxia read per shard, plus a range scan for a request that reaches past its
+        first entry; bodies within the budget are fetched whole, one GET per blob for the whole
+        call (CRC checked); a body much larger than the budget, or of unknown size (a compacted
+        object), is read in part: its offsets table, then the records that fit (bounds checked).
+        """
+        requests = list(requests)
+        for r in requests:
+            _check_offset("fetch offset", r.offset)
+            if r.max_bytes < 1:
+                raise InvalidOffset(f"max_bytes must be >= 1, got {r.max_bytes}")
+        keys = [self.keys(r.topic, r.partition) for r in requests]
+        found = self.coordination.get_many(
+            [(k.control, k.partition_key) for k in keys] + [(k.index(r.offset), k.partition_key) for k, r in zip(keys, requests)],
+            ceiling_within=[None] * len(keys) + [k.index_prefix for k in keys],
+        )
+        outcomes: list[Fetched | LlogError | None] = [None] * len(requests)
+        plans: dict[int, tuple[int, int, list[_Slice]]] = {}  # request -> (high watermark, budget, slices)
+        remaining = max_bytes if max_bytes is not None else float("inf")
+        for i, (req, k, control, first) in enumerate(zip(requests, keys, found[:len(keys)], found[len(keys):])):
+            if control is None:
+                outcomes[i] = PartitionNotInitialized(k.tp.topic, k.tp.partition)
+                continue
+            state = ControlState(ControlRecord.from_json(control.value, k.control), control.version_id)
+            hw = state.record.high_watermark
+            if req.offset > hw + 1:
+                outcomes[i] = OffsetOutOfRange(req.topic, req.partition, req.offset, hw)
+                continue
+            budget = int(min(req.max_bytes, max_bytes or req.max_bytes))
+            if req.offset == hw + 1 or remaining <= 0:  # caught up, or the call's budget is spent (estimated)
+                outcomes[i] = Fetched(req.topic, req.partition, req.offset, hw, [])
+                continue
+            try:
+                slices = self._plan(k, state, req.offset, budget,
+                                    first and LocatedEntry(k.index_end_offset(first.key), IndexEntry.from_json(first.value, first.key)))
+            except LlogError as e:
+                outcomes[i] = e
+                continue
+            plans[i] = (hw, budget, slices)
+            remaining -= sum(_estimate(s) for s in slices)
+
+        whole = [(i, s) for i, (_, budget, slices) in plans.items() for s in slices if not _partial(s, budget)]
+        partial = [(i, s) for i, (_, budget, slices) in plans.items() for s in slices if _partial(s, budget)]
+        got: dict[int, list[pa.RecordBatch]] = {id(s): [] for _, (_, _, slices) in plans.items() for s in slices}
+        failed: dict[int, LlogError] = {}
+        try:
+            for (_, s), batches in zip(whole, self._batches([(requests[i].topic, requests[i].partition, s) for i, s in whole])):
+                got[id(s)] = batches
+        except LlogError:  # find whose: each partition on its own
+            for i in {i for i, _ in whole}:
+                mine = [s for j, s in whole if j == i]
+                try:
+                    for s, batches in zip(mine, self._batches([(requests[i].topic, requests[i].partition, s) for s in mine])):
+                        got[id(s)] = batches
+                except LlogError as e:
+                    failed[i] = e
+        for (i, s), part in zip(partial, self._map(lambda item: self._read_partial(item[1], plans[item[0]][1]), partial)):
+            if isinstance(part, LlogError):
+                failed.setdefault(i, part)
+            else:
+                got[id(s)] = [part]
+
+        retry = [i for i, e in failed.items() if isinstance(e, ObjectNotFound) and _again]
+        if retry:  # compacted and collected since it was resolved: once more, now from the compacted entry
+            for i, outcome in zip(retry, self.fetch([requests[i] for i in retry], None, _again=False)):
+                outcomes[i] = outcome
+        remaining = max_bytes if max_bytes is not None else float("inf")
+        for i, (hw, _, slices) in plans.items():
+            if outcomes[i] is not None:
+                continue
+            if i in failed:
+                outcomes[i] = failed[i]
+                continue
+            batches = _trim([b for s in slices for b in got[id(s)] if b.num_rows], int(min(requests[i].max_bytes, remaining)))
+            outcomes[i] = Fetched(requests[i].topic, requests[i].partition, requests[i].offset, hw, batches)
+            remaining -= outcomes[i].nbytes
+        return outcomes
+
+    def _plan(self, keys: PartitionKeys, state: ControlState, offset: int, budget: int,
+              first: LocatedEntry | None) -> list[_Slice]:
+        """The slices a fetch of ``budget`` bytes from ``offset`` reads: the entry covering
+        ``offset`` (``first``, from the ceiling get), and when its estimated bytes fall short of
+        the budget, the entries after it up to an offset estimated from its record size."""
+        hw = state.record.high_watermark
+        if first is not None and first.start_offset <= offset:
+            head = _Slice(first, offset, min(first.end_offset, hw))
+            if head.hi >= hw or _estimate(head) >= budget:
+                return [head]
+            per_record = _record_bytes(first)
+            end = min(hw, max(head.hi + 1, offset + -(-budget // per_record)))
+        else:  # only pending covers it (or compaction is midway): resolve a window
+            end = min(hw, offset + max(1, budget // _ASSUMED_RECORD_BYTES))
+        slices, total = [], 0
+        for s in self._resolve(keys, state, offset, end):
+            slices.append(s)
+            total += _estimate(s)
+            if total >= budget:
+                break
+        return slices
+
+    def _read_partial(self, s: _Slice, budget: int) -> pa.RecordBatch | LlogError:
+        """The first records of slice ``s`` that fit ``budget`` (one at least), read in part:
+        the offsets table of the records considered, then their bytes (two range GETs). The
+        offsets are checked to be ordered and inside the body; with no CRC over a part, that
+        is the check, plus magic and count when the table is read from the body's start."""
+        entry, located = s.located.entry, s.located
+        uri, base = entry.data_key, entry.byte_offset or 0
+        where = f"{uri} (offsets {located.start_offset}..{located.end_offset})"
+        first = s.lo - located.start_offset
+        considered = min(s.hi - s.lo + 1, max(1, budget // PARTIAL_MIN_RECORD_BYTES))
+        try:
+            table_start = 0 if first * 4 <= 4096 else BATCH_HEADER_SIZE + 4 * first
+            table_end = BATCH_HEADER_SIZE + 4 * (first + considered + 1)
+            raw, size = self.objects.get_with_size(uri, base + table_start, table_end - table_start)
+            if table_start == 0:
+                read_batch_header(raw, entry.msg_count, where)
+            body_length = entry.byte_length if entry.byte_length is not None else size - base
+            table = np.frombuffer(raw, dtype="<u4", offset=BATCH_HEADER_SIZE + 4 * first - table_start).astype(np.int64)
+            data_start = BATCH_HEADER_SIZE + 4 * (entry.msg_count + 1)
+            if (np.diff(table) < 0).any() or data_start + table[-1] > body_length:
+                raise CorruptBatch(f"{where}: the offsets of records {first}..{first + considered - 1} are out of order or past the body")
+            sizes = np.cumsum(np.diff(table))
+            count = max(1, int(np.searchsorted(sizes, budget, side="right")))
+            length = int(table[count] - table[0])
+            data = self.objects.get(uri, base + data_start + int(table[0]), length) if length else b""
+        except LlogError as e:
+            return e
+        values = pa.BinaryArray.from_buffers(pa.binary(), count, [None, pa.py_buffer((table[:count + 1] - table[0]).astype(np.int32)), pa.py_buffer(data)])
+        return pa.RecordBatch.from_arrays(
+            [pa.array(np.arange(s.lo, s.lo + count, dtype=np.int64)), values,
+             pa.array(np.full(count, entry.created_at_ms, dtype=np.int64))], schema=RECORD_SCHEMA)
+
     def stream_batches(self, request: ReadRequest, chunk_bytes: int = STREAM_CHUNK_BYTES,
                        lookahead: int = STREAM_LOOKAHEAD,
                        on_missing: Callable[[int, int, ObjectNotFound], None] | None = None
@@ -419,6 +603,52 @@ def _chunks(slices: Sequence[_Slice], chunk_bytes: int) -> list[list[_Slice]]:
         chunks[-1].append(s)
         size = chunk_bytes if length is None else size + length
     return chunks
+
+
+def _value_bytes(values: pa.BinaryArray) -> int:
+    """Bytes of the values of a binary array (or slice of one), from its offsets."""
+    if len(values) == 0:
+        return 0
+    offsets = np.frombuffer(values.buffers()[1], dtype=np.int32, count=len(values) + 1, offset=4 * values.offset)
+    return int(offsets[-1] - offsets[0])
+
+
+def _record_bytes(located: LocatedEntry) -> int:
+    """Bytes per record an entry's body suggests (its header and offsets table included); the
+    assumed record size when its body is a whole object of unknown size."""
+    length = located.entry.byte_length
+    return max(1, length // located.entry.msg_count) if length is not None else _ASSUMED_RECORD_BYTES
+
+
+def _estimate(s: _Slice) -> int:
+    return (s.hi - s.lo + 1) * _record_bytes(s.located)
+
+
+def _partial(s: _Slice, budget: int) -> bool:
+    """Whether :meth:`LogReader.fetch` reads slice ``s`` in part rather than its whole body."""
+    length = s.located.entry.byte_length
+    return length is None or length > PARTIAL_READ_FACTOR * max(budget, 1)
+
+
+def _trim(batches: list[pa.RecordBatch], budget: int) -> list[pa.RecordBatch]:
+    """The leading records of ``batches`` whose bytes fit ``budget``, one at least if the budget
+    is not spent."""
+    out, total = [], 0
+    if budget < 1:
+        return out
+    for batch in batches:
+        sizes = np.cumsum(np.diff(np.frombuffer(batch.column(1).buffers()[1], dtype=np.int32,
+                                                count=batch.num_rows + 1, offset=4 * batch.column(1).offset)))
+        fits = int(np.searchsorted(sizes, budget - total, side="right"))
+        if not out and fits == 0:
+            fits = 1
+        if fits < batch.num_rows:
+            if fits:
+                out.append(batch.slice(0, fits))
+            return out
+        out.append(batch)
+        total += int(sizes[-1]) if batch.num_rows else 0
+    return out
 
 
 def _records(topic: str, partition: int, batches: Sequence[pa.RecordBatch]) -> Iterator[Record]:
