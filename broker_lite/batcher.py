@@ -33,7 +33,7 @@ import collections
 import logging
 import math
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
@@ -82,6 +82,10 @@ class _Batch:
     requests: list[tuple[asyncio.Future, range]] = field(default_factory=list)
     partitions: set[TopicPartition] = field(default_factory=set)
     bytes: int = 0
+    #: ``time.monotonic()`` of each admitted request, of the first one, and of sealing (metrics).
+    admitted_at: list[float] = field(default_factory=list)
+    opened_at: float = 0.0
+    sealed_at: float = 0.0
 
 
 class Batcher:
@@ -105,12 +109,68 @@ class Batcher:
         self._closed = False
         #: Record bytes per second of recent flushes (for ``Retry-After``); None before the first.
         self._flush_rate: float | None = None
+        #: Counts for metrics: requests, enqueued_bytes, backpressure_rejections, flushes,
+        #: flush_failures, flushed_records, flushed_bytes, flush_seconds (a float sum).
         self.stats: collections.Counter[str] = collections.Counter()
+        self.last_flush_s: float | None = None
+        #: Called on the loop with ``(name, value)``: ``queue_wait_s`` per request (admitted to
+        #: its flush starting), ``seal_to_flush_start_s`` and ``flush_duration_s`` per
+        #: batch, ``flush_bytes`` per batch written without error. Set by
+        #: :mod:`broker_lite.metrics`; its errors are logged.
+        self.observer: Callable[[str, float], None] | None = None
 
     @property
     def buffered_bytes(self) -> int:
         """Record bytes admitted and not yet answered (open, sealed and in flight)."""
         return self._buffered
+
+    # --- read-only state for metrics (cheap; read on the loop) --------------------------------
+
+    @property
+    def waiting_requests(self) -> int:
+        """Requests admitted and not yet answered."""
+        return sum(len(b.requests) for b in self._batches())
+
+    @property
+    def queued_bytes(self) -> int:
+        """Record bytes in the open batch and in sealed batches not yet flushing."""
+        return self._open.bytes + sum(b.bytes for b in list(self._sealed))
+
+    @property
+    def inflight_bytes(self) -> int:
+        """Record bytes of the batches being flushed."""
+        return sum(b.bytes for b in list(self._inflight.values()))
+
+    @property
+    def pending_batches(self) -> int:
+        """Batches not yet flushing: the open one (if it holds records) and the sealed ones."""
+        return (1 if self._open.groups else 0) + len(self._sealed)
+
+    @property
+    def sealed_batches(self) -> int:
+        """Sealed batches waiting for a flush slot (or for a partition a flush holds)."""
+        return len(self._sealed)
+
+    @property
+    def inflight_flushes(self) -> int:
+        return len(self._inflight)
+
+    @property
+    def oldest_pending_age_s(self) -> float:
+        """Seconds since the first record of the oldest batch not yet flushing (0 if none)."""
+        sealed = list(self._sealed)
+        oldest = sealed[0] if sealed else self._open if self._open.groups else None
+        return time.monotonic() - oldest.opened_at if oldest is not None else 0.0
+
+    def _batches(self) -> list[_Batch]:
+        return [self._open, *list(self._sealed), *list(self._inflight.values())]
+
+    def _observe(self, name: str, value: float) -> None:
+        if self.observer is not None:
+            try:
+                self.observer(name, value)
+            except Exception:  # noqa: BLE001 - metrics never fail a flush
+                log.exception("batch metrics observer failed on %s", name)
 
     async def produce(self, groups: Sequence[AppendGroup]) -> list[Outcome]:
         """Admit ``groups`` (one request) into the open batch and wait until the batch that
@@ -137,12 +197,16 @@ class Batcher:
         future = loop.create_future()
         batch = self._open
         first = len(batch.groups)
+        now = time.monotonic()
+        batch.opened_at = batch.opened_at or now
+        batch.admitted_at.append(now)
         batch.groups += checked
         batch.requests.append((future, range(first, len(batch.groups))))
         batch.partitions.update(TopicPartition(g.topic, g.partition) for g in checked)
         batch.bytes += size
         self._buffered += size
         self.stats["requests"] += 1
+        self.stats["enqueued_bytes"] += size
         if batch.bytes >= self.max_bytes or self._idle():
             self._seal()
         elif self._timer is None:
@@ -177,6 +241,7 @@ class Batcher:
             self._timer.cancel()
             self._timer = None
         if self._open.groups:
+            self._open.sealed_at = time.monotonic()
             self._sealed.append(self._open)
             self._open = _Batch()
         self._start_flushes()
@@ -195,19 +260,31 @@ class Batcher:
     async def _flush(self, batch: _Batch) -> None:
         started = time.monotonic()
         try:
+            self._observe("seal_to_flush_start_s", started - batch.sealed_at)
+            for admitted in batch.admitted_at:
+                self._observe("queue_wait_s", started - admitted)
             results: list[AppendResult | None] | None = None
             try:
                 results = await asyncio.get_running_loop().run_in_executor(self._pool, self.writer.append_shared,
                                                                            batch.groups)
             except AppendFailed as e:
+                self.stats["flush_failures"] += 1
                 self._answer(batch, failed=e)
             except Exception as e:  # noqa: BLE001 - every request of the batch is told, with the error
+                self.stats["flush_failures"] += 1
                 log.warning("flush of %d request(s), %d bytes failed: %s", len(batch.requests), batch.bytes, e)
                 self._answer(batch, error=e)
             if results is not None:
+                self.stats["flushed_records"] += sum(len(g.records) for g in batch.groups)
+                self.stats["flushed_bytes"] += batch.bytes
+                self._observe("flush_bytes", batch.bytes)
                 self._answer(batch, results=results)
             self.stats["flushes"] += 1
-            seconds = max(time.monotonic() - started, 1e-3)
+            elapsed = time.monotonic() - started
+            self.stats["flush_seconds"] += elapsed
+            self.last_flush_s = elapsed
+            self._observe("flush_duration_s", elapsed)
+            seconds = max(elapsed, 1e-3)
             rate = batch.bytes / seconds
             self._flush_rate = rate if self._flush_rate is None else 0.7 * self._flush_rate + 0.3 * rate
         finally:
