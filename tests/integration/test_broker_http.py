@@ -7,14 +7,8 @@ from __future__ import annotations
 
 import asyncio
 import base64
-import os
 import signal
-import socket
-import subprocess
-import sys
 import time
-from contextlib import contextmanager
-from pathlib import Path
 from uuid import uuid4
 
 import httpx
@@ -24,48 +18,7 @@ from llog.fence import fence
 from llog.keys import PartitionKeys, TopicPartition
 from llog.reader import LogReader
 from llog.writer import LogWriter
-
-REPO = Path(__file__).resolve().parents[2]
-
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
-@contextmanager
-def _broker(config, **settings):
-    """A broker process for ``config`` (plus ``LLOG_*`` ``settings``); yields its base URL and
-    the process. Stopped with SIGTERM at the end (SIGKILL if it does not stop)."""
-    port = _free_port()
-    env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "PYTHONPATH": str(REPO),
-           "LLOG_SETTINGS_FILE": "/nonexistent", **config.to_options(), **{k: str(v) for k, v in settings.items()}}
-    proc = subprocess.Popen([sys.executable, "-m", "broker_lite", "--port", str(port), "--log-level", "warning"],
-                            cwd=REPO, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
-    url = f"http://127.0.0.1:{port}"
-    try:
-        deadline = time.monotonic() + 60
-        while True:
-            assert proc.poll() is None, proc.stderr.read().decode()[-3000:]
-            try:
-                if httpx.get(f"{url}/health", timeout=1).status_code == 200:
-                    break
-            except httpx.TransportError:
-                pass
-            assert time.monotonic() < deadline, "the broker did not answer /health within 60 s"
-            time.sleep(0.1)
-        yield url, proc
-    finally:
-        if proc.poll() is None:
-            proc.terminate()
-            try:
-                proc.wait(40)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait(10)
-        proc.stderr.close()
-
+from tests.helpers.broker_process import run_broker
 
 @pytest.fixture(scope="module")
 def module_config(stack):
@@ -75,7 +28,7 @@ def module_config(stack):
 
 @pytest.fixture(scope="module")
 def broker(module_config):
-    with _broker(module_config) as (url, _):
+    with run_broker(module_config) as (url, _):
         yield url
 
 
@@ -184,7 +137,7 @@ def test_missing_content_length_empty_body_and_unknown_paths(broker):
 
 
 def test_a_body_over_the_limit_gets_413_before_it_is_read(config):
-    with _broker(config, LLOG_BROKER_MAX_REQUEST_BYTES=1000) as (url, _):
+    with run_broker(config, LLOG_BROKER_MAX_REQUEST_BYTES=1000) as (url, _):
         body = {"topic_partitions": [{"topic": "big", "partition": 0, "records": ["x" * 2000]}]}
         response = _produce(url, body)
         assert response.status_code == 413 and "more than the 1000" in response.json()["error"]
@@ -194,7 +147,7 @@ def test_a_body_over_the_limit_gets_413_before_it_is_read(config):
 
 def test_backpressure_gives_503_with_retry_after_and_nothing_is_lost(config):
     record = "r" * 1000
-    with _broker(config, LLOG_BATCH_MAX_BUFFER_BYTES=30_000, LLOG_BROKER_MAX_REQUEST_BYTES=30_000) as (url, _):
+    with run_broker(config, LLOG_BATCH_MAX_BUFFER_BYTES=30_000, LLOG_BROKER_MAX_REQUEST_BYTES=30_000) as (url, _):
         async def send(client, i):
             body = {"topic_partitions": [{"topic": "bp", "partition": i % 2, "records": [f"{i}:{record}"] * 20}]}
             refused = 0
@@ -224,7 +177,7 @@ def test_backpressure_gives_503_with_retry_after_and_nothing_is_lost(config):
 def test_stopping_answers_every_accepted_request(config):
     """SIGTERM while requests wait in the open batch (a long delay, so they are there): each is
     answered after its commit, none dropped."""
-    with _broker(config, LLOG_BATCH_MAX_DELAY_MS=3000) as (url, proc):
+    with run_broker(config, LLOG_BATCH_MAX_DELAY_MS=3000) as (url, proc):
         async def send_all():
             async with httpx.AsyncClient(timeout=60) as client:
                 first = asyncio.ensure_future(client.post(f"{url}/produce", json={"topic_partitions": [
@@ -247,7 +200,7 @@ def test_stopping_answers_every_accepted_request(config):
 def test_a_broker_killed_under_load_loses_no_acknowledged_record(config):
     acked: list[tuple[int, int, int, str]] = []
 
-    with _broker(config) as (url, proc):
+    with run_broker(config) as (url, proc):
         async def client_loop(client, c):
             for n in range(10_000):
                 tag = f"c{c}/{n}"

@@ -1,0 +1,293 @@
+"""``POST /consume``: stateless fetches (the client sends ``fetch_offset`` each time), many
+partitions per request, bounded in bytes, answered from the tail cache where it can and from
+Oxia and S3 (``LogReader.fetch``: one GET per shared blob for the request) where it cannot, with
+Kafka's long poll: wait up to ``max_wait_ms`` until ``min_bytes`` of records are there.
+
+A waiting consumer is woken, not polled for:
+- by a local produce: the app calls :meth:`ConsumeService.produced` for every committed group,
+  which caches its records and wakes the consumers waiting on its partition at once;
+- by another writer (a Spark job, another broker): one probe task reads the high watermarks of
+  every partition someone waits on, all in one multi-key Oxia read, every
+  :data:`PROBE_INTERVAL_S` while anyone waits, and wakes those whose partition moved past what
+  they have. No waiter, no probe.
+
+A consumer is registered before each fetch, so a produce that commits while the fetch runs still
+wakes it. Reader calls run in a thread pool, never on the event loop; at most
+:data:`MAX_PENDING_FETCHES` queue for it, and past that (or :data:`MAX_WAITERS` long polls) a
+request is refused with :class:`ConsumeBusy` (503, ``Retry-After``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from concurrent.futures import ThreadPoolExecutor
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from broker_lite.models import ConsumedRecord, ConsumePartition, ConsumeRequest, ConsumeResponse, ConsumeResult
+from broker_lite.tail_cache import TailCache
+from llog.config import Config
+from llog.errors import LlogError
+from llog.keys import PartitionKeys, TopicPartition, validate_partition, validate_topic
+from llog.reader import FetchRequest, Fetched, LogReader
+from llog.records import ControlRecord
+from llog.writer import AppendGroup, AppendResult
+
+log = logging.getLogger(__name__)
+
+#: How often the probe reads the high watermarks of the partitions consumers wait on.
+PROBE_INTERVAL_S = 0.025
+#: Reader fetches queued or running at once before a consume is refused with 503.
+MAX_PENDING_FETCHES = 64
+#: Long polls waiting at once before a consume is refused with 503.
+MAX_WAITERS = 10_000
+#: Threads running reader fetches.
+FETCH_THREADS = 4
+
+
+class ConsumeBusy(LlogError):
+    """Too many consumes are fetching or waiting; retry after ``retry_after_s``."""
+
+    def __init__(self, message: str, retry_after_s: int = 1):
+        super().__init__(message)
+        self.retry_after_s = retry_after_s
+
+
+@dataclass(eq=False)  # hashed by identity: kept in sets
+class _Waiter:
+    event: asyncio.Event
+    #: Per partition: the offset whose commit would give this consumer something new.
+    wanted: dict[TopicPartition, int]
+
+
+@dataclass
+class ConsumeStats:
+    """What one consume did (for metrics)."""
+
+    records: int = 0
+    bytes: int = 0
+    partitions: int = 0
+    errors: int = 0
+    cache_hits: int = 0
+    cache_misses: int = 0
+    long_poll: str | None = None  # "hit" (woken with records) or "timeout"
+
+
+class ConsumeService:
+    def __init__(self, reader: LogReader, config: Config):
+        self.reader = reader
+        self.root = config.root_prefix
+        self.cache = TailCache(config.tail_cache_max_bytes)
+        self.max_wait_ms = config.broker_max_wait_ms
+        self._pool = ThreadPoolExecutor(FETCH_THREADS, thread_name_prefix="llog-broker-fetch")
+        self._pending_fetches = 0
+        self._waiters: set[_Waiter] = set()
+        self._by_partition: dict[TopicPartition, set[_Waiter]] = {}
+        self._probe: asyncio.Task | None = None
+        self._closed = False
+        #: Called on the loop with each answered consume's :class:`ConsumeStats` (the metrics).
+        self.observer: Callable[[ConsumeStats], None] | None = None
+
+    @property
+    def waiting(self) -> int:
+        return len(self._waiters)
+
+    # --- produce side ---------------------------------------------------------------------------
+
+    def produced(self, group: AppendGroup, result: AppendResult) -> None:
+        """``group`` committed as ``result``: cache its records and wake its partition's waiters."""
+        tp = TopicPartition(result.topic, result.partition)
+        self.cache.add(tp, result.start_offset, list(group.records))
+        for waiter in self._by_partition.get(tp, ()):
+            if result.end_offset >= waiter.wanted[tp]:
+                waiter.event.set()
+
+    def _want(self, waiter: _Waiter, wanted: dict[TopicPartition, int]) -> None:
+        """Set what ``waiter`` waits for (``{}``: nothing; it leaves the index)."""
+        for tp in waiter.wanted.keys() - wanted.keys():
+            self._by_partition[tp].discard(waiter)
+            if not self._by_partition[tp]:
+                del self._by_partition[tp]
+        waiter.wanted = wanted
+        for tp in wanted:
+            self._by_partition.setdefault(tp, set()).add(waiter)
+
+    # --- consume --------------------------------------------------------------------------------
+
+    async def consume(self, request: ConsumeRequest) -> ConsumeResponse:
+        """Answer ``request`` (module doc); :class:`ConsumeBusy` when too busy."""
+        response, stats = await self._consume(request)
+        if self.observer is not None:
+            try:
+                self.observer(stats)
+            except Exception:  # noqa: BLE001 - metrics never fail a consume
+                log.exception("consume observer failed")
+        return response
+
+    async def _consume(self, request: ConsumeRequest) -> tuple[ConsumeResponse, ConsumeStats]:
+        for p in request.topic_partitions:  # bad names are a 400 for the whole request
+            validate_topic(p.topic)
+            validate_partition(p.partition)
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + min(request.max_wait_ms, self.max_wait_ms) / 1000
+        stats = ConsumeStats()
+        results, nbytes = await self._fetch(request, stats)
+        if nbytes >= request.min_bytes or loop.time() >= deadline or any(not r.ok for r in results):
+            return _response(results), stats
+        if len(self._waiters) >= MAX_WAITERS:
+            raise ConsumeBusy(f"{len(self._waiters)} consumers are long-polling, the most this broker holds")
+        waiter = _Waiter(asyncio.Event(), {})
+        self._waiters.add(waiter)
+        self._start_probe()
+        try:
+            while True:
+                self._want(waiter, _wanted(request, results))
+                remaining = deadline - loop.time()
+                if remaining <= 0:
+                    stats.long_poll = "timeout"
+                    break
+                try:
+                    await asyncio.wait_for(waiter.event.wait(), remaining)
+                except TimeoutError:
+                    stats.long_poll = "timeout"
+                    break
+                waiter.event.clear()  # registered before the fetch: a commit during it wakes us again
+                if self._closed:
+                    break
+                results, nbytes = await self._fetch(request, stats)
+                if nbytes >= request.min_bytes:
+                    stats.long_poll = "hit"
+                    break
+        finally:
+            self._want(waiter, {})
+            self._waiters.discard(waiter)
+        if stats.long_poll == "timeout":  # what arrived in the last moment is still returned
+            results, _ = await self._fetch(request, stats)
+        return _response(results), stats
+
+    async def _fetch(self, request: ConsumeRequest, stats: ConsumeStats) -> tuple[list[ConsumeResult], int]:
+        """One pass: the tail cache for each partition it holds, the reader for the rest (one
+        call, so shared blobs are fetched once); byte budgets applied in request order."""
+        results: list[tuple[ConsumeResult, int] | None] = [None] * len(request.topic_partitions)
+        misses: list[int] = []
+        remaining = request.max_bytes
+        for i, p in enumerate(request.topic_partitions):
+            tp = TopicPartition(p.topic, p.partition)
+            if remaining <= 0:
+                misses.append(i)  # the reader answers with the high watermark and no records
+                continue
+            hit = self.cache.get(tp, p.fetch_offset, min(p.partition_max_bytes, remaining)) if self.cache.enabled else None
+            if hit is None:
+                misses.append(i)
+                stats.cache_misses += self.cache.enabled
+                continue
+            stats.cache_hits += 1
+            results[i] = _from_values(p, hit.first, hit.values, hit.tail)
+            remaining -= results[i][1]
+        if misses:
+            wanted = [request.topic_partitions[i] for i in misses]
+            if self._pending_fetches >= MAX_PENDING_FETCHES:
+                raise ConsumeBusy(f"{self._pending_fetches} fetches are waiting for Oxia and S3, the most this broker queues")
+            self._pending_fetches += 1
+            try:
+                fetched = await asyncio.get_running_loop().run_in_executor(
+                    self._pool, self._read, wanted, max(remaining, 0))
+            finally:
+                self._pending_fetches -= 1
+            for i, result in zip(misses, fetched):
+                results[i] = result
+        nbytes = sum(n for _, n in results)
+        results = [r for r, _ in results]
+        stats.partitions += len(results)
+        stats.errors += sum(not r.ok for r in results)
+        stats.records += sum(r.record_count or 0 for r in results)
+        stats.bytes += nbytes
+        return results, nbytes
+
+    def _read(self, partitions: list[ConsumePartition], max_bytes: int) -> list[tuple[ConsumeResult, int]]:
+        """In a pool thread: fetch from Oxia and S3 and build the results (records decoded here,
+        off the loop)."""
+        if max_bytes <= 0:  # the request's budget went to cached partitions: high watermarks only
+            requests = [FetchRequest(p.topic, p.partition, p.fetch_offset, 1) for p in partitions]
+            outcomes = self.reader.fetch(requests, max_bytes=0)
+        else:
+            requests = [FetchRequest(p.topic, p.partition, p.fetch_offset, p.partition_max_bytes) for p in partitions]
+            outcomes = self.reader.fetch(requests, max_bytes=max_bytes)
+        out = []
+        for p, outcome in zip(partitions, outcomes):
+            if isinstance(outcome, Fetched):
+                values = [v for b in outcome.batches for v in b.column(1).to_pylist()]
+                out.append(_from_values(p, p.fetch_offset, values, outcome.high_watermark))
+            else:
+                out.append((ConsumeResult(p.topic, p.partition, False, error_type=type(outcome).__name__,
+                                          error=str(outcome)), 0))
+        return out
+
+    # --- the high-watermark probe ---------------------------------------------------------------
+
+    def _start_probe(self) -> None:
+        if self._probe is None or self._probe.done():
+            self._probe = asyncio.get_running_loop().create_task(self._run_probe())
+
+    async def _run_probe(self) -> None:
+        """While anyone waits: every :data:`PROBE_INTERVAL_S`, one multi-key read of the waited
+        partitions' high watermarks; wake the waiters whose partition moved."""
+        loop = asyncio.get_running_loop()
+        while self._waiters and not self._closed:
+            await asyncio.sleep(PROBE_INTERVAL_S)
+            partitions = sorted({tp for w in self._waiters for tp in w.wanted}, key=str)
+            if not partitions:
+                continue
+            try:
+                marks = await loop.run_in_executor(self._pool, self._high_watermarks, partitions)
+            except Exception as e:  # noqa: BLE001 - a failed probe is retried at the next interval
+                log.warning("high watermark probe failed: %s: %s", type(e).__name__, e)
+                continue
+            for waiter in list(self._waiters):
+                if any(marks.get(tp, 0) >= wanted for tp, wanted in waiter.wanted.items()):
+                    waiter.event.set()
+
+    def _high_watermarks(self, partitions: list[TopicPartition]) -> dict[TopicPartition, int]:
+        keys = [PartitionKeys(self.root, tp) for tp in partitions]
+        found = self.reader.coordination.get_many([(k.control, k.partition_key) for k in keys])
+        return {tp: ControlRecord.from_json(v.value, k.control).high_watermark
+                for tp, k, v in zip(partitions, keys, found) if v is not None}
+
+    async def close(self) -> None:
+        """Wake every waiter (they answer with what they have) and stop the pool."""
+        self._closed = True
+        for waiter in list(self._waiters):
+            self._want(waiter, {})
+            waiter.event.set()
+        if self._probe is not None:
+            self._probe.cancel()
+        await asyncio.to_thread(self._pool.shutdown, wait=True)
+
+
+def _wanted(request: ConsumeRequest, results: list[ConsumeResult]) -> dict[TopicPartition, int]:
+    """Per requested partition without an error: the offset after what the last pass returned."""
+    return {TopicPartition(p.topic, p.partition): r.next_fetch_offset
+            for p, r in zip(request.topic_partitions, results) if r.ok}
+
+
+def _from_values(p: ConsumePartition, first: int, values: list[bytes], high_watermark: int) -> tuple[ConsumeResult, int]:
+    """The result of records ``first..`` (``values``), and their bytes."""
+    if not values:
+        return ConsumeResult(p.topic, p.partition, True, high_watermark=high_watermark,
+                             next_fetch_offset=p.fetch_offset, record_count=0, records=[]), 0
+    records = []
+    for offset, value in enumerate(values, first):
+        try:
+            records.append(ConsumedRecord(offset, payload=value.decode()))
+        except UnicodeDecodeError:
+            records.append(ConsumedRecord(offset, base64=value))
+    last = first + len(values) - 1
+    return ConsumeResult(p.topic, p.partition, True, high_watermark=max(high_watermark, last), start_offset=first,
+                         end_offset=last, next_fetch_offset=last + 1, record_count=len(values),
+                         records=records), sum(map(len, values))
+
+
+def _response(results: list[ConsumeResult]) -> ConsumeResponse:
+    failed = sum(not r.ok for r in results)
+    return ConsumeResponse(results, len(results) - failed, failed)

@@ -1,0 +1,56 @@
+"""The broker's tail cache: hits inside and across runs, gaps, byte budgets, eviction."""
+
+from broker_lite.tail_cache import RECORD_OVERHEAD, TailCache
+from llog.keys import TopicPartition
+
+TP = TopicPartition("t", 0)
+
+
+def values(n: int, first: int = 1, size: int = 10) -> list[bytes]:
+    return [str(first + i).encode().ljust(size, b".") for i in range(n)]
+
+
+def test_a_hit_reads_through_adjacent_runs_and_stops_at_a_gap():
+    cache = TailCache(10**6)
+    cache.add(TP, 1, values(5))
+    cache.add(TP, 11, values(5, 11))   # 6..10 came from another writer
+    cache.add(TP, 6 + 10, values(3, 16))
+    hit = cache.get(TP, 3, 10**6)
+    assert (hit.first, hit.values, hit.tail) == (3, values(3, 3), 18)
+    hit = cache.get(TP, 12, 10**6)
+    assert hit.values == values(4, 12) + values(3, 16)
+    assert cache.get(TP, 7, 10**6) is None and cache.get(TP, 19, 10**6) is None
+    assert cache.get(TopicPartition("t", 1), 1, 10**6) is None
+    assert (cache.hits, cache.misses) == (2, 3)
+
+
+def test_runs_added_out_of_order_are_found():
+    cache = TailCache(10**6)
+    cache.add(TP, 4, values(3, 4))
+    cache.add(TP, 1, values(3))
+    assert cache.get(TP, 1, 10**6).values == values(6)
+
+
+def test_a_hit_returns_what_fits_the_budget_and_at_least_one_record():
+    cache = TailCache(10**6)
+    cache.add(TP, 1, values(5))
+    cache.add(TP, 6, values(5, 6))
+    assert cache.get(TP, 2, 35).values == values(3, 2)
+    assert cache.get(TP, 4, 45).values == values(4, 4)  # across the run boundary
+    assert cache.get(TP, 2, 3).values == values(1, 2)
+
+
+def test_the_oldest_runs_are_evicted_past_the_limit():
+    per_run = 5 * (10 + RECORD_OVERHEAD)
+    cache = TailCache(3 * per_run)
+    for k in range(5):
+        cache.add(TP, 1 + 5 * k, values(5, 1 + 5 * k))
+    assert cache.bytes == 3 * per_run and cache.evictions == 2
+    assert cache.get(TP, 10, 10**6) is None
+    assert cache.get(TP, 11, 10**6).values == values(15, 11)
+
+
+def test_a_zero_limit_turns_the_cache_off():
+    cache = TailCache(0)
+    cache.add(TP, 1, values(5))
+    assert not cache.enabled and cache.get(TP, 1, 100) is None and cache.tail(TP) is None
