@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
+import os
 import math
 import sys
 import time
@@ -204,6 +205,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--json", action="store_true", help="print JSON")
     p.set_defaults(func=_compact)
 
+    # Handled in main() before parsing (every argument goes to the broker); here for --help.
+    sub.add_parser("broker", add_help=False,
+                   help="serve the HTTP broker (python -m broker_lite): llog broker [--host H] [--port P] [--role R]")
+
     p = sub.add_parser("gc", help="delete blobs no partition references, older than the grace period")
     p.add_argument("--grace-ms", type=positive(int), default=None,
                    help="grace period (default and minimum: LLOG_GC_GRACE_MS)")
@@ -214,6 +219,11 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] == ["broker"]:
+        # The broker is a package above the core (it imports llog, never the other way): run it
+        # as its own module in this process's place, with every argument after ``broker``.
+        os.execv(sys.executable, [sys.executable, "-m", "broker_lite", *argv[1:]])
     args = build_parser().parse_args(argv)
     try:
         return args.func(args)

@@ -122,6 +122,10 @@ _PORT_LABELS = {
 _GRPC_PORTS = ("s3", "master", "volume", "filer", "admin")
 _MAX_BASE_PORT = 55000
 
+#: Where ``llog stack up --broker`` serves the HTTP broker unless told otherwise.
+DEFAULT_BROKER_PORT = 18090
+BROKER_PORT_ENV = "LLOG_STACK_BROKER_PORT"
+
 _INSTALL_TIMEOUT_S = 30 * 60
 _STOP_TIMEOUT_S = 10
 _PROBE_TIMEOUT_S = 2
@@ -467,27 +471,64 @@ def status(stack_dir: Path | None = None) -> dict:
             "log": str(paths.log("seaweedfs")),
         },
         "settings_file": str(paths.settings),
+        "broker": _broker_status(record.get("broker")),
     }
 
 
+def _broker_status(entry: dict | None) -> dict | None:
+    if entry is None:
+        return None
+    alive = _alive(entry.get("pid"), entry.get("binary"))
+    url = f"http://{HOST}:{entry['port']}"
+    return {"pid": entry["pid"] if alive else None, "url": url, "port": entry["port"],
+            "healthy": alive and _http_ok(f"{url}/health"), "log": entry.get("log")}
+
+
 def up(stack_dir: Path | None = None, ports: StackPorts | None = None, bucket: str = "llog",
-       timeout_s: float = 90) -> dict:
-    """Install if needed, start Oxia and SeaweedFS, wait until healthy, write the settings file.
+       timeout_s: float = 90, broker_port: int | None = None) -> dict:
+    """Install if needed, start Oxia and SeaweedFS, wait until healthy, write the settings file;
+    with ``broker_port``, also an HTTP broker (``python -m broker_lite``) on that port.
 
     A stack already running and healthy in ``stack_dir`` is left as it is (whatever ``ports``
-    asked for). Data in ``stack_dir`` survives restarts. Returns :func:`status`.
+    asked for), a broker is added to it if asked for and not running. Data in ``stack_dir``
+    survives restarts. Returns :func:`status`.
     """
     paths = _Paths(stack_dir)
     ports = ports or resolve_ports()
     binaries = install()
     with _locked(paths.lock, timeout_s + 30, "`llog stack up` or `down`"):
         current = status(paths.root)
-        if current["running"]:
-            return current
-        _stop_recorded(paths)  # a stale or half-dead stack
-        _check_ports(ports)
-        _start(paths, ports, bucket, binaries, timeout_s)
+        if not current["running"]:
+            _stop_recorded(paths)  # a stale or half-dead stack
+            _check_ports(ports)
+            _start(paths, ports, bucket, binaries, timeout_s)
+        if broker_port is not None and not (current["broker"] or {}).get("healthy"):
+            _start_broker(paths, broker_port, timeout_s)
     return status(paths.root)
+
+
+def _start_broker(paths: _Paths, port: int, timeout_s: float) -> None:
+    """The HTTP broker as a process of the stack: started by module name (the core does not
+    import it), with the stack's settings file, stopped by ``down``."""
+    record = _read_record(paths) or {}
+    old = record.get("broker")
+    if old and _alive(old.get("pid"), old.get("binary")):
+        _stop(old["pid"], old["binary"])
+    if not _port_free(port):
+        raise LlogError(f"the broker's port {port} is in use (--broker-port picks another)")
+    cmd = [sys.executable, "-m", "broker_lite", "--host", HOST, "--port", str(port), "--log-level", "warning"]
+    entry = _spawn(paths, "broker", cmd, {**os.environ, "LLOG_SETTINGS_FILE": str(paths.settings)})
+    record["broker"] = {**entry, "port": port, "log": str(paths.log("broker"))}
+    _write_json(paths.record, record)
+    deadline = time.monotonic() + timeout_s
+    while not _http_ok(f"http://{HOST}:{port}/health"):
+        if not _alive(entry["pid"], entry["binary"]):
+            raise LlogError(f"the broker exited during startup; last lines of {paths.log('broker')}:\n"
+                            + _tail(paths.log("broker")))
+        if time.monotonic() > deadline:
+            raise LlogError(f"the broker did not answer /health within {timeout_s:.0f} s; last lines of "
+                            f"{paths.log('broker')}:\n" + _tail(paths.log("broker")))
+        time.sleep(0.25)
 
 
 def _commands(paths: _Paths, ports: StackPorts, binaries: dict[str, Path]) -> dict[str, tuple[list[str], dict]]:
@@ -614,7 +655,7 @@ def _stop_recorded(paths: _Paths) -> list[str]:
     """Stop every live process of the record, then delete the record."""
     record = _read_record(paths) or {}
     stopped = []
-    for service in ("seaweedfs", "oxia"):
+    for service in ("broker", "seaweedfs", "oxia"):
         entry = record.get(service, {})
         # A child of this process is ours even before it has exec'ed (its cmdline not yet the binary).
         ours = entry.get("pid") in _children and _children[entry["pid"]].poll() is None
@@ -682,6 +723,10 @@ def add_stack_command(subparsers) -> None:
             help=f"{label} port (default: ${_port_env(name)} or {getattr(DEFAULT_PORTS, name)})",
         )
     up_parser.add_argument("--bucket", default="llog", help="S3 bucket to create (default: llog)")
+    up_parser.add_argument("--broker", action="store_true",
+                           help=f"also start an HTTP broker (python -m broker_lite) on 127.0.0.1 "
+                                f"(port: --broker-port, else ${BROKER_PORT_ENV} or {DEFAULT_BROKER_PORT})")
+    up_parser.add_argument("--broker-port", type=int, metavar="PORT", default=None)
     up_parser.add_argument("--timeout", type=float, default=90, help="seconds to wait for health (default: 90)")
     up_parser.set_defaults(func=_cmd_up)
 
@@ -708,7 +753,10 @@ def _cmd_install(args: argparse.Namespace) -> int:
 def _cmd_up(args: argparse.Namespace) -> int:
     try:
         ports = resolve_ports({name: getattr(args, f"{name}_port") for name in _PORT_LABELS})
-        info = up(args.stack_dir, ports=ports, bucket=args.bucket, timeout_s=args.timeout)
+        broker_port = None
+        if args.broker or args.broker_port:
+            broker_port = args.broker_port or int(os.environ.get(BROKER_PORT_ENV, DEFAULT_BROKER_PORT))
+        info = up(args.stack_dir, ports=ports, bucket=args.bucket, timeout_s=args.timeout, broker_port=broker_port)
     except LlogError as e:
         print(f"llog stack up: {e}", file=sys.stderr)
         return 1
@@ -753,6 +801,9 @@ def _print_status(info: dict) -> None:
     print(f"  seaweedfs  {_health(weed)}  pid {weed['pid'] or '-'}  S3 {weed['endpoint_url']}  bucket {weed['bucket']}"
           f"  (master {weed['master_port']}, volume {weed['volume_port']}, filer {weed['filer_port']},"
           f" admin {weed['admin_port']})")
+    broker = info.get("broker")
+    if broker:
+        print(f"  broker     {_health(broker)}  pid {broker['pid'] or '-'}  {broker['url']}")
     print(f"  settings   {info['settings_file']}")
 
 

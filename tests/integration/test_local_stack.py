@@ -8,6 +8,7 @@ from dataclasses import replace
 from pathlib import Path
 
 import boto3
+import httpx
 import oxia
 import pytest
 
@@ -25,6 +26,7 @@ from llog.local_stack import (
     status,
     up,
 )
+from tests.helpers.broker_process import free_port
 
 
 def _pid_exists(pid: int) -> bool:
@@ -88,10 +90,19 @@ def test_up_status_use_idempotent_down(tmp_path: Path) -> None:
             client.close()
 
         again = up(stack_dir=tmp_path, ports=ports, bucket="llog-test")
-        assert (again["oxia"]["pid"], again["seaweedfs"]["pid"]) == pids
+        assert (again["oxia"]["pid"], again["seaweedfs"]["pid"]) == pids and again["broker"] is None
+
+        # `llog stack up --broker` on a running stack adds the HTTP broker, on the stack's settings.
+        with_broker = up(stack_dir=tmp_path, ports=ports, bucket="llog-test", broker_port=free_port())
+        broker = with_broker["broker"]
+        assert broker["healthy"] and (with_broker["oxia"]["pid"], with_broker["seaweedfs"]["pid"]) == pids
+        produced = httpx.post(f"{broker['url']}/produce", json={"topic_partitions": [
+            {"topic": "stack", "partition": 0, "records": ["via the broker"]}]}, timeout=30)
+        assert produced.status_code == 200, produced.text
+        pids = (*pids, broker["pid"])
 
         stopped = down(tmp_path)
-        assert len(stopped) == 2 and all(str(pid) in " ".join(stopped) for pid in pids)
+        assert len(stopped) == 3 and all(str(pid) in " ".join(stopped) for pid in pids)
         assert not any(_pid_exists(pid) for pid in pids)
         after = status(tmp_path)
         assert not after["running"] and after["oxia"]["pid"] is None and after["seaweedfs"]["pid"] is None
