@@ -116,8 +116,8 @@ class BrokerApp:
         # Reads (consume, groups, topics) share the writer's clients when there is one.
         self.reader = await asyncio.to_thread(
             LogReader, self.config, self.writer and self.writer.coordination, self.writer and self.writer.objects)
-        if "read" in self.roles:
-            self.consume = ConsumeService(self.reader, self.config)
+        if "read" in self.roles or self.config.tail_cache_dir:
+            self.consume = ConsumeService(self.reader, self.config, serves_reads="read" in self.roles)
         self.metrics.attach(writer=self.writer, reader=self.reader, batcher=self.batcher, consume=self.consume)
         log.info("broker %s serving %s on %s:%d (auth %s)", self.broker_id, "+".join(self.roles), self.host,
                  self.port, "on" if self.auth else "off")

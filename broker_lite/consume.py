@@ -26,7 +26,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from broker_lite.models import ConsumedRecord, ConsumePartition, ConsumeRequest, ConsumeResponse, ConsumeResult
-from broker_lite.tail_cache import TailCache
+from broker_lite.tail_cache import TailCache, TailCacheDir
 from llog.config import Config
 from llog.errors import LlogError
 from llog.keys import PartitionKeys, TopicPartition, validate_partition, validate_topic
@@ -75,10 +75,16 @@ class ConsumeStats:
 
 
 class ConsumeService:
-    def __init__(self, reader: LogReader, config: Config):
+    def __init__(self, reader: LogReader, config: Config, serves_reads: bool = True):
+        """``serves_reads=False``: a write-only broker, which only writes runs to the shared
+        directory (``LLOG_TAIL_CACHE_DIR``) for the readers of this machine."""
         self.reader = reader
         self.root = config.root_prefix
-        self.cache = TailCache(config.tail_cache_max_bytes)
+        self.cache = TailCache(config.tail_cache_max_bytes if serves_reads else 0)
+        #: The directory shared with the other brokers of this machine (``LLOG_TAIL_CACHE_DIR``).
+        self.shared = (TailCacheDir(config.tail_cache_dir, config.root_prefix, config.tail_cache_max_bytes)
+                       if config.tail_cache_dir and config.tail_cache_max_bytes > 0 else None)
+        self._files = ThreadPoolExecutor(1, thread_name_prefix="llog-broker-tail-files")
         self.max_wait_ms = config.broker_max_wait_ms
         self._pool = ThreadPoolExecutor(FETCH_THREADS, thread_name_prefix="llog-broker-fetch")
         self._pending_fetches = 0
@@ -99,6 +105,8 @@ class ConsumeService:
         """``group`` committed as ``result``: cache its records and wake its partition's waiters."""
         tp = TopicPartition(result.topic, result.partition)
         self.cache.add(tp, result.start_offset, list(group.records))
+        if self.shared is not None:
+            self._files.submit(self._share, tp, result.start_offset, list(group.records))
         for waiter in self._by_partition.get(tp, ()):
             if result.end_offset >= waiter.wanted[tp]:
                 waiter.event.set()
@@ -112,6 +120,12 @@ class ConsumeService:
         waiter.wanted = wanted
         for tp in wanted:
             self._by_partition.setdefault(tp, set()).add(waiter)
+
+    def _share(self, tp: TopicPartition, first: int, values: list[bytes]) -> None:
+        try:
+            self.shared.add(tp, first, values)
+        except OSError as e:  # opportunistic: readers miss and go to Oxia and S3
+            log.warning("cannot write to the tail cache directory %s: %s", self.shared.root, e)
 
     # --- consume --------------------------------------------------------------------------------
 
@@ -191,12 +205,14 @@ class ConsumeService:
                 raise ConsumeBusy(f"{self._pending_fetches} fetches are waiting for Oxia and S3, the most this broker queues")
             self._pending_fetches += 1
             try:
-                fetched = await asyncio.get_running_loop().run_in_executor(
+                fetched, shared_hits = await asyncio.get_running_loop().run_in_executor(
                     self._pool, self._read, wanted, max(remaining, 0))
             finally:
                 self._pending_fetches -= 1
             for i, result in zip(misses, fetched):
                 results[i] = result
+            stats.cache_hits += shared_hits
+            stats.cache_misses -= min(shared_hits, stats.cache_misses)
         nbytes = sum(n for _, n in results)
         results = [r for r, _ in results]
         stats.partitions += len(results)
@@ -205,24 +221,38 @@ class ConsumeService:
         stats.bytes += nbytes
         return results, nbytes
 
-    def _read(self, partitions: list[ConsumePartition], max_bytes: int) -> list[tuple[ConsumeResult, int]]:
-        """In a pool thread: fetch from Oxia and S3 and build the results (records decoded here,
-        off the loop)."""
-        if max_bytes <= 0:  # the request's budget went to cached partitions: high watermarks only
-            requests = [FetchRequest(p.topic, p.partition, p.fetch_offset, 1) for p in partitions]
-            outcomes = self.reader.fetch(requests, max_bytes=0)
-        else:
-            requests = [FetchRequest(p.topic, p.partition, p.fetch_offset, p.partition_max_bytes) for p in partitions]
-            outcomes = self.reader.fetch(requests, max_bytes=max_bytes)
-        out = []
-        for p, outcome in zip(partitions, outcomes):
-            if isinstance(outcome, Fetched):
-                values = [v for b in outcome.batches for v in b.column(1).to_pylist()]
-                out.append(_from_values(p, p.fetch_offset, values, outcome.high_watermark))
-            else:
-                out.append((ConsumeResult(p.topic, p.partition, False, error_type=type(outcome).__name__,
-                                          error=str(outcome)), 0))
-        return out
+    def _read(self, partitions: list[ConsumePartition], max_bytes: int) -> tuple[list[tuple[ConsumeResult, int]], int]:
+        """In a pool thread: the shared tail cache directory first (if any), then Oxia and S3 for
+        the rest, building the results here, off the loop. Also returns the directory's hits."""
+        out: list[tuple[ConsumeResult, int] | None] = [None] * len(partitions)
+        remaining, hits = max_bytes, 0
+        if self.shared is not None:
+            for i, p in enumerate(partitions):
+                hit = self._shared_get(p, min(p.partition_max_bytes, remaining)) if remaining > 0 else None
+                if hit is not None:
+                    out[i] = _from_values(p, hit.first, hit.values, hit.tail)
+                    remaining -= out[i][1]
+                    hits += 1
+        rest = [i for i, r in enumerate(out) if r is None]
+        if rest:
+            requests = [FetchRequest(partitions[i].topic, partitions[i].partition, partitions[i].fetch_offset,
+                                     partitions[i].partition_max_bytes) for i in rest]
+            for i, outcome in zip(rest, self.reader.fetch(requests, max_bytes=max(remaining, 0))):
+                p = partitions[i]
+                if isinstance(outcome, Fetched):
+                    values = [v for b in outcome.batches for v in b.column(1).to_pylist()]
+                    out[i] = _from_values(p, p.fetch_offset, values, outcome.high_watermark)
+                else:
+                    out[i] = (ConsumeResult(p.topic, p.partition, False, error_type=type(outcome).__name__,
+                                            error=str(outcome)), 0)
+        return out, hits
+
+    def _shared_get(self, p: ConsumePartition, max_bytes: int):
+        try:
+            return self.shared.get(TopicPartition(p.topic, p.partition), p.fetch_offset, max_bytes)
+        except (OSError, LlogError) as e:  # a run being deleted, or damaged: Oxia and S3 answer
+            log.warning("tail cache directory: %s: %s", type(e).__name__, e)
+            return None
 
     # --- the high-watermark probe ---------------------------------------------------------------
 
@@ -263,6 +293,7 @@ class ConsumeService:
         if self._probe is not None:
             self._probe.cancel()
         await asyncio.to_thread(self._pool.shutdown, wait=True)
+        await asyncio.to_thread(self._files.shutdown, wait=True)
 
 
 def _wanted(request: ConsumeRequest, results: list[ConsumeResult]) -> dict[TopicPartition, int]:

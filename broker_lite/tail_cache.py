@@ -18,8 +18,14 @@ from __future__ import annotations
 import bisect
 import collections
 import itertools
+import os
+import threading
 from dataclasses import dataclass, field
+from pathlib import Path
 
+import pyarrow as pa
+
+from llog.codec import decode_batch, encode_batch
 from llog.keys import TopicPartition
 
 #: Bytes a cached record costs beyond its value (a bytes object and its list slot, about).
@@ -131,3 +137,79 @@ class TailCache:
             if budget <= 0 or at == len(runs) or runs[at].first != position:
                 break
         return CacheHit(offset, out, runs[-1].last)
+
+
+class TailCacheDir:
+    """The tail cache shared by the brokers of one machine through a directory
+    (``LLOG_TAIL_CACHE_DIR``): a broker that produces writes each committed run as a file, a
+    broker that consumes (another process, e.g. ``--role read``) reads runs from there before it
+    asks Oxia and S3.
+
+    A run is the file ``{dir}/{root}/{topic}/{partition}/{first:020d}-{last:020d}.llb``, one
+    bytes-batch-v1 body (PROTOCOL.md section 3, CRC checked when read), written to a temporary
+    name and renamed, so a reader sees a whole run or none. A writer keeps at most ``max_bytes``
+    of its own runs and deletes its oldest first; a run deleted while a reader looks for it is a
+    miss. Blocking: call from threads, not the event loop.
+    """
+
+    def __init__(self, directory: str | os.PathLike, root: str, max_bytes: int):
+        self.root = Path(directory) / root
+        self.max_bytes = max_bytes
+        self.bytes = 0
+        self._written: collections.deque[tuple[Path, int]] = collections.deque()
+        self._lock = threading.Lock()
+
+    def _dir(self, tp: TopicPartition) -> Path:
+        return self.root / tp.topic / str(tp.partition)
+
+    def add(self, tp: TopicPartition, first: int, values: list[bytes]) -> None:
+        body = encode_batch(pa.array(values, type=pa.binary()))
+        if not values or body.length > self.max_bytes:
+            return
+        directory = self._dir(tp)
+        directory.mkdir(parents=True, exist_ok=True)
+        path = directory / f"{first:020d}-{first + len(values) - 1:020d}.llb"
+        partial = directory / f".{path.name}.{os.getpid()}.{threading.get_ident()}"
+        with open(partial, "wb") as f:
+            for piece in body.pieces:
+                f.write(piece)
+        os.replace(partial, path)
+        with self._lock:
+            self._written.append((path, body.length))
+            self.bytes += body.length
+            while self.bytes > self.max_bytes:
+                old, size = self._written.popleft()
+                old.unlink(missing_ok=True)
+                self.bytes -= size
+
+    def get(self, tp: TopicPartition, offset: int, max_bytes: int) -> CacheHit | None:
+        """Like :meth:`TailCache.get`, from the directory; ``tail`` is the last offset of the
+        runs found there."""
+        try:
+            names = sorted(n for n in os.listdir(self._dir(tp)) if n.endswith(".llb"))
+        except FileNotFoundError:
+            return None
+        spans = [(int(n[:20]), int(n[21:41]), n) for n in names]
+        at = next((i for i, (first, last, _) in enumerate(spans) if first <= offset <= last), None)
+        if at is None:
+            return None
+        out: list[bytes] = []
+        budget, position = max_bytes, offset
+        while at < len(spans) and spans[at][0] <= position <= spans[at][1] and budget > 0:
+            first, last, name = spans[at]
+            try:
+                raw = (self._dir(tp) / name).read_bytes()
+            except FileNotFoundError:
+                break
+            values = decode_batch(raw, last - first + 1, str(self._dir(tp) / name)).to_pylist()[position - first:]
+            for value in values:
+                if out and len(value) > budget:
+                    budget = 0
+                    break
+                out.append(value)
+                budget -= len(value)
+                position += 1
+            at += 1
+        if not out:
+            return None
+        return CacheHit(offset, out, spans[-1][1])

@@ -291,3 +291,21 @@ def test_the_served_openapi_document_is_the_checked_in_one(broker):
     served = httpx.get(f"{broker}/openapi.json").json()
     assert served == json.loads((REPO / "docs" / "openapi.json").read_text())
     assert served["openapi"].startswith("3.1")
+
+
+def test_brokers_share_the_tail_cache_through_a_directory(module_config, tmp_path: Path):
+    shared = tmp_path / "tail-cache"
+    with run_broker(module_config, args=["--role", "write"], LLOG_TAIL_CACHE_DIR=shared) as (writer, _), \
+            run_broker(module_config, args=["--role", "read"], LLOG_TAIL_CACHE_DIR=shared) as (reader, _):
+        first = produce(writer, "shared", 0, [f"r{i}" for i in range(5)])
+        produce(writer, "shared", 0, [f"r{i}" for i in range(5, 8)])
+        directory, deadline = shared / module_config.root_prefix / "shared" / "0", time.monotonic() + 10
+        while len(runs := sorted(p.name for p in directory.glob("*.llb"))) < 2 and time.monotonic() < deadline:
+            time.sleep(0.05)  # written after the ack, off the event loop
+        assert runs == [f"{1:020d}-{5:020d}.llb", f"{6:020d}-{8:020d}.llb"] and first["end_offset"] == 5
+        before = metrics(reader)["http"]
+        result, = consume(reader, [{"topic": "shared", "partition": 0, "fetch_offset": 3}]).json()["results"]
+        after = metrics(reader)
+    assert payloads(result) == [f"r{i}" for i in range(2, 8)] and result["high_watermark"] == 8
+    assert after["http"]["consume_blob_cache_hits_total"] - before["consume_blob_cache_hits_total"] == 1
+    assert after["http"]["consume_blob_cache_misses_total"] == before["consume_blob_cache_misses_total"]
