@@ -6,9 +6,13 @@ and a partition's groups keep the order in which they were admitted.
 
 When the open batch is sealed and handed to a flush:
 - it reached ``LLOG_BATCH_MAX_BYTES``;
-- ``LLOG_BATCH_MAX_DELAY_MS`` passed since its first record;
-- no flush is running (flush-when-idle): a lone producer waits for no window, and under load the
-  window becomes the time the previous flush took, which adapts by itself.
+- no flush is running (flush-when-idle): a lone producer waits for no window;
+- a flush ended and the open batch can start (below): under load the window becomes the time
+  the previous flush took, which adapts by itself;
+- ``LLOG_BATCH_MAX_DELAY_MS`` passed since its first record and it can start in a second flush
+  slot alongside a running flush. If it cannot start, it stays open and keeps gathering: sealing
+  it would only queue it, and a queue of small batches (one PUT and one round of commits each)
+  is what a group commit is there to avoid.
 
 At most ``max_inflight`` flushes run at once (2: a third adds latency, not throughput, since the
 writer's Python side is the limit), and two running flushes never share a partition: a sealed
@@ -210,7 +214,7 @@ class Batcher:
         if batch.bytes >= self.max_bytes or self._idle():
             self._seal()
         elif self._timer is None:
-            self._timer = loop.call_later(self.max_delay_s, self._seal)
+            self._timer = loop.call_later(self.max_delay_s, self._on_delay)
         return await future
 
     async def close(self, timeout_s: float = 30.0) -> None:
@@ -235,6 +239,22 @@ class Batcher:
 
     def _idle(self) -> bool:
         return not self._inflight and not self._sealed
+
+    def _startable(self, batch: _Batch) -> bool:
+        """Whether ``batch`` could start flushing now: a free slot, no sealed batch before it,
+        no partition shared with a running flush."""
+        if self._sealed or len(self._inflight) >= self.max_inflight:
+            return False
+        return not batch.partitions & set().union(*(b.partitions for b in self._inflight.values()))
+
+    def _on_delay(self) -> None:
+        """``LLOG_BATCH_MAX_DELAY_MS`` after its first request: the open batch takes a free flush
+        slot if it can; if it cannot start anyway, it stays open and keeps gathering (sealing it
+        would only queue it, and a queue of small batches is what the group commit avoids) until
+        a flush ends."""
+        self._timer = None
+        if self._open.groups and self._startable(self._open):
+            self._seal()
 
     def _seal(self) -> None:
         if self._timer is not None:
@@ -290,10 +310,9 @@ class Batcher:
         finally:
             self._buffered -= batch.bytes
             del self._inflight[asyncio.current_task()]
-            if self._idle() and self._open.groups:
-                self._seal()  # flush-when-idle: what gathered during this flush goes now
-            else:
-                self._start_flushes()
+            self._start_flushes()
+            if self._open.groups and self._startable(self._open):
+                self._seal()  # what gathered during this flush goes now
 
     def _answer(self, batch: _Batch, results: Sequence[AppendResult] | None = None,
                 failed: AppendFailed | None = None, error: BaseException | None = None) -> None:

@@ -42,8 +42,8 @@ PROBE_INTERVAL_S = 0.025
 MAX_PENDING_FETCHES = 64
 #: Long polls waiting at once before a consume is refused with 503.
 MAX_WAITERS = 10_000
-#: Threads running reader fetches.
-FETCH_THREADS = 4
+#: Threads running reader fetches (mostly waiting on S3 and Oxia, with the GIL released).
+FETCH_THREADS = 16
 
 
 class ConsumeBusy(LlogError):

@@ -135,6 +135,34 @@ def test_batches_seal_at_the_byte_limit_and_never_share_a_partition_in_flight(co
     assert _read(config, "s", 0, 1, 11) == _records("first", 1) + _records("big", 10, 250)
 
 
+def test_requests_that_cannot_start_keep_gathering_instead_of_queueing_small_batches(config):
+    """The delay passes many times during a long flush of the same partition: the open batch
+    stays open (sealed, it could not start anyway), so everything that arrived meanwhile goes in
+    one PUT when the flush ends, not in twenty small ones."""
+    config = config.replace(batch_max_delay_ms=5)
+
+    async def main():
+        with _WatchedWriter(config, auto_initialize=True) as writer:
+            batcher = Batcher(writer)
+            writer.hold = threading.Event()
+            first = asyncio.ensure_future(batcher.produce([AppendGroup("g", 0, _records("first", 1))]))
+            await asyncio.sleep(0)
+            waiting = []
+            for i in range(10):  # 100 ms of arrivals, 20 delays, on the partition being written
+                waiting.append(asyncio.ensure_future(batcher.produce([AppendGroup("g", 0, _records(f"w{i}", 2))])))
+                await asyncio.sleep(0.01)
+            assert batcher.stats["flushes"] == 0 and len(writer.running) == 1 and batcher.sealed_batches == 0
+            writer.hold.set()
+            answers = [await first] + [await w for w in waiting]
+            await batcher.close()
+            return answers, _puts(writer)
+
+    answers, puts = asyncio.run(main())
+    assert puts == 2  # the first, then the ten together
+    assert len({a[0].wal_uri for a in answers[1:]}) == 1
+    assert [(a[0].start_offset, a[0].end_offset) for a in answers[1:]] == [(2 + 2 * i, 3 + 2 * i) for i in range(10)]
+
+
 def test_backpressure_refuses_with_a_retry_time_and_recovers_with_nothing_lost(config):
     config = config.replace(batch_max_delay_ms=NEVER_MS, batch_max_buffer_bytes=1500)
 
