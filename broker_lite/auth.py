@@ -257,7 +257,7 @@ class Auth:
                 raise AuthConfigError(f"{where}: name {entry.name!r} is also the name of $.keys[{names[entry.name]}]")
             names[entry.name] = i
             digest = _digest(entry, where)
-            for j, (other, principal) in enumerate(keys):
+            for other, principal in keys:
                 if hmac.compare_digest(digest, other):
                     raise AuthConfigError(f"{where}: key {entry.name!r} is the same key as {principal.name!r}")
             keys.append((digest, Principal(entry.name, _prefixes(entry.produce, f"{where}.produce"),

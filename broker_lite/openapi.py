@@ -18,6 +18,7 @@ import functools
 import importlib.metadata
 import json
 import sys
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -88,8 +89,8 @@ def _error(status: int, description: str, retry_after: bool = False) -> Answer:
     return Answer(status, description, models.ErrorBody, retry_after=retry_after)
 
 
-_BAD_BODY = _error(400, "No Content-Length (a chunked body), an empty or malformed body, a body that does "
-                        "not match the request shape, or a topic outside llog's naming rule; the error names the field.")
+_BAD_BODY = _error(400, "No Content-Length (a chunked body), an empty or malformed body, a body that does not "
+                        "match the request shape, or a topic outside llog's naming rule; the error names the field.")
 _TOO_LARGE = _error(413, "Content-Length over LLOG_BROKER_MAX_REQUEST_BYTES; refused before the body is read.")
 _BAD_NAME = _error(400, "A path name outside llog's naming rule (the topic rule).")
 PARAM_EXAMPLES = {"topic": "orders", "group": "reports"}
@@ -100,11 +101,13 @@ ROUTES: tuple[Route, ...] = (
     Route("metrics", "get", "/metrics", "Counters as JSON", "operations", answers=(
         Answer(200, "The counters, grouped as broker, http, batching, oxia and s3.",
                schema={"$ref": REF_TEMPLATE.format(name="MetricsSnapshot")}),)),
-    Route("metricsPrometheus", "get", "/metrics/prometheus", "Counters in the Prometheus text format", "operations", answers=(
-        Answer(200, "Prometheus text exposition 0.0.4.", schema={"type": "string"}, media_type=PROMETHEUS),)),
+    Route("metricsPrometheus", "get", "/metrics/prometheus", "Counters in the Prometheus text format", "operations",
+          answers=(Answer(200, "Prometheus text exposition 0.0.4.", schema={"type": "string"},
+                          media_type=PROMETHEUS),)),
     Route("openapi", "get", "/openapi.json", "This document", "operations", secured=False, answers=(
         Answer(200, "The OpenAPI 3.1 document.", schema={"type": "object"}),)),
-    Route("produce", "post", "/produce", "Append records to topic-partitions", "produce", request=models.ProduceRequest,
+    Route("produce", "post", "/produce", "Append records to topic-partitions", "produce",
+          request=models.ProduceRequest,
           example={"topic_partitions": [{"topic": "orders", "partition": 0, "records": ["alpha", {"base64": "AAE="}]}]},
           description="Every topic-partition group of the request is committed with the others in one group "
                       "commit; the answer comes once its records are durable. Served by --role write and both.",
@@ -115,7 +118,8 @@ ROUTES: tuple[Route, ...] = (
               Answer(503, "Refused for backpressure or while shutting down: nothing written; retry after "
                           "Retry-After seconds (also retry_after_ms).", models.ProduceResponse, retry_after=True),
               _BAD_BODY, _TOO_LARGE)),
-    Route("consume", "post", "/consume", "Fetch records from topic-partitions", "consume", request=models.ConsumeRequest,
+    Route("consume", "post", "/consume", "Fetch records from topic-partitions", "consume",
+          request=models.ConsumeRequest,
           example={"topic_partitions": [{"topic": "orders", "partition": 0, "fetch_offset": 1}], "max_wait_ms": 250},
           description="Stateless: the client carries its offsets (next_fetch_offset). Long-polls up to "
                       "max_wait_ms for min_bytes. Served by --role read and both.",
@@ -125,8 +129,9 @@ ROUTES: tuple[Route, ...] = (
               _error(503, "Refused for backpressure or while shutting down; retry after Retry-After seconds.",
                      retry_after=True),
               _BAD_BODY, _TOO_LARGE)),
-    Route("commitGroup", "post", "/groups/{group}/commit", "Commit a consumer group's offsets", "groups", params=("group",),
-          request=models.GroupCommitRequest, example={"offsets": [{"topic": "orders", "partition": 0, "offset": 2}]},
+    Route("commitGroup", "post", "/groups/{group}/commit", "Commit a consumer group's offsets", "groups",
+          params=("group",), request=models.GroupCommitRequest,
+          example={"offsets": [{"topic": "orders", "partition": 0, "offset": 2}]},
           description="Commits only move forward. Served by --role read and both.",
           answers=(
               Answer(200, "Each offset, and whether it moved the group's committed offset.",
@@ -192,16 +197,27 @@ def _refine(schema: Any, request_side: bool) -> None:
             _refine(value, request_side)
 
 
+def _refs(schema: Any) -> Iterator[str]:
+    """The component names ``schema`` refers to."""
+    if isinstance(schema, dict):
+        if isinstance(schema.get("$ref"), str):
+            yield schema["$ref"].rsplit("/", 1)[1]
+        for value in schema.values():
+            yield from _refs(value)
+    elif isinstance(schema, list):
+        for value in schema:
+            yield from _refs(value)
+
+
 def _reachable(components: dict[str, Any], roots: list[str]) -> set[str]:
-    prefix = REF_TEMPLATE.format(name="")
-    seen, todo = set(), list(roots)
+    """``roots`` and every component they refer to, directly or not."""
+    seen: set[str] = set()
+    todo = list(roots)
     while todo:
         name = todo.pop()
-        if name in seen:
-            continue
-        seen.add(name)
-        text = json.dumps(components[name])
-        todo += [part.split('"', 1)[0] for part in text.split(f'"$ref": "{prefix}')[1:]]
+        if name not in seen:
+            seen.add(name)
+            todo.extend(_refs(components[name]))
     return seen
 
 
