@@ -6,7 +6,7 @@ PY     := $(VENV)/bin/python
 # Reinstall when setup.py changes.
 STAMP  := $(VENV)/.installed-$(shell sha1sum setup.py | cut -c1-12)
 
-.PHONY: install demo test bench chaos proto stack-up stack-down stack-status
+.PHONY: install demo test bench chaos loadtest proto stack-up stack-down stack-status
 
 $(STAMP): setup.py
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -31,6 +31,11 @@ bench: install
 # prints one JSON line. CHAOS_ARGS="--seconds 300 --seed N" for a longer run or a replay.
 chaos: install
 	$(PY) -m chaos $(CHAOS_ARGS)
+
+# The HTTP broker under load from vegeta (go install'ed into .cache/bin): a run directory under
+# loadtest/results/ and a summary JSON line. LOADTEST_ARGS="--scenario produce-max --duration 30".
+loadtest: install
+	$(PY) -m loadtest $(LOADTEST_ARGS)
 
 # llog/oxia_client_pb2.py: Oxia's client protocol for the protobuf runtime, generated from the
 # client.proto that the pinned oxia package ships. Rerun when that pin changes.

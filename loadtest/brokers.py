@@ -1,0 +1,199 @@
+"""The brokers under test: ``python -m broker_lite`` processes (their output in the run
+directory), and a background thread sampling their ``GET /metrics`` into ``metrics.jsonl``.
+
+``/metrics`` is read defensively: its counters are found by dotted path among a few candidate
+names (:data:`COUNTERS`), and a broker without the endpoint yields ``None`` everywhere.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import httpx
+
+from llog.config import Config
+from llog.errors import LlogError
+
+REPO = Path(__file__).resolve().parents[1]
+_START_TIMEOUT_S = 60
+_STOP_TIMEOUT_S = 40
+
+#: Counters the summary needs, each as candidate dotted paths into ``/metrics`` (first found
+#: wins; a dict found there is read at its ``count`` or ``total``; ``a+b`` sums the paths, a
+#: missing one as 0 when its parent is there).
+COUNTERS = {
+    "s3_put": ("s3.put_requests", "s3.operations.put", "s3.put"),
+    "s3_get": ("s3.operations.get+s3.operations.range_get", "s3.get_requests", "s3.get"),
+    "s3_cost_usd": ("s3.billing.estimated_request_cost_usd",),
+    "consume_records": ("http.consume_records_returned_total",),
+    "tail_cache_hits": ("http.consume_blob_cache_hits_total", "tail_cache.hits"),
+    "tail_cache_misses": ("http.consume_blob_cache_misses_total", "tail_cache.misses"),
+    "long_poll_hits": ("http.consume_long_poll_hits_total",),
+    "long_poll_timeouts": ("http.consume_long_poll_timeouts_total",),
+}
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+@dataclass
+class Broker:
+    """One broker process for ``config`` plus ``LLOG_*`` ``settings``."""
+
+    name: str
+    config: Config
+    log_dir: Path
+    settings: dict[str, str] = field(default_factory=dict)
+    port: int = 0
+    proc: subprocess.Popen | None = None
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    @property
+    def log_path(self) -> Path:
+        return self.log_dir / f"broker-{self.name}.log"
+
+    def start(self) -> "Broker":
+        self.port = self.port or free_port()
+        env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "PYTHONPATH": str(REPO),
+               "LLOG_SETTINGS_FILE": "/nonexistent", **self.config.to_options(),
+               **{k: str(v) for k, v in self.settings.items()}}
+        with open(self.log_path, "ab") as log:
+            self.proc = subprocess.Popen(
+                [sys.executable, "-m", "broker_lite", "--port", str(self.port), "--log-level", "warning"],
+                cwd=REPO, env=env, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT)
+        deadline = time.monotonic() + _START_TIMEOUT_S
+        while True:
+            if self.proc.poll() is not None:
+                raise LlogError(f"broker {self.name} exited with {self.proc.returncode} during start-up:\n"
+                                + self.log_path.read_text(errors="replace")[-3000:])
+            try:
+                if httpx.get(f"{self.url}/health", timeout=1).status_code == 200:
+                    return self
+            except httpx.TransportError:
+                pass
+            if time.monotonic() > deadline:
+                self.stop()
+                raise LlogError(f"broker {self.name} did not answer /health within {_START_TIMEOUT_S} s")
+            time.sleep(0.1)
+
+    def stop(self) -> int | None:
+        """SIGTERM (the broker answers what it accepted), SIGKILL if it does not stop; the exit
+        status."""
+        if self.proc is None:
+            return None
+        if self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(_STOP_TIMEOUT_S)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait(10)
+        return self.proc.returncode
+
+    def metrics(self) -> dict | None:
+        """``GET /metrics`` as JSON, or None (no such endpoint, or no answer)."""
+        try:
+            response = httpx.get(f"{self.url}/metrics", timeout=5)
+        except httpx.HTTPError:
+            return None
+        if response.status_code != 200:
+            return None
+        try:
+            return response.json()
+        except ValueError:
+            return None
+
+
+def counter(metrics: dict | None, name: str) -> float | None:
+    """The :data:`COUNTERS` entry ``name`` in one ``/metrics`` answer, or None."""
+    if metrics is None:
+        return None
+    for alternative in COUNTERS[name]:
+        parts = [_lookup(metrics, path) for path in alternative.split("+")]
+        if "+" in alternative:
+            if all(p is _ABSENT for p in parts):
+                continue
+            parts = [0 if p is None else p for p in parts]
+        if all(isinstance(p, (int, float)) and not isinstance(p, bool) for p in parts):
+            return sum(parts)
+    return None
+
+
+#: A path whose parent is missing too (see :func:`_lookup`).
+_ABSENT = object()
+
+
+def _lookup(metrics: dict, path: str):
+    """The number at dotted ``path``; None if only the last step is missing, :data:`_ABSENT` if
+    its parent is missing too."""
+    *parents, last = path.split(".")
+    node = metrics
+    for part in parents:
+        node = node.get(part) if isinstance(node, dict) else None
+    if not isinstance(node, dict):
+        return _ABSENT
+    value = node.get(last)
+    if isinstance(value, dict):
+        value = value.get("count", value.get("total"))
+    return value
+
+
+def counter_delta(before: list[dict | None], after: list[dict | None], name: str) -> float | None:
+    """The counter's increase summed over brokers (each broker's before and after, in order);
+    None unless every broker reports it."""
+    total = 0.0
+    for b, a in zip(before, after):
+        x, y = counter(b, name), counter(a, name)
+        if x is None or y is None:
+            return None
+        total += y - x
+    return total
+
+
+class MetricsSampler(threading.Thread):
+    """Every ``interval_s``, each running broker's ``/metrics`` as one line of ``path``:
+    ``{"t", "phase", "broker", "metrics"}`` (``metrics`` null when the broker has none)."""
+
+    def __init__(self, path: Path, interval_s: float = 1.0):
+        super().__init__(name="metrics-sampler", daemon=True)
+        self.path, self.interval_s = path, interval_s
+        self.brokers: list[Broker] = []
+        self.phase = "setup"
+        self.samples = 0
+        self._halt = threading.Event()
+        self._lock = threading.Lock()
+
+    def watch(self, phase: str, brokers: list[Broker]) -> None:
+        with self._lock:
+            self.phase, self.brokers = phase, list(brokers)
+
+    def run(self) -> None:
+        with open(self.path, "a") as out:
+            while not self._halt.wait(self.interval_s):
+                with self._lock:
+                    phase, brokers = self.phase, list(self.brokers)
+                for broker in brokers:
+                    if broker.proc is None or broker.proc.poll() is not None:
+                        continue
+                    out.write(json.dumps({"t": round(time.time(), 3), "phase": phase, "broker": broker.name,
+                                          "metrics": broker.metrics()}) + "\n")
+                    self.samples += 1
+                out.flush()
+
+    def stop(self) -> None:
+        self._halt.set()
+        self.join(10)
