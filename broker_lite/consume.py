@@ -104,7 +104,7 @@ class ConsumeService:
     def produced(self, group: AppendGroup, result: AppendResult) -> None:
         """``group`` committed as ``result``: cache its records and wake its partition's waiters."""
         tp = TopicPartition(result.topic, result.partition)
-        self.cache.add(tp, result.start_offset, list(group.records))
+        self.cache.add(tp, result.start_offset, group.records)
         if self.shared is not None:
             self._files.submit(self._share, tp, result.start_offset, list(group.records))
         for waiter in self._by_partition.get(tp, ()):

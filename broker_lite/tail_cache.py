@@ -17,36 +17,55 @@ from __future__ import annotations
 
 import bisect
 import collections
-import itertools
 import os
 import threading
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
+import numpy as np
 import pyarrow as pa
 
 from llog.codec import decode_batch, encode_batch
 from llog.keys import TopicPartition
 
-#: Bytes a cached record costs beyond its value (a bytes object and its list slot, about).
-RECORD_OVERHEAD = 64
+#: Bytes a cached record costs beyond its value (its offset in the run's table, about).
+RECORD_OVERHEAD = 16
 
 
-@dataclass
 class _Run:
-    first: int
-    values: list[bytes]
-    created_at_ms: int
-    #: ``ends[i]``: bytes of values ``0..i``.
-    ends: list[int] = field(default_factory=list)
+    """Records ``first..last`` of one partition: their bytes back to back in ``data`` and where
+    each ends in ``ends``. Two objects and one array per run, not one object per record: the
+    cache may hold millions of records, and the garbage collector walks every container object
+    it tracks (a list of a million records made each full collection take tens of ms)."""
+
+    __slots__ = ("tp", "first", "data", "ends")
+
+    def __init__(self, tp: TopicPartition, first: int, values: list[bytes]):
+        self.tp, self.first = tp, first
+        self.data = b"".join(values)
+        self.ends = np.cumsum(np.fromiter(map(len, values), dtype=np.int64, count=len(values)))
+
+    @property
+    def count(self) -> int:
+        return len(self.ends)
 
     @property
     def last(self) -> int:
-        return self.first + len(self.values) - 1
+        return self.first + len(self.ends) - 1
 
     @property
     def cost(self) -> int:
-        return (self.ends[-1] if self.ends else 0) + RECORD_OVERHEAD * len(self.values)
+        return len(self.data) + RECORD_OVERHEAD * len(self.ends)
+
+    def values(self, start: int, stop: int) -> list[bytes]:
+        """Records ``start..stop - 1`` (indexes in this run)."""
+        data, ends = self.data, self.ends
+        begin = int(ends[start - 1]) if start else 0
+        out = []
+        for end in ends[start:stop].tolist():
+            out.append(data[begin:end])
+            begin = end
+        return out
 
 
 @dataclass(frozen=True)
@@ -70,17 +89,17 @@ class TailCache:
         self.hits = self.misses = self.evictions = 0
         self._runs: dict[TopicPartition, list[_Run]] = {}
         self._firsts: dict[TopicPartition, list[int]] = {}
-        self._age: collections.deque[tuple[TopicPartition, _Run]] = collections.deque()
+        self._age: collections.deque[_Run] = collections.deque()
 
     @property
     def enabled(self) -> bool:
         return self.max_bytes > 0
 
-    def add(self, tp: TopicPartition, first: int, values: list[bytes], created_at_ms: int = 0) -> None:
+    def add(self, tp: TopicPartition, first: int, values: list[bytes]) -> None:
         """Records committed at offsets ``first..``; a run larger than the whole cache is not kept."""
         if not self.enabled or not values:
             return
-        run = _Run(first, values, created_at_ms, list(itertools.accumulate(map(len, values))))
+        run = _Run(tp, first, values)
         if run.cost > self.max_bytes:
             return
         runs, firsts = self._runs.setdefault(tp, []), self._firsts.setdefault(tp, [])
@@ -89,18 +108,18 @@ class TailCache:
             return  # already here (the same commit answered twice cannot happen; be safe)
         runs.insert(at, run)
         firsts.insert(at, first)
-        self._age.append((tp, run))
+        self._age.append(run)
         self.bytes += run.cost
         while self.bytes > self.max_bytes:
             self._evict()
 
     def _evict(self) -> None:
-        tp, run = self._age.popleft()
-        runs, firsts = self._runs[tp], self._firsts[tp]
+        run = self._age.popleft()
+        runs, firsts = self._runs[run.tp], self._firsts[run.tp]
         at = 0 if runs[0] is run else next(i for i, r in enumerate(runs) if r is run)
         del runs[at], firsts[at]
         if not runs:
-            del self._runs[tp], self._firsts[tp]
+            del self._runs[run.tp], self._firsts[run.tp]
         self.bytes -= run.cost
         self.evictions += 1
 
@@ -124,15 +143,16 @@ class TailCache:
         while True:
             run = runs[at]
             skip = position - run.first
-            base = run.ends[skip - 1] if skip else 0
-            take = bisect.bisect_right(run.ends, base + budget, lo=skip) - skip
-            if not out and take == 0:
+            base = int(run.ends[skip - 1]) if skip else 0
+            take = int(np.searchsorted(run.ends, base + budget, side="right")) - skip
+            if not out and take <= 0:
                 take = 1
-            out += run.values[skip:skip + take]
+            take = max(take, 0)
+            out += run.values(skip, skip + take)
             position += take
-            if skip + take < len(run.values):
+            if skip + take < run.count:
                 break  # the budget ended inside this run
-            budget -= run.ends[-1] - base
+            budget -= int(run.ends[-1]) - base
             at += 1
             if budget <= 0 or at == len(runs) or runs[at].first != position:
                 break
