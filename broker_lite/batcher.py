@@ -190,7 +190,7 @@ class Batcher:
         for i, g in enumerate(groups):
             tp = TopicPartition(g.topic, g.partition)  # validates both
             checked.append(AppendGroup(tp.topic, tp.partition, to_binary_array(g.records, f"{tp}: groups[{i}].records")))
-        size = sum(_payload_bytes(g.records) for g in checked)
+        size = sum(payload_bytes(g.records) for g in checked)
         if size > self.max_buffer_bytes:
             raise RequestTooLarge(f"the request holds {size} record bytes, more than "
                                   f"LLOG_BATCH_MAX_BUFFER_BYTES={self.max_buffer_bytes}; split it")
@@ -348,8 +348,10 @@ def _outcomes_of_partial(groups: Sequence[AppendGroup], failed: AppendFailed) ->
     return out
 
 
-def _payload_bytes(records: pa.BinaryArray) -> int:
-    """The record bytes of an array (what counts against the buffer): never more than the JSON
-    that carried them, so a request the broker accepts by size always fits the buffer."""
+def payload_bytes(records: pa.BinaryArray | Sequence[bytes]) -> int:
+    """The record bytes of an array or list (what counts against the buffer): never more than
+    the JSON that carried them, so a request the broker accepts by size always fits the buffer."""
+    if not isinstance(records, pa.Array):
+        return sum(map(len, records))
     offsets = np.frombuffer(records.buffers()[1], dtype=np.int32)
     return int(offsets[records.offset + len(records)] - offsets[records.offset])

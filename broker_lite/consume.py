@@ -106,7 +106,7 @@ class ConsumeService:
         tp = TopicPartition(result.topic, result.partition)
         self.cache.add(tp, result.start_offset, group.records)
         if self.shared is not None:
-            self._files.submit(self._share, tp, result.start_offset, list(group.records))
+            self._files.submit(self._share, tp, result.start_offset, group.records)
         for waiter in self._by_partition.get(tp, ()):
             if result.end_offset >= waiter.wanted[tp]:
                 waiter.event.set()
@@ -121,7 +121,7 @@ class ConsumeService:
         for tp in wanted:
             self._by_partition.setdefault(tp, set()).add(waiter)
 
-    def _share(self, tp: TopicPartition, first: int, values: list[bytes]) -> None:
+    def _share(self, tp: TopicPartition, first: int, values) -> None:
         try:
             self.shared.add(tp, first, values)
         except OSError as e:  # opportunistic: readers miss and go to Oxia and S3

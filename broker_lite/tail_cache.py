@@ -25,7 +25,7 @@ from pathlib import Path
 import numpy as np
 import pyarrow as pa
 
-from llog.codec import decode_batch, encode_batch
+from llog.codec import decode_batch, encode_batch, to_binary_array
 from llog.keys import TopicPartition
 
 #: Bytes a cached record costs beyond its value (its offset in the run's table, about).
@@ -40,10 +40,15 @@ class _Run:
 
     __slots__ = ("tp", "first", "data", "ends")
 
-    def __init__(self, tp: TopicPartition, first: int, values: list[bytes]):
+    def __init__(self, tp: TopicPartition, first: int, values: pa.BinaryArray | list[bytes]):
         self.tp, self.first = tp, first
-        self.data = b"".join(values)
-        self.ends = np.cumsum(np.fromiter(map(len, values), dtype=np.int64, count=len(values)))
+        if isinstance(values, pa.Array):  # the produce path: no Python object per record
+            offsets = np.frombuffer(values.buffers()[1], dtype=np.int32, count=len(values) + 1, offset=4 * values.offset)
+            self.data = values.buffers()[2].to_pybytes()[offsets[0]:offsets[-1]] if len(values) else b""
+            self.ends = (offsets[1:] - offsets[0]).astype(np.int64)
+        else:
+            self.data = b"".join(values)
+            self.ends = np.cumsum(np.fromiter(map(len, values), dtype=np.int64, count=len(values)))
 
     @property
     def count(self) -> int:
@@ -95,7 +100,7 @@ class TailCache:
     def enabled(self) -> bool:
         return self.max_bytes > 0
 
-    def add(self, tp: TopicPartition, first: int, values: list[bytes]) -> None:
+    def add(self, tp: TopicPartition, first: int, values: pa.BinaryArray | list[bytes]) -> None:
         """Records committed at offsets ``first..``; a run larger than the whole cache is not kept."""
         if not self.enabled or not values:
             return
@@ -182,8 +187,8 @@ class TailCacheDir:
     def _dir(self, tp: TopicPartition) -> Path:
         return self.root / tp.topic / str(tp.partition)
 
-    def add(self, tp: TopicPartition, first: int, values: list[bytes]) -> None:
-        body = encode_batch(pa.array(values, type=pa.binary()))
+    def add(self, tp: TopicPartition, first: int, values: pa.BinaryArray | list[bytes]) -> None:
+        body = encode_batch(to_binary_array(values))
         if not values or body.length > self.max_bytes:
             return
         directory = self._dir(tp)

@@ -54,3 +54,13 @@ def test_a_zero_limit_turns_the_cache_off():
     cache = TailCache(0)
     cache.add(TP, 1, values(5))
     assert not cache.enabled and cache.get(TP, 1, 100) is None and cache.tail(TP) is None
+
+
+def test_runs_from_arrow_arrays_read_like_runs_from_lists():
+    import pyarrow as pa
+
+    cache = TailCache(10**6)
+    array = pa.array([v.decode() for v in values(8)], type=pa.string()).view(pa.binary()).slice(2, 5)
+    cache.add(TP, 3, array)
+    cache.add(TP, 8, values(2, 8))
+    assert cache.get(TP, 4, 10**6).values == values(6, 4)
