@@ -182,6 +182,12 @@ class BrokerApp:
                 status, body, headers = await self._route(method, path, scope, receive)
             except AuthError as e:  # 401 from authenticate, 403 from Principal.require
                 raise _Refused(e.status, e.error_type, str(e), e.headers) from None
+            except _BAD_INPUT as e:
+                raise _Refused(400, type(e).__name__, str(e)) from None
+            except PartitionNotInitialized as e:
+                raise _Refused(404, type(e).__name__, str(e)) from None
+            except LlogError as e:  # Oxia or S3 failed after their retries: try again later, not a bug
+                raise _Refused(503, type(e).__name__, str(e), [(b"retry-after", b"1")]) from None
             if isinstance(body, bytes):  # the Prometheus text
                 content_type = (b"content-type", PROMETHEUS_CONTENT_TYPE.encode())
             elif isinstance(body, msgspec.Raw):

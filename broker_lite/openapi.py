@@ -154,7 +154,8 @@ ROUTES: tuple[Route, ...] = (
 _COMMON = (
     _error(404, "No such path, no such method on it, a role that does not serve it, or (/groups, /topics) "
                 "no such group or topic."),
-    _error(503, "Shutting down; retry after Retry-After seconds (on another broker).", retry_after=True),
+    _error(503, "Shutting down, or Oxia or S3 did not answer within their retries; retry after Retry-After "
+                "seconds (on another broker).", retry_after=True),
 )
 _AUTH = (
     _error(401, "Auth is on and the request carries no key, a malformed one or an unknown one."),
