@@ -9,7 +9,6 @@ import base64
 import json
 import time
 from pathlib import Path
-from uuid import uuid4
 
 import httpx
 import pytest
@@ -17,17 +16,6 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from llog.writer import AppendGroup, LogWriter
 from tests.helpers.broker_process import REPO, run_broker
-
-
-@pytest.fixture(scope="module")
-def module_config(stack):
-    return stack.replace(root_prefix=f"t{uuid4().hex[:12]}")
-
-
-@pytest.fixture(scope="module")
-def broker(module_config):
-    with run_broker(module_config) as (url, _):
-        yield url
 
 
 def produce(url: str, topic: str, partition: int, records: list, **kwargs) -> dict:

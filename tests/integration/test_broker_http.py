@@ -9,7 +9,6 @@ import asyncio
 import base64
 import signal
 import time
-from uuid import uuid4
 
 import httpx
 import pytest
@@ -19,17 +18,6 @@ from llog.keys import PartitionKeys, TopicPartition
 from llog.reader import LogReader
 from llog.writer import LogWriter
 from tests.helpers.broker_process import run_broker
-
-@pytest.fixture(scope="module")
-def module_config(stack):
-    """One root prefix for the tests that share a broker (each uses its own topics)."""
-    return stack.replace(root_prefix=f"t{uuid4().hex[:12]}")
-
-
-@pytest.fixture(scope="module")
-def broker(module_config):
-    with run_broker(module_config) as (url, _):
-        yield url
 
 
 def _produce(url: str, body, **kwargs) -> httpx.Response:
