@@ -21,6 +21,7 @@ aggregated with ``max``.
 from __future__ import annotations
 
 import collections
+import gc
 import logging
 import threading
 import time
@@ -304,6 +305,11 @@ class BrokerMetrics:
         }
         for name, (documentation, attribute) in batcher_gauges.items():
             Gauge(PREFIX + name, documentation, registry=self.registry).set_function(self._batcher_reader(attribute))
+        self._gc_pause = Histogram(
+            PREFIX + "gc_pause_seconds", "Garbage collector pauses of this process (every thread waits them out)",
+            ["generation"], buckets=SECONDS_BUCKETS, registry=self.registry)
+        self._gc_started = 0.0
+        gc.callbacks.append(self._on_gc)
         self.registry.register(_Collector(self))
 
     # --- wiring ----------------------------------------------------------------------------------
@@ -339,6 +345,14 @@ class BrokerMetrics:
         """Stop the bucket scans (before the clients are closed)."""
         if self._scanner is not None:
             self._scanner.close()
+        if self._on_gc in gc.callbacks:
+            gc.callbacks.remove(self._on_gc)
+
+    def _on_gc(self, phase: str, info: dict) -> None:
+        if phase == "start":
+            self._gc_started = time.perf_counter()
+        else:
+            self._gc_pause.labels(str(info["generation"])).observe(time.perf_counter() - self._gc_started)
 
     # --- recording (on the event loop) -----------------------------------------------------------
 

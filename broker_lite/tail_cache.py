@@ -32,45 +32,38 @@ from llog.keys import TopicPartition
 RECORD_OVERHEAD = 16
 
 
-class _Run:
-    """Records ``first..last`` of one partition: their bytes back to back in ``data`` and where
-    each ends in ``ends``. Two objects and one array per run, not one object per record: the
-    cache may hold millions of records, and the garbage collector walks every container object
-    it tracks (a list of a million records made each full collection take tens of ms)."""
+#: A run: ``(first offset, record bytes back to back, where each record ends)``. A tuple of an
+#: int, a bytes object and a numeric array, which the garbage collector stops tracking: the
+#: cache holds tens of thousands of runs, and every object it tracks is walked by each full
+#: collection (a list per run, then an object per run, made those pauses 40-100 ms).
+_Run = tuple[int, bytes, np.ndarray]
 
-    __slots__ = ("tp", "first", "data", "ends")
 
-    def __init__(self, tp: TopicPartition, first: int, values: pa.BinaryArray | list[bytes]):
-        self.tp, self.first = tp, first
-        if isinstance(values, pa.Array):  # the produce path: no Python object per record
-            offsets = np.frombuffer(values.buffers()[1], dtype=np.int32, count=len(values) + 1, offset=4 * values.offset)
-            self.data = values.buffers()[2].to_pybytes()[offsets[0]:offsets[-1]] if len(values) else b""
-            self.ends = (offsets[1:] - offsets[0]).astype(np.int64)
-        else:
-            self.data = b"".join(values)
-            self.ends = np.cumsum(np.fromiter(map(len, values), dtype=np.int64, count=len(values)))
+def _run(first: int, values: pa.BinaryArray | list[bytes]) -> _Run:
+    if isinstance(values, pa.Array):  # the produce path: no Python object per record
+        offsets = np.frombuffer(values.buffers()[1], dtype=np.int32, count=len(values) + 1, offset=4 * values.offset)
+        data = values.buffers()[2].to_pybytes()[offsets[0]:offsets[-1]] if len(values) else b""
+        return first, data, (offsets[1:] - offsets[0]).astype(np.int64)
+    return first, b"".join(values), np.cumsum(np.fromiter(map(len, values), dtype=np.int64, count=len(values)))
 
-    @property
-    def count(self) -> int:
-        return len(self.ends)
 
-    @property
-    def last(self) -> int:
-        return self.first + len(self.ends) - 1
+def _last(run: _Run) -> int:
+    return run[0] + len(run[2]) - 1
 
-    @property
-    def cost(self) -> int:
-        return len(self.data) + RECORD_OVERHEAD * len(self.ends)
 
-    def values(self, start: int, stop: int) -> list[bytes]:
-        """Records ``start..stop - 1`` (indexes in this run)."""
-        data, ends = self.data, self.ends
-        begin = int(ends[start - 1]) if start else 0
-        out = []
-        for end in ends[start:stop].tolist():
-            out.append(data[begin:end])
-            begin = end
-        return out
+def _cost(run: _Run) -> int:
+    return len(run[1]) + RECORD_OVERHEAD * len(run[2])
+
+
+def _values(run: _Run, start: int, stop: int) -> list[bytes]:
+    """Records ``start..stop - 1`` (indexes in the run)."""
+    _, data, ends = run
+    begin = int(ends[start - 1]) if start else 0
+    out = []
+    for end in ends[start:stop].tolist():
+        out.append(data[begin:end])
+        begin = end
+    return out
 
 
 @dataclass(frozen=True)
@@ -94,7 +87,8 @@ class TailCache:
         self.hits = self.misses = self.evictions = 0
         self._runs: dict[TopicPartition, list[_Run]] = {}
         self._firsts: dict[TopicPartition, list[int]] = {}
-        self._age: collections.deque[_Run] = collections.deque()
+        #: ``(topic, partition, first)`` of every run, oldest first (atomic tuples: untracked).
+        self._age: collections.deque[tuple[str, int, int]] = collections.deque()
 
     @property
     def enabled(self) -> bool:
@@ -102,10 +96,10 @@ class TailCache:
 
     def add(self, tp: TopicPartition, first: int, values: pa.BinaryArray | list[bytes]) -> None:
         """Records committed at offsets ``first..``; a run larger than the whole cache is not kept."""
-        if not self.enabled or not values:
+        if not self.enabled or not len(values):
             return
-        run = _Run(tp, first, values)
-        if run.cost > self.max_bytes:
+        run = _run(first, values)
+        if _cost(run) > self.max_bytes:
             return
         runs, firsts = self._runs.setdefault(tp, []), self._firsts.setdefault(tp, [])
         at = bisect.bisect_left(firsts, first)
@@ -113,25 +107,26 @@ class TailCache:
             return  # already here (the same commit answered twice cannot happen; be safe)
         runs.insert(at, run)
         firsts.insert(at, first)
-        self._age.append(run)
-        self.bytes += run.cost
+        self._age.append((tp.topic, tp.partition, first))
+        self.bytes += _cost(run)
         while self.bytes > self.max_bytes:
             self._evict()
 
     def _evict(self) -> None:
-        run = self._age.popleft()
-        runs, firsts = self._runs[run.tp], self._firsts[run.tp]
-        at = 0 if runs[0] is run else next(i for i, r in enumerate(runs) if r is run)
+        topic, partition, first = self._age.popleft()
+        tp = TopicPartition(topic, partition)
+        runs, firsts = self._runs[tp], self._firsts[tp]
+        at = 0 if firsts[0] == first else bisect.bisect_left(firsts, first)
+        self.bytes -= _cost(runs[at])
         del runs[at], firsts[at]
         if not runs:
-            del self._runs[run.tp], self._firsts[run.tp]
-        self.bytes -= run.cost
+            del self._runs[tp], self._firsts[tp]
         self.evictions += 1
 
     def tail(self, tp: TopicPartition) -> int | None:
         """The last offset cached for ``tp`` (None if none)."""
         runs = self._runs.get(tp)
-        return runs[-1].last if runs else None
+        return _last(runs[-1]) if runs else None
 
     def get(self, tp: TopicPartition, offset: int, max_bytes: int) -> CacheHit | None:
         """Records from ``offset`` while they are cached without a gap, about ``max_bytes`` of
@@ -139,7 +134,7 @@ class TailCache:
         firsts = self._firsts.get(tp)
         at = bisect.bisect_right(firsts, offset) - 1 if firsts else -1
         runs = self._runs.get(tp)
-        if at < 0 or runs[at].last < offset:
+        if at < 0 or _last(runs[at]) < offset:
             self.misses += 1
             return None
         self.hits += 1
@@ -147,21 +142,21 @@ class TailCache:
         budget, position = max_bytes, offset
         while True:
             run = runs[at]
-            skip = position - run.first
-            base = int(run.ends[skip - 1]) if skip else 0
-            take = int(np.searchsorted(run.ends, base + budget, side="right")) - skip
-            if not out and take <= 0:
+            first, _, ends = run
+            skip = position - first
+            base = int(ends[skip - 1]) if skip else 0
+            take = max(int(np.searchsorted(ends, base + budget, side="right")) - skip, 0)
+            if not out and take == 0:
                 take = 1
-            take = max(take, 0)
-            out += run.values(skip, skip + take)
+            out += _values(run, skip, skip + take)
             position += take
-            if skip + take < run.count:
+            if skip + take < len(ends):
                 break  # the budget ended inside this run
-            budget -= int(run.ends[-1]) - base
+            budget -= int(ends[-1]) - base
             at += 1
-            if budget <= 0 or at == len(runs) or runs[at].first != position:
+            if budget <= 0 or at == len(runs) or runs[at][0] != position:
                 break
-        return CacheHit(offset, out, runs[-1].last)
+        return CacheHit(offset, out, _last(runs[-1]))
 
 
 class TailCacheDir:
