@@ -1,4 +1,4 @@
-"""``python -m bench [core] [sink] [source] [compaction]``: run benchmark cases against a private local stack."""
+"""``python -m bench [core] [sink] [source] [compaction] [broker]``: run benchmark cases against a private local stack."""
 
 from __future__ import annotations
 
