@@ -437,7 +437,7 @@ class LogReader(ClientUser):
             if i in failed:
                 outcomes[i] = failed[i]
                 continue
-            batches = _trim([b for s in slices for b in got[id(s)] if b.num_rows], int(min(requests[i].max_bytes, remaining)))
+            batches = _trim(_contiguous(slices, got), int(min(requests[i].max_bytes, remaining)))
             outcomes[i] = Fetched(requests[i].topic, requests[i].partition, requests[i].offset, hw, batches)
             remaining -= outcomes[i].nbytes
         return outcomes
@@ -628,6 +628,18 @@ def _partial(s: _Slice, budget: int) -> bool:
     """Whether :meth:`LogReader.fetch` reads slice ``s`` in part rather than its whole body."""
     length = s.located.entry.byte_length
     return length is None or length > PARTIAL_READ_FACTOR * max(budget, 1)
+
+
+def _contiguous(slices: Sequence[_Slice], got: dict[int, list[pa.RecordBatch]]) -> list[pa.RecordBatch]:
+    """The batches of ``slices`` in order, up to the first slice a partial read returned only in
+    part (what follows it would leave a gap)."""
+    out = []
+    for s in slices:
+        part = [b for b in got[id(s)] if b.num_rows]
+        out += part
+        if sum(b.num_rows for b in part) < s.hi - s.lo + 1:
+            break
+    return out
 
 
 def _trim(batches: list[pa.RecordBatch], budget: int) -> list[pa.RecordBatch]:

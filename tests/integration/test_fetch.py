@@ -96,3 +96,15 @@ def test_a_compacted_object_is_read_in_part(config, writer, reader):
         assert offsets(got) == list(range(start, min(1_000, start + 19) + 1))
         assert values(got) == written[start - 1:start + 19]
         assert fetched["get"] == 0 and fetched["get_bytes"] < 10_000
+
+
+def test_a_body_read_in_part_ends_the_fetch_where_it_ends(writer, reader):
+    """Tiny records: the tail of a large entry looks cheap enough to read on into the next
+    entry, but a partial read returns at most budget / 64 records; the fetch must stop there,
+    not leave a gap before the next entry's records."""
+    first = [f"{i:04d}".encode() for i in range(10_000)]  # one ~90 KB entry of 4-byte records
+    writer.append("tiny", 0, first)
+    writer.append("tiny", 0, [b"next"])
+    got, = reader.fetch([FetchRequest("tiny", 0, 9_900, 1_000)])
+    assert offsets(got) == list(range(9_900, 9_900 + got.count))  # no gap
+    assert values(got) == first[9_899:9_899 + got.count] and 0 < got.count < 101
