@@ -572,6 +572,19 @@ class BrokerMetrics:
 _OXIA_OTHER = frozenset({"read_rpc", "write_rpc", "cas_conflict"})
 
 
+#: Group-commit counters: family name -> (help, ``Batcher.stats`` key).
+_BATCH_COUNTERS = {
+    "batch_append_payload_bytes_enqueued_total": ("Record bytes admitted into the group commit", "enqueued_bytes"),
+    "batch_requests_enqueued_total": ("Produce requests admitted into the group commit", "requests"),
+    "batch_backpressure_rejections_total": ("Produce requests the group commit refused (buffer full)",
+                                            "backpressure_rejections"),
+    "batch_flushes_total": ("Batch flushes (shared appends), failed ones included", "flushes"),
+    "batch_flush_failures_total": ("Batch flushes that failed in whole or in part", "flush_failures"),
+    "batch_flushed_records_total": ("Records of batches flushed without error", "flushed_records"),
+    "batch_flushed_payload_bytes_total": ("Record bytes of batches flushed without error", "flushed_bytes"),
+}
+
+
 class _Collector:
     """Families whose numbers live elsewhere, read at scrape time."""
 
@@ -619,20 +632,8 @@ class _Collector:
     def _batching(self) -> Iterator[Metric]:
         b = self.m._batcher
         stats = dict(b.stats) if b is not None else {}
-        yield _counter("batch_append_payload_bytes_enqueued_total", "Record bytes admitted into the group commit",
-                       stats.get("enqueued_bytes", 0))
-        yield _counter("batch_requests_enqueued_total", "Produce requests admitted into the group commit",
-                       stats.get("requests", 0))
-        yield _counter("batch_backpressure_rejections_total", "Produce requests the group commit refused (buffer full)",
-                       stats.get("backpressure_rejections", 0))
-        yield _counter("batch_flushes_total", "Batch flushes (shared appends), failed ones included",
-                       stats.get("flushes", 0))
-        yield _counter("batch_flush_failures_total", "Batch flushes that failed in whole or in part",
-                       stats.get("flush_failures", 0))
-        yield _counter("batch_flushed_records_total", "Records of batches flushed without error",
-                       stats.get("flushed_records", 0))
-        yield _counter("batch_flushed_payload_bytes_total", "Record bytes of batches flushed without error",
-                       stats.get("flushed_bytes", 0))
+        for name, (documentation, key) in _BATCH_COUNTERS.items():
+            yield _counter(name, documentation, stats.get(key, 0))
 
     def _oxia(self) -> Iterator[Metric]:
         counts = self.m.oxia_operations()
