@@ -1,8 +1,8 @@
 """The brokers under test: ``python -m broker_lite`` processes (their output in the run
 directory), and a background thread sampling their ``GET /metrics`` into ``metrics.jsonl``.
 
-``/metrics`` is read defensively: its counters are found by dotted path among a few candidate
-names (:data:`COUNTERS`), and a broker without the endpoint yields ``None`` everywhere.
+The counters the summary needs are read from ``/metrics`` by dotted path (:data:`COUNTERS`);
+a broker that did not answer yields ``None``.
 """
 
 from __future__ import annotations
@@ -26,18 +26,16 @@ REPO = Path(__file__).resolve().parents[1]
 _START_TIMEOUT_S = 60
 _STOP_TIMEOUT_S = 40
 
-#: Counters the summary needs, each as candidate dotted paths into ``/metrics`` (first found
-#: wins; a dict found there is read at its ``count`` or ``total``; ``a+b`` sums the paths, a
-#: missing one as 0 when its parent is there).
+#: Counters the summary needs: their paths in ``GET /metrics`` (``a+b``: the sum).
 COUNTERS = {
-    "s3_put": ("s3.put_requests", "s3.operations.put", "s3.put"),
-    "s3_get": ("s3.operations.get+s3.operations.range_get", "s3.get_requests", "s3.get"),
-    "s3_cost_usd": ("s3.billing.estimated_request_cost_usd",),
-    "consume_records": ("http.consume_records_returned_total",),
-    "tail_cache_hits": ("http.consume_blob_cache_hits_total", "tail_cache.hits"),
-    "tail_cache_misses": ("http.consume_blob_cache_misses_total", "tail_cache.misses"),
-    "long_poll_hits": ("http.consume_long_poll_hits_total",),
-    "long_poll_timeouts": ("http.consume_long_poll_timeouts_total",),
+    "s3_put": "s3.put_requests",
+    "s3_get": "s3.operations.get+s3.operations.range_get",
+    "s3_cost_usd": "s3.billing.estimated_request_cost_usd",
+    "consume_records": "http.consume_records_returned_total",
+    "tail_cache_hits": "http.consume_blob_cache_hits_total",
+    "tail_cache_misses": "http.consume_blob_cache_misses_total",
+    "long_poll_hits": "http.consume_long_poll_hits_total",
+    "long_poll_timeouts": "http.consume_long_poll_timeouts_total",
 }
 
 
@@ -119,37 +117,20 @@ class Broker:
 
 
 def counter(metrics: dict | None, name: str) -> float | None:
-    """The :data:`COUNTERS` entry ``name`` in one ``/metrics`` answer, or None."""
+    """The :data:`COUNTERS` entry ``name`` in one ``/metrics`` answer, or None (no answer; an
+    operation S3 has not seen yet counts 0)."""
     if metrics is None:
         return None
-    for alternative in COUNTERS[name]:
-        parts = [_lookup(metrics, path) for path in alternative.split("+")]
-        if "+" in alternative:
-            if all(p is _ABSENT for p in parts):
-                continue
-            parts = [0 if p is None else p for p in parts]
-        if all(isinstance(p, (int, float)) and not isinstance(p, bool) for p in parts):
-            return sum(parts)
-    return None
-
-
-#: A path whose parent is missing too (see :func:`_lookup`).
-_ABSENT = object()
-
-
-def _lookup(metrics: dict, path: str):
-    """The number at dotted ``path``; None if only the last step is missing, :data:`_ABSENT` if
-    its parent is missing too."""
-    *parents, last = path.split(".")
-    node = metrics
-    for part in parents:
-        node = node.get(part) if isinstance(node, dict) else None
-    if not isinstance(node, dict):
-        return _ABSENT
-    value = node.get(last)
-    if isinstance(value, dict):
-        value = value.get("count", value.get("total"))
-    return value
+    total = 0
+    for path in COUNTERS[name].split("+"):
+        *parents, last = path.split(".")
+        node = metrics
+        for part in parents:
+            node = node.get(part) if isinstance(node, dict) else None
+        if not isinstance(node, dict):
+            return None  # not this broker's /metrics
+        total += node.get(last, 0)
+    return total
 
 
 def counter_delta(before: list[dict | None], after: list[dict | None], name: str) -> float | None:
