@@ -72,6 +72,8 @@ class ConsumeStats:
     cache_hits: int = 0
     cache_misses: int = 0
     long_poll: str | None = None  # "hit" (woken with records) or "timeout"
+    #: The most record bytes one pass held (what the answer costs in memory).
+    peak_bytes: int = 0
 
 
 class ConsumeService:
@@ -215,10 +217,12 @@ class ConsumeService:
             stats.cache_misses -= min(shared_hits, stats.cache_misses)
         nbytes = sum(n for _, n in results)
         results = [r for r, _ in results]
-        stats.partitions += len(results)
-        stats.errors += sum(not r.ok for r in results)
-        stats.records += sum(r.record_count or 0 for r in results)
-        stats.bytes += nbytes
+        # The answer is the last pass: its counts replace an earlier pass's (a long poll's).
+        stats.partitions = len(results)
+        stats.errors = sum(not r.ok for r in results)
+        stats.records = sum(r.record_count or 0 for r in results)
+        stats.bytes = nbytes
+        stats.peak_bytes = max(stats.peak_bytes, nbytes)
         return results, nbytes
 
     def _read(self, partitions: list[ConsumePartition], max_bytes: int) -> tuple[list[tuple[ConsumeResult, int]], int]:

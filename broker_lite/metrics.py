@@ -226,8 +226,8 @@ _HTTP_COUNTERS = {
     "consume_partition_results_total": "Partition results returned by consume requests",
     "consume_blob_cache_hits_total": "Consume blob reads served from the cache",
     "consume_blob_cache_misses_total": "Consume blob reads that went to S3",
-    "consume_blob_cache_full_object_gets_total": "Whole-object S3 GETs of consume requests",
-    "consume_blob_cache_range_gets_total": "Ranged S3 GETs of consume requests",
+    "consume_blob_cache_full_object_gets_total": "Whole-object S3 GETs of this broker (its reads: consumes)",
+    "consume_blob_cache_range_gets_total": "Ranged S3 GETs of this broker (its reads: consumes)",
     "consume_long_poll_hits_total": "Long polls answered because records arrived",
     "consume_long_poll_timeouts_total": "Long polls answered at max_wait_ms without enough records",
     "consume_backpressure_rejections_total": "Consume requests refused for backpressure",
@@ -276,7 +276,7 @@ class BrokerMetrics:
             PREFIX + "consume_request_duration_seconds", "Duration of consume requests (long polls included)",
             buckets=SECONDS_BUCKETS, registry=self.registry)
         self._consume_peak_bytes = Histogram(
-            PREFIX + "consume_blob_cache_request_peak_bytes", "Peak blob bytes one consume request held",
+            PREFIX + "consume_blob_cache_request_peak_bytes", "Most record bytes one consume request held at once",
             buckets=BYTES_BUCKETS, registry=self.registry)
         self._batch_histograms = {
             "queue_wait_s": Histogram(
@@ -406,7 +406,8 @@ class BrokerMetrics:
         :meth:`attach`). ``stats`` is a ``broker_lite.consume.ConsumeStats``: ``records``,
         ``bytes``, ``partitions``, ``errors`` (failed partitions: the request counts as an
         error), ``cache_hits``, ``cache_misses``, ``long_poll`` (``"hit"``, ``"timeout"`` or
-        None) and, when it has them, ``full_object_gets``, ``range_gets``, ``peak_bytes``."""
+        None), ``peak_bytes`` (the most record bytes it held at once). Its S3 GETs are the broker's
+        ObjectStore counts (:meth:`_http_state`)."""
         long_poll = getattr(stats, "long_poll", None)
         with self._lock:
             h = self._http
@@ -417,8 +418,6 @@ class BrokerMetrics:
             h.consume_partition_results_total += getattr(stats, "partitions", 0)
             h.consume_blob_cache_hits_total += getattr(stats, "cache_hits", 0)
             h.consume_blob_cache_misses_total += getattr(stats, "cache_misses", 0)
-            h.consume_blob_cache_full_object_gets_total += getattr(stats, "full_object_gets", 0)
-            h.consume_blob_cache_range_gets_total += getattr(stats, "range_gets", 0)
             h.consume_long_poll_hits_total += long_poll == "hit"
             h.consume_long_poll_timeouts_total += long_poll == "timeout"
         peak_bytes = getattr(stats, "peak_bytes", None)
@@ -497,9 +496,16 @@ class BrokerMetrics:
         return _counts(coordinations)
 
     def _http_state(self) -> tuple[_Http, collections.Counter[int], int, int]:
+        """A copy of the HTTP counters. The seed's consume GET counters are the S3 GETs of the
+        broker's object store: consumes are what reads there (the writer reads only to finish
+        someone's pending append), and a request's own GETs are not counted apart."""
+        s3 = self.s3_operations()
         with self._lock:
-            return (_Http(**vars(self._http)), collections.Counter(self._statuses), len(self._topics),
-                    len(self._topic_partitions))
+            http = _Http(**vars(self._http))
+            statuses, topics, tps = collections.Counter(self._statuses), len(self._topics), len(self._topic_partitions)
+        http.consume_blob_cache_full_object_gets_total = s3["get"]
+        http.consume_blob_cache_range_gets_total = s3["range_get"]
+        return http, statuses, topics, tps
 
     def _batching(self) -> dict:
         b = self._batcher
