@@ -178,6 +178,8 @@ class TailCacheDir:
         self.bytes = 0
         self._written: collections.deque[tuple[Path, int]] = collections.deque()
         self._lock = threading.Lock()
+        #: Per partition: its directory's mtime and the runs listed then (:meth:`_spans`).
+        self._listings: dict[TopicPartition, tuple[int, list[tuple[int, int, str]]]] = {}
 
     def _dir(self, tp: TopicPartition) -> Path:
         return self.root / tp.topic / str(tp.partition)
@@ -202,16 +204,31 @@ class TailCacheDir:
                 old.unlink(missing_ok=True)
                 self.bytes -= size
 
+    def _spans(self, tp: TopicPartition, offset: int) -> list[tuple[int, int, str]]:
+        """The runs in ``tp``'s directory as ``(first, last, file name)``, ascending. The listing
+        is kept while the directory's mtime stays and ``offset`` is within it (a listing is
+        thousands of names; the mtime may not change for two runs written within its tick, so
+        an offset past the listing lists again). A stale listing only costs misses: a run
+        deleted since is not found when read."""
+        directory = self._dir(tp)
+        try:
+            mtime = os.stat(directory).st_mtime_ns
+        except FileNotFoundError:
+            return []
+        kept = self._listings.get(tp)
+        if kept is not None and kept[0] == mtime and kept[1] and offset <= kept[1][-1][1]:
+            return kept[1]
+        names = sorted(n for n in os.listdir(directory) if n.endswith(".llb"))
+        spans = [(int(n[:20]), int(n[21:41]), n) for n in names]
+        self._listings[tp] = (mtime, spans)
+        return spans
+
     def get(self, tp: TopicPartition, offset: int, max_bytes: int) -> CacheHit | None:
         """Like :meth:`TailCache.get`, from the directory; ``tail`` is the last offset of the
         runs found there."""
-        try:
-            names = sorted(n for n in os.listdir(self._dir(tp)) if n.endswith(".llb"))
-        except FileNotFoundError:
-            return None
-        spans = [(int(n[:20]), int(n[21:41]), n) for n in names]
-        at = next((i for i, (first, last, _) in enumerate(spans) if first <= offset <= last), None)
-        if at is None:
+        spans = self._spans(tp, offset)
+        at = bisect.bisect_right(spans, (offset, float("inf"))) - 1
+        if at < 0 or spans[at][1] < offset:
             return None
         out: list[bytes] = []
         budget, position = max_bytes, offset

@@ -64,3 +64,22 @@ def test_runs_from_arrow_arrays_read_like_runs_from_lists():
     cache.add(TP, 3, array)
     cache.add(TP, 8, values(2, 8))
     assert cache.get(TP, 4, 10**6).values == values(6, 4)
+
+
+def test_the_directory_cache_finds_runs_written_after_it_listed_and_misses_deleted_ones(tmp_path):
+    from broker_lite.tail_cache import TailCacheDir
+
+    writer = TailCacheDir(tmp_path, "root", 10**6)
+    reader = TailCacheDir(tmp_path, "root", 10**6)
+    writer.add(TP, 1, values(5))
+    assert reader.get(TP, 2, 10**6).values == values(4, 2)
+    writer.add(TP, 6, values(5, 6))  # maybe within the same mtime tick as the first
+    hit = reader.get(TP, 7, 10**6)
+    assert hit.values == values(4, 7) and hit.tail == 10
+    assert reader.get(TP, 3, 10**6).values == values(8, 3)  # across the two runs
+    small = TailCacheDir(tmp_path, "root", 1)  # keeps nothing: a run over its limit is not written
+    small.add(TP, 11, values(5, 11))
+    assert reader.get(TP, 11, 10**6) is None
+    for run in (tmp_path / "root" / "t" / "0").glob("*.llb"):
+        run.unlink()
+    assert reader.get(TP, 2, 10**6) is None and reader.get(TP, 12, 10**6) is None
