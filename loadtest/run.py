@@ -88,8 +88,6 @@ class Run:
                  else f"{scenario.name}: {scenario.probes} probes")
         out = self.dir / scenario.name
         out.mkdir()
-        if scenario.kind in ("consume", "long_poll") and not _has_consume(self.brokers[0]):
-            return {"skipped": "the broker has no POST /consume (404)"}
         if scenario.kind == "produce":
             return self._produce(scenario, out, self.brokers)
         if scenario.kind == "overload":
@@ -262,15 +260,6 @@ async def _preload(run: Run, scenario: Scenario) -> dict[int, int]:
     return dict(enumerate(lasts))
 
 
-def _has_consume(broker: Broker) -> bool:
-    try:
-        response = httpx.post(f"{broker.url}/consume", timeout=10, json={
-            "topic_partitions": [{"topic": "lt-capability", "partition": 0, "fetch_offset": 1}], "max_wait_ms": 0})
-    except httpx.HTTPError:
-        return False
-    return response.status_code != 404
-
-
 def _high_watermark(reader: LogReader, topic: str, partition: int) -> int:
     try:
         return reader.high_watermark(topic, partition)
@@ -389,8 +378,6 @@ def summarize(phases: dict[str, dict]) -> dict:
 
 
 def _headline(result: dict) -> str:
-    if "skipped" in result:
-        return f"skipped: {result['skipped']}"
     keys = ("records_per_s", "ok_requests_per_s", "p50_ms", "p99_ms", "p999_ms", "status_counts", "s3_puts_per_s",
             "e2e_p50_ms", "e2e_p99_ms", "delivered", "overload_non_503_errors")
     return ", ".join(f"{k}={result[k]}" for k in keys if k in result)

@@ -50,8 +50,7 @@ def test_a_tiny_run_writes_its_directory_and_reconciles(stack, tmp_path):
         assert phase["records"] == phase["ok_requests"] * phase["records_per_request"] == phase["log_records"]
         assert phase["p50_ms"] <= phase["p99_ms"] <= phase["p999_ms"]
         assert 1 <= phase["s3_puts_from_acks"] <= phase["ok_requests"]
-        if phase["s3_puts_from_metrics"] is not None:  # every PUT of the phase was one of its acked blobs
-            assert phase["s3_puts_from_metrics"] >= phase["s3_puts_from_acks"]
+        assert phase["s3_puts_from_metrics"] >= phase["s3_puts_from_acks"]  # every acked blob was a PUT
     vegeta_report = json.loads((run_dir / "produce-rate" / "report.json").read_text())
     assert vegeta_report["requests"] == phases["produce-rate"]["requests"]
     overload = phases["overload"]
@@ -60,13 +59,9 @@ def test_a_tiny_run_writes_its_directory_and_reconciles(stack, tmp_path):
 
     for name in ("consume-hit", "consume-miss"):
         phase = phases[name]
-        if "skipped" in phase:  # a broker without POST /consume
-            continue
         assert phase["records"] == phase["ok_requests"] * 100 > 0  # each response a full preloaded range
         assert phase["bodies_without_record_count"] == 0
-        if phase["records_from_metrics"] is not None:
-            assert phase["records_from_metrics"] == phase["records"]
+        assert phase["records_from_metrics"] == phase["records"]
     poll = phases["long-poll"]
-    if "skipped" not in poll:
-        assert poll["probes"] == 10 == poll["delivered"] + poll["not_delivered"]
-        assert len((run_dir / "long-poll" / "probes.jsonl").read_text().splitlines()) > 10  # with the warm-up
+    assert poll["probes"] == 10 == poll["delivered"] + poll["not_delivered"]
+    assert len((run_dir / "long-poll" / "probes.jsonl").read_text().splitlines()) > 10  # with the warm-up
