@@ -122,6 +122,9 @@ class Batcher:
         #: batch, ``flush_bytes`` per batch written without error. Set by
         #: :mod:`broker_lite.metrics`; its errors are logged.
         self.observer: Callable[[str, float], None] | None = None
+        #: Called on the loop with ``(groups, outcomes)`` for every batch that committed at least
+        #: in part, before its requests are answered (the tail cache; its errors are logged).
+        self.on_commit: Callable[[Sequence[AppendGroup], Sequence[Outcome]], None] | None = None
 
     @property
     def buffered_bytes(self) -> int:
@@ -324,6 +327,11 @@ class Batcher:
             outcomes = _outcomes_of_partial(batch.groups, failed)
         else:
             outcomes = [error] * len(batch.groups)
+        if self.on_commit is not None and error is None:
+            try:
+                self.on_commit(batch.groups, outcomes)
+            except Exception:  # noqa: BLE001 - a cache never fails a produce
+                log.exception("the commit hook failed on a batch of %d request(s)", len(batch.requests))
         for future, indexes in batch.requests:
             if not future.done():  # a client that went away cancelled its wait
                 future.set_result([outcomes[i] for i in indexes])

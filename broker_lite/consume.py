@@ -4,8 +4,8 @@ Oxia and S3 (``LogReader.fetch``: one GET per shared blob for the request) where
 Kafka's long poll: wait up to ``max_wait_ms`` until ``min_bytes`` of records are there.
 
 A waiting consumer is woken, not polled for:
-- by a local produce: the app calls :meth:`ConsumeService.produced` for every committed group,
-  which caches its records and wakes the consumers waiting on its partition at once;
+- by a local produce: the group commit calls :meth:`ConsumeService.produced` for every committed
+  batch, which caches its records and wakes the consumers waiting on its partition at once;
 - by another writer (a Spark job, another broker): one probe task reads the high watermarks of
   every partition someone waits on, all in one multi-key Oxia read, every
   :data:`PROBE_INTERVAL_S` while anyone waits, and wakes those whose partition moved past what
@@ -22,11 +22,14 @@ from __future__ import annotations
 import asyncio
 import logging
 from concurrent.futures import ThreadPoolExecutor
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+
+import pyarrow as pa
 
 from broker_lite.models import ConsumedRecord, ConsumePartition, ConsumeRequest, ConsumeResponse, ConsumeResult
 from broker_lite.tail_cache import TailCache, TailCacheDir
+from llog.codec import to_binary_array
 from llog.config import Config
 from llog.errors import LlogError
 from llog.keys import PartitionKeys, TopicPartition, validate_partition, validate_topic
@@ -103,15 +106,32 @@ class ConsumeService:
 
     # --- produce side ---------------------------------------------------------------------------
 
-    def produced(self, group: AppendGroup, result: AppendResult) -> None:
-        """``group`` committed as ``result``: cache its records and wake its partition's waiters."""
-        tp = TopicPartition(result.topic, result.partition)
-        self.cache.add(tp, result.start_offset, group.records)
-        if self.shared is not None:
-            self._files.submit(self._share, tp, result.start_offset, group.records)
-        for waiter in self._by_partition.get(tp, ()):
-            if result.end_offset >= waiter.wanted[tp]:
-                waiter.event.set()
+    def produced(self, groups: Sequence[AppendGroup], outcomes: Sequence[object]) -> None:
+        """A batch committed (``outcomes``: per group, its :class:`AppendResult` or its error):
+        cache each partition's records as one run (a batch's groups of one partition have
+        consecutive offsets) and wake the consumers waiting on it."""
+        by_partition: dict[TopicPartition, list[tuple[AppendResult, pa.BinaryArray]]] = {}
+        for group, outcome in zip(groups, outcomes):
+            if isinstance(outcome, AppendResult):
+                by_partition.setdefault(TopicPartition(outcome.topic, outcome.partition), []).append(
+                    (outcome, to_binary_array(group.records)))
+        for tp, committed in by_partition.items():
+            committed.sort(key=lambda c: c[0].start_offset)
+            runs: list[tuple[int, list[pa.BinaryArray]]] = []
+            for result, values in committed:
+                if runs and runs[-1][0] + sum(map(len, runs[-1][1])) == result.start_offset:
+                    runs[-1][1].append(values)
+                else:
+                    runs.append((result.start_offset, [values]))
+            for first, arrays in runs:
+                values = arrays[0] if len(arrays) == 1 else pa.concat_arrays(arrays)
+                self.cache.add(tp, first, values)
+                if self.shared is not None:
+                    self._files.submit(self._share, tp, first, values)
+            last = committed[-1][0].end_offset
+            for waiter in self._by_partition.get(tp, ()):
+                if last >= waiter.wanted[tp]:
+                    waiter.event.set()
 
     def _want(self, waiter: _Waiter, wanted: dict[TopicPartition, int]) -> None:
         """Set what ``waiter`` waits for (``{}``: nothing; it leaves the index)."""

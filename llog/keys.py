@@ -6,6 +6,7 @@ before they can reach a key.
 
 from __future__ import annotations
 
+import functools
 import re
 import uuid
 from dataclasses import dataclass
@@ -20,6 +21,12 @@ OFFSET_WIDTH = 20
 def _name_problem(name: object) -> str | None:
     if not isinstance(name, str):
         return f"must be a str, not {type(name).__name__}"
+    return _str_name_problem(name)
+
+
+@functools.lru_cache(maxsize=4096)
+def _str_name_problem(name: str) -> str | None:
+    """Cached: a broker checks the same few names on every request."""
     if not name:
         return "must not be empty"
     if len(name) > MAX_TOPIC_LENGTH:

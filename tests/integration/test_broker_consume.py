@@ -55,6 +55,34 @@ def test_consume_reads_what_was_produced_from_the_tail_cache(broker):
     assert after["consume_records_returned_total"] - before["consume_records_returned_total"] == 2
 
 
+def test_concurrent_produces_are_cached_per_batch_in_offset_order(broker):
+    """Requests that share a batch are cached as one run per partition: a consume from the first
+    offset gets every one of them, in offset order, from the cache (ASCII records take the
+    broker's fast path, the others Arrow's UTF-8 conversion)."""
+    async def produce_all():
+        async with httpx.AsyncClient(timeout=30) as client:
+            bodies = [{"topic_partitions": [{"topic": "batched", "partition": i % 2,
+                                             "records": [f"r{i}.{j}" if i % 3 else f"é{i}.{j}" for j in range(3)]}]}
+                      for i in range(12)]
+            responses = await asyncio.gather(*(client.post(f"{broker}/produce", json=b) for b in bodies))
+        return bodies, [r.json()["results"][0] for r in responses]
+
+    bodies, results = asyncio.run(produce_all())
+    before = metrics(broker)["http"]
+    answer = consume(broker, [{"topic": "batched", "partition": p, "fetch_offset": 1} for p in range(2)]).json()
+    after = metrics(broker)["http"]
+    for p, result in enumerate(answer["results"]):
+        expected = {}
+        for body, produced in zip(bodies, results):
+            if produced["partition"] == p:
+                for k, record in enumerate(body["topic_partitions"][0]["records"]):
+                    expected[produced["start_offset"] + k] = record
+        assert sorted(expected) == list(range(1, 19))
+        assert [(r["offset"], r["payload"]) for r in result["records"]] == sorted(expected.items())
+    assert after["consume_blob_cache_hits_total"] - before["consume_blob_cache_hits_total"] == 2
+    assert after["consume_blob_cache_misses_total"] == before["consume_blob_cache_misses_total"]
+
+
 def test_a_miss_reads_oxia_and_s3_with_one_get_per_shared_blob(module_config, broker):
     with LogWriter(module_config, auto_initialize=True) as writer:  # not through the broker: not cached
         for batch in range(2):
