@@ -123,6 +123,10 @@ class BucketUsage:
     stored_bytes: int = 0
 
 
+#: A bucket usage scan runs at most one part in this many of the time.
+SCAN_DUTY_FACTOR = 50
+
+
 class BucketUsageScanner:
     """Scans the objects under ``prefix`` every ``interval_s`` in a daemon thread; :attr:`usage`
     is the last result and never blocks. A failing scan is logged and reported, never raised."""
@@ -182,10 +186,18 @@ class BucketUsageScanner:
         if self._thread is not None:
             self._thread.join(timeout_s)
 
+    def wait_after(self, scan_s: float) -> float:
+        """Seconds to wait after a scan that took ``scan_s``: the interval, stretched so that
+        scanning takes at most 1 / :data:`SCAN_DUTY_FACTOR` of the time. A listing of a large
+        bucket is seconds of CPU in the broker's process (tens of thousands of objects parsed),
+        which every request in flight would feel."""
+        return max(self.interval_s, scan_s * SCAN_DUTY_FACTOR)
+
     def _run(self) -> None:
         while not self._stop.is_set():
+            started = time.monotonic()
             self.refresh()
-            self._stop.wait(self.interval_s)
+            self._stop.wait(self.wait_after(time.monotonic() - started))
 
 
 # --- the metrics ----------------------------------------------------------------------------------

@@ -16,7 +16,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from broker_lite.batcher import Batcher
 from broker_lite.consume import ConsumeStats
-from broker_lite.metrics import (GB, PROMETHEUS_CONTENT_TYPE, S3_STANDARD_US_EAST_1, BrokerMetrics,
+from broker_lite.metrics import (GB, PROMETHEUS_CONTENT_TYPE, S3_STANDARD_US_EAST_1, SCAN_DUTY_FACTOR, BrokerMetrics,
                                  BucketUsageScanner, route_label)
 from llog.config import Config
 from llog.objects import ObjectInfo, ObjectStore
@@ -250,6 +250,12 @@ def test_scan_thread_reports_a_real_store_error():
     finally:
         m.close()
         store.close()
+
+
+def test_a_slow_scan_waits_longer_than_the_interval():
+    scanner = BucketUsageScanner(lambda prefix: [], "llog/", interval_s=60)
+    assert scanner.wait_after(0.2) == 60  # a cheap scan: the interval
+    assert scanner.wait_after(4.0) == 4.0 * SCAN_DUTY_FACTOR  # 4 s of listing: never more than 2% of the time
 
 
 def test_scanner_thread_stops_on_close():
