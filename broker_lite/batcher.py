@@ -1,8 +1,11 @@
 """Group commit: produce requests from every connection go into one open batch, and each batch
 is written with one ``LogWriter.append_shared`` (one S3 PUT, every partition committed in
-lockstep). A request is answered only after the batch that holds it committed (acked means
-durable), with its own offsets: ``append_shared`` gives each group its own consecutive range,
-and a partition's groups keep the order in which they were admitted.
+lockstep). A request is answered as soon as the offsets of the batch that holds it are
+reserved (``append_shared``'s ``on_durable``: from then the records are durable, ordered and
+readable, PROTOCOL.md section 4), with its own offsets: ``append_shared`` gives each group its
+own consecutive range, and a partition's groups keep the order in which they were admitted. The
+flush goes on to write the index entries and clear the reservations; a failure there loses
+nothing (the next writer finishes them) and is logged.
 
 When the open batch is sealed and handed to a flush:
 - it reached ``LLOG_BATCH_MAX_BYTES``;
@@ -34,6 +37,7 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import functools
 import logging
 import math
 import time
@@ -90,6 +94,10 @@ class _Batch:
     admitted_at: list[float] = field(default_factory=list)
     opened_at: float = 0.0
     sealed_at: float = 0.0
+    #: Whether its requests were answered (when its offsets were reserved, or at the end), and
+    #: whether that answer was success.
+    answered: bool = False
+    acked: bool = False
 
 
 class Batcher:
@@ -286,22 +294,22 @@ class Batcher:
             self._observe("seal_to_flush_start_s", started - batch.sealed_at)
             for admitted in batch.admitted_at:
                 self._observe("queue_wait_s", started - admitted)
-            results: list[AppendResult | None] | None = None
+            loop = asyncio.get_running_loop()
+
+            def durable(outcome: list[AppendResult] | Exception) -> None:  # in the flush thread
+                loop.call_soon_threadsafe(self._settle, batch, outcome)
+
             try:
-                results = await asyncio.get_running_loop().run_in_executor(self._pool, self.writer.append_shared,
-                                                                           batch.groups)
-            except AppendFailed as e:
-                self.stats["flush_failures"] += 1
-                self._answer(batch, failed=e)
+                results = await loop.run_in_executor(self._pool, functools.partial(
+                    self.writer.append_shared, batch.groups, on_durable=durable))
             except Exception as e:  # noqa: BLE001 - every request of the batch is told, with the error
-                self.stats["flush_failures"] += 1
-                log.warning("flush of %d request(s), %d bytes failed: %s", len(batch.requests), batch.bytes, e)
-                self._answer(batch, error=e)
-            if results is not None:
-                self.stats["flushed_records"] += sum(len(g.records) for g in batch.groups)
-                self.stats["flushed_bytes"] += batch.bytes
-                self._observe("flush_bytes", batch.bytes)
-                self._answer(batch, results=results)
+                if batch.acked:
+                    log.warning("a batch of %d request(s), acknowledged when its offsets were reserved, failed "
+                                "after that (durable as pending, which the next writer finishes): %s",
+                                len(batch.requests), e)
+                self._settle(batch, e)
+            else:
+                self._settle(batch, results)
             self.stats["flushes"] += 1
             elapsed = time.monotonic() - started
             self.stats["flush_seconds"] += elapsed
@@ -311,11 +319,34 @@ class Batcher:
             rate = batch.bytes / seconds
             self._flush_rate = rate if self._flush_rate is None else 0.7 * self._flush_rate + 0.3 * rate
         finally:
-            self._buffered -= batch.bytes
+            if not batch.answered:  # cancelled: its requests are abandoned, so are their bytes
+                batch.answered = True
+                self._buffered -= batch.bytes
             del self._inflight[asyncio.current_task()]
             self._start_flushes()
             if self._open.groups and self._startable(self._open):
                 self._seal()  # what gathered during this flush goes now
+
+    def _settle(self, batch: _Batch, outcome: Sequence[AppendResult] | Exception) -> None:
+        """Answer ``batch``'s requests with the outcome of its append, once: as soon as its offsets
+        are reserved (durable), or when the append returns if it never said so."""
+        if batch.answered:
+            return
+        batch.answered = True
+        self._buffered -= batch.bytes  # durable or failed: no longer waiting to be committed
+        if isinstance(outcome, AppendFailed):
+            self.stats["flush_failures"] += 1
+            self._answer(batch, failed=outcome)
+        elif isinstance(outcome, Exception):
+            self.stats["flush_failures"] += 1
+            log.warning("flush of %d request(s), %d bytes failed: %s", len(batch.requests), batch.bytes, outcome)
+            self._answer(batch, error=outcome)
+        else:
+            batch.acked = True
+            self.stats["flushed_records"] += sum(len(g.records) for g in batch.groups)
+            self.stats["flushed_bytes"] += batch.bytes
+            self._observe("flush_bytes", batch.bytes)
+            self._answer(batch, results=outcome)
 
     def _answer(self, batch: _Batch, results: Sequence[AppendResult] | None = None,
                 failed: AppendFailed | None = None, error: BaseException | None = None) -> None:

@@ -1,8 +1,9 @@
 """The tail cache: records this broker produced recently, kept in memory so a consumer reading
 near the end of a partition is answered without Oxia or S3.
 
-A record enters only after its commit (so the cache never holds anything a reader of Oxia and
-S3 could not see), as a *run*: a produce request's consecutive offsets in one partition. A
+A record enters only once it is durable, when its offsets are reserved (so the cache never holds
+anything a reader of Oxia and S3 could not see: such a reader reads the reservation as the
+readable tail), as a *run*: a batch's consecutive offsets in one partition. A
 lookup at an offset inside a run returns records from there, on through the runs that follow it
 without a gap (another writer's offsets in between are not here: the lookup stops at the gap and
 the consumer's next fetch misses and goes to the reader). Offsets are immutable, so a cached

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import logging
 import uuid
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 import pyarrow as pa
@@ -136,6 +136,29 @@ def _stage(objects: ObjectStore, root_prefix: str, merged: dict[TopicPartition, 
             for s in slices]
 
 
+def _results(merged: dict[TopicPartition, list[tuple[int, pa.BinaryArray]]], staged: Sequence[StagedSlice],
+             outcomes: Sequence[_Outcome]) -> list[AppendResult]:
+    """Each group's :class:`AppendResult` from its partition's outcome, in group order; raises
+    as :meth:`LogWriter.append_shared` does when a partition failed."""
+    results: list[tuple[int, AppendResult]] = []
+    errors: dict[tuple[str, int], BaseException] = {}
+    for (tp, arrays), s, outcome in zip(merged.items(), staged, outcomes):
+        if isinstance(outcome, BaseException):
+            errors[(tp.topic, tp.partition)] = outcome
+            continue
+        start, index_key = outcome
+        for i, values in arrays:
+            results.append((i, AppendResult(tp.topic, tp.partition, start, start + len(values) - 1, index_key,
+                                            s.wal_uri)))
+            start += len(values)
+    ordered = [r for _, r in sorted(results, key=lambda x: x[0])]
+    if errors:
+        if not ordered:
+            raise next(iter(errors.values()))
+        raise AppendFailed(ordered, errors)
+    return ordered
+
+
 class LogWriter(ClientUser):
     """Appends records to topic-partitions. Thread-safe; reuse one per process.
 
@@ -159,7 +182,9 @@ class LogWriter(ClientUser):
         """Append to one partition (a shared append of one group)."""
         return self.append_shared([AppendGroup(topic, partition, records)])[0]
 
-    def append_shared(self, groups: Sequence[AppendGroup]) -> list[AppendResult]:
+    def append_shared(self, groups: Sequence[AppendGroup],
+                      on_durable: Callable[[list[AppendResult] | Exception], None] | None = None
+                      ) -> list[AppendResult]:
         """Append every group through one shared WAL blob; one result per group, in order.
 
         Groups of the same topic-partition are written as one body, in the order given, and
@@ -168,27 +193,31 @@ class LogWriter(ClientUser):
         the first error is raised (e.g. :class:`LogFenced`). A partition that fails before its
         offsets are reserved leaves nothing but the unreferenced blob (garbage collection removes
         it); one that fails after is durable as ``pending``, and the next writer finishes it.
+
+        ``on_durable`` (called at most once, in this thread) gets the results as soon as every
+        partition is reserved or failed, before the last reservations are materialized and
+        cleared: an append is durable and ordered once reserved (section 4), so a caller may
+        acknowledge it then. It gets the error instead where this call would raise one (an
+        :class:`AppendFailed` with the partitions reserved so far). Whatever fails after that
+        point is durable as ``pending`` (readers read it, the next writer finishes it), and is
+        still raised here. Its exceptions are logged, never raised.
         """
         merged = _merge(groups, "append_shared")
         staged = _stage(self.objects, self.config.root_prefix, merged, self.clock)
-        outcomes = self._commit([_Slot(self.keys(s.topic, s.partition), s) for s in staged])
-        results: list[tuple[int, AppendResult]] = []
-        errors: dict[tuple[str, int], BaseException] = {}
-        for (tp, arrays), s, outcome in zip(merged.items(), staged, outcomes):
-            if isinstance(outcome, BaseException):
-                errors[(tp.topic, tp.partition)] = outcome
-                continue
-            start, index_key = outcome
-            for i, values in arrays:
-                results.append((i, AppendResult(tp.topic, tp.partition, start, start + len(values) - 1,
-                                                index_key, s.wal_uri)))
-                start += len(values)
-        ordered = [r for _, r in sorted(results, key=lambda x: x[0])]
-        if errors:
-            if not ordered:
-                raise next(iter(errors.values()))
-            raise AppendFailed(ordered, errors)
-        return ordered
+
+        def decided(outcomes: list[_Outcome]) -> None:
+            try:
+                results: list[AppendResult] | Exception = _results(merged, staged, outcomes)
+            except Exception as e:  # noqa: BLE001 - handed over, not raised
+                results = e
+            try:
+                on_durable(results)
+            except Exception:  # noqa: BLE001 - the caller's problem, not the append's
+                log.exception("on_durable callback failed")
+
+        outcomes = self._commit([_Slot(self.keys(s.topic, s.partition), s) for s in staged],
+                                decided if on_durable is not None else None)
+        return _results(merged, staged, outcomes)
 
     def upload(self, groups: Sequence[AppendGroup]) -> list[StagedSlice]:
         """Section 4.2 only: encode the groups and PUT them as one shared WAL blob. Nothing is
@@ -244,7 +273,8 @@ class LogWriter(ClientUser):
 
     # --- sections 4.3 to 4.5, every partition in lockstep --------------------------------------
 
-    def _commit(self, slots: Sequence[_Slot]) -> list[_Outcome]:
+    def _commit(self, slots: Sequence[_Slot], on_decided: Callable[[list[_Outcome]], None] | None = None
+                ) -> list[_Outcome]:
         """Commit one slice per partition: reserve (4.3), materialize (4.4), clear (4.5), each
         step one RPC per shard for all partitions (:mod:`llog.control`).
 
@@ -257,6 +287,10 @@ class LogWriter(ClientUser):
         tried again, so it is never made twice. A partition that fails after its reservation
         may have landed is not retried: it is durable as ``pending`` and the next writer
         finishes it.
+
+        ``on_decided`` is called once every slot is reserved or failed (or never, if the rounds
+        run out), with what this returns except that the last round's reservations are not yet
+        materialized.
         """
         out: list[_Outcome] = [None] * len(slots)
         todo = list(range(len(slots)))
@@ -267,6 +301,12 @@ class LogWriter(ClientUser):
                 backoff(attempt - 1)
             reserved: list[tuple[int, ControlState]] = []
             todo = self._reserve_round(slots, todo, out, reserved)
+            if not todo and on_decided is not None:
+                decided = list(out)
+                for i, state in reserved:
+                    pending = state.record.pending
+                    decided[i] = (pending.start_offset, slots[i].keys.index(pending.end_offset))
+                on_decided(decided)
             if reserved:
                 self._finish_reserved(slots, reserved, out)
         for i in todo:

@@ -12,7 +12,8 @@ import threading
 import pytest
 
 from broker_lite.batcher import BackPressure, Batcher, BatcherClosed, RequestTooLarge
-from llog.errors import InvalidPayload, InvalidTopicName, LogFenced, PartitionNotInitialized
+from llog import failpoints
+from llog.errors import CoordinationError, InvalidPayload, InvalidTopicName, LogFenced, PartitionNotInitialized
 from llog.fence import fence
 from llog.reader import LogReader
 from llog.writer import AppendGroup, AppendResult, LogWriter
@@ -37,7 +38,7 @@ class _WatchedWriter(LogWriter):
         self.shared_partitions: list[set[tuple[str, int]]] = []
         self._watch = threading.Lock()
 
-    def append_shared(self, groups):
+    def append_shared(self, groups, **kwargs):
         mine = {(g.topic, g.partition) for g in groups}
         with self._watch:
             self.shared_partitions += [mine & other for other in self.running if mine & other]
@@ -46,7 +47,7 @@ class _WatchedWriter(LogWriter):
         try:
             if self.hold is not None:
                 assert self.hold.wait(60)
-            return super().append_shared(groups)
+            return super().append_shared(groups, **kwargs)
         finally:
             with self._watch:
                 self.running.remove(mine)
@@ -71,8 +72,8 @@ def test_concurrent_requests_share_a_put_and_each_gets_its_own_offsets(config):
             answers = await asyncio.gather(*(batcher.produce(r) for r in requests))
             # The first request flushes alone (nothing was running); the other 19 gathered
             # while it ran and went as one batch when it finished.
-            assert _puts(writer) == 2 and batcher.stats["flushes"] == 2
             await batcher.close()
+            assert _puts(writer) == 2 and batcher.stats["flushes"] == 2
             return requests, answers
 
     requests, answers = asyncio.run(main())
@@ -123,8 +124,8 @@ def test_batches_seal_at_the_byte_limit_and_never_share_a_partition_in_flight(co
             assert batcher.stats["requests"] == 6 and batcher.stats["flushes"] == 0 and writer.most_at_once == 1
             writer.hold.set()
             answers = [await first, await big] + [await r for r in rest]
-            flushes = batcher.stats["flushes"]
             await batcher.close()
+            flushes = batcher.stats["flushes"]
             assert writer.shared_partitions == [] and writer.most_at_once <= 2
             return answers, flushes, _puts(writer)
 
@@ -161,6 +162,43 @@ def test_requests_that_cannot_start_keep_gathering_instead_of_queueing_small_bat
     assert puts == 2  # the first, then the ten together
     assert len({a[0].wal_uri for a in answers[1:]}) == 1
     assert [(a[0].start_offset, a[0].end_offset) for a in answers[1:]] == [(2 + 2 * i, 3 + 2 * i) for i in range(10)]
+
+
+def test_a_request_is_answered_once_its_offsets_are_reserved_and_stays_readable_if_the_rest_fails(config):
+    """An append is durable once its offsets are reserved (PROTOCOL.md section 4): the request
+    is answered then, before the index entry is written. Here the writer is held right after
+    the reservation: the answer arrives, the records read back (the pending is the readable
+    tail), and when the rest of the append then fails, nothing acknowledged is lost: the next
+    writer finishes the pending."""
+    config = config.replace(batch_max_delay_ms=NEVER_MS)
+    held, release = threading.Event(), threading.Event()
+
+    def after_reserve():
+        held.set()
+        assert release.wait(60)
+        raise CoordinationError("Oxia went away after the reservation")
+
+    async def main():
+        with LogWriter(config, auto_initialize=True) as writer:
+            writer.append("early", 0, [b"first"])
+            batcher = Batcher(writer)
+            failpoints.hooks["writer.after_reserve"] = after_reserve
+            try:
+                answer = await asyncio.wait_for(batcher.produce([AppendGroup("early", 0, [b"a", b"b"])]), 30)
+                assert held.is_set() and not release.is_set()
+                readable = await asyncio.to_thread(_read, config, "early", 0, 2, 3)
+            finally:
+                release.set()
+                await batcher.close()
+                del failpoints.hooks["writer.after_reserve"]
+            assert batcher.stats["flushes"] == 1 and batcher.buffered_bytes == 0
+            return answer, readable
+
+    answer, readable = asyncio.run(main())
+    assert [(a.start_offset, a.end_offset) for a in answer] == [(2, 3)] and readable == [b"a", b"b"]
+    with LogWriter(config) as writer:
+        assert writer.append("early", 0, [b"c"]).start_offset == 4
+    assert _read(config, "early", 0, 1, 4) == [b"first", b"a", b"b", b"c"]
 
 
 def test_backpressure_refuses_with_a_retry_time_and_recovers_with_nothing_lost(config):
