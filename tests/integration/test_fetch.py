@@ -1,6 +1,6 @@
 """``LogReader.fetch``: a consumer's fetch bounded in bytes, per partition and per call, each
-partition with its own outcome; bodies within the budget fetched whole (one GET per blob for the
-call), larger or compacted ones read in part."""
+partition with its own outcome; bodies within the budget or under a MiB fetched whole (one GET
+per blob for the call), larger or compacted ones read in part."""
 
 from __future__ import annotations
 
@@ -73,13 +73,23 @@ def test_each_partition_gets_its_own_outcome(writer, reader):
 
 
 def test_a_large_body_is_read_in_part_with_range_gets(writer, reader):
-    written = records("wide", 2_000)  # one 200 KB entry
+    written = records("wide", 12_000)  # one 1.2 MB entry: more than PARTIAL_READ_MIN_BYTES
     writer.append("wide", 0, written)
     before = reader.objects.stats.copy()
     got, = reader.fetch([FetchRequest("wide", 0, 1_001, 1_000)])
     fetched = reader.objects.stats - before
     assert values(got) == written[1_000:1_010]
-    assert fetched["get"] == 0 and fetched["range_get"] == 2 and fetched["get_bytes"] < 6_000  # not 200 KB
+    assert fetched["get"] == 0 and fetched["range_get"] == 2 and fetched["get_bytes"] < 6_000  # not 1.2 MB
+
+
+def test_a_body_under_a_mib_is_fetched_whole_with_one_get(writer, reader):
+    written = records("mid", 2_000)  # one 200 KB entry: two hundred times the budget, under a MiB
+    writer.append("mid", 0, written)
+    before = reader.objects.stats.copy()
+    got, = reader.fetch([FetchRequest("mid", 0, 1_001, 1_000)])
+    fetched = reader.objects.stats - before
+    assert values(got) == written[1_000:1_010]
+    assert fetched["get"] + fetched["range_get"] == 1 and fetched["get_bytes"] > 200_000
 
 
 def test_a_compacted_object_is_read_in_part(config, writer, reader):
@@ -102,9 +112,9 @@ def test_a_body_read_in_part_ends_the_fetch_where_it_ends(writer, reader):
     """Tiny records: the tail of a large entry looks cheap enough to read on into the next
     entry, but a partial read returns at most budget / 64 records; the fetch must stop there,
     not leave a gap before the next entry's records."""
-    first = [f"{i:04d}".encode() for i in range(10_000)]  # one ~90 KB entry of 4-byte records
+    first = [f"{i:06d}".encode() for i in range(150_000)]  # one ~1.5 MB entry of 6-byte records
     writer.append("tiny", 0, first)
     writer.append("tiny", 0, [b"next"])
-    got, = reader.fetch([FetchRequest("tiny", 0, 9_900, 1_000)])
-    assert offsets(got) == list(range(9_900, 9_900 + got.count))  # no gap
-    assert values(got) == first[9_899:9_899 + got.count] and 0 < got.count < 101
+    got, = reader.fetch([FetchRequest("tiny", 0, 149_900, 1_000)])
+    assert offsets(got) == list(range(149_900, 149_900 + got.count))  # no gap
+    assert values(got) == first[149_899:149_899 + got.count] and 0 < got.count < 101
