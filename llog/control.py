@@ -226,20 +226,26 @@ def tripwire(coordination: Coordination, created: Sequence[Created]) -> int:
 
 
 def clear(coordination: Coordination, items: Sequence[tuple[PartitionKeys, str, ControlState]], config: Config,
-          clock: Clock = SYSTEM) -> None:
+          clock: Clock = SYSTEM) -> dict[str, ControlState]:
     """Section 4.5: CAS ``pending = null`` for each ``(keys, append_id, state)``, only while the
     pending still names ``append_id`` (else someone else finished it). One RPC per shard; a
-    conflict re-reads and retries, bounded."""
+    conflict re-reads and retries, bounded. Returns, by control key, the states this call wrote."""
     todo = list(items)
+    written: dict[str, ControlState] = {}
     for attempt in range(config.cas_max_attempts):
         todo = [(k, a, s) for k, a, s in todo if s.record.pending is not None and s.record.pending.append_id == a]
         if not todo:
-            return
-        results = coordination.put_many([(k.control, s.record.with_changes(pending=None).to_json(), k.partition_key,
-                                          s.version) for k, _, s in todo])
+            return written
+        sent_at = clock.monotonic()
+        cleared = [s.record.with_changes(pending=None) for _, _, s in todo]
+        results = coordination.put_many([(k.control, record.to_json(), k.partition_key, s.version)
+                                         for (k, _, s), record in zip(todo, cleared)])
+        for (k, _, _), record, r in zip(todo, cleared, results):
+            if not isinstance(r, VersionConflict):
+                written[k.control] = ControlState(record, r, sent_at)
         conflicted = [t for t, r in zip(todo, results) if isinstance(r, VersionConflict)]
         if not conflicted:
-            return
+            return written
         backoff(attempt)
         fresh = read_controls(coordination, [k for k, _, _ in conflicted], clock)
         todo = [(k, a, s) for (k, a, _), s in zip(conflicted, fresh) if s is not None]

@@ -11,6 +11,7 @@ live in :mod:`llog.control`, shared with everyone who finishes another's append.
 from __future__ import annotations
 
 import logging
+import threading
 import uuid
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -35,6 +36,10 @@ from llog.objects import ObjectStore
 from llog.records import BYTES_BATCH_V1, WAL, ControlRecord, IndexEntry, PendingAppend, SinkProgress
 
 log = logging.getLogger(__name__)
+
+#: Controls a writer remembers from its own clears (:meth:`LogWriter._remember`); past this many
+#: it forgets them all and starts again.
+MAX_REMEMBERED_CONTROLS = 10_000
 
 
 @dataclass(frozen=True)
@@ -173,6 +178,9 @@ class LogWriter(ClientUser):
         super().__init__(config.require("oxia_service_address", "s3_bucket"), coordination, objects, max_workers,
                          "llog-commit", clock)
         self.auto_initialize = auto_initialize
+        #: By control key, the controls this writer's last clears wrote (:meth:`_remember`).
+        self._known: dict[str, ControlState] = {}
+        self._known_lock = threading.Lock()
 
     def initialize_partition(self, topic: str, partition: int) -> bool:
         """Section 4.1. Returns True if this call created the partition."""
@@ -294,13 +302,15 @@ class LogWriter(ClientUser):
         """
         out: list[_Outcome] = [None] * len(slots)
         todo = list(range(len(slots)))
-        for attempt in range(self.config.cas_max_attempts):
-            if not todo:
-                break
+        remembered, attempt = True, 0
+        while todo and attempt < self.config.cas_max_attempts:
             if attempt:
                 backoff(attempt - 1)
             reserved: list[tuple[int, ControlState]] = []
-            todo = self._reserve_round(slots, todo, out, reserved)
+            todo, stale = self._reserve_round(slots, todo, out, reserved, remembered)
+            if not (remembered and stale):  # a remembered state gone stale costs no attempt
+                attempt += 1
+            remembered = False
             if not todo and on_decided is not None:
                 decided = list(out)
                 for i, state in reserved:
@@ -322,8 +332,10 @@ class LogWriter(ClientUser):
                                           self.clock)
             failpoints.hit("writer.after_index_put")
             wire = self._pool.submit(tripwire, self.coordination, created)  # alongside the clears
-            clear(self.coordination, [(slots[i].keys, slots[i].append_id, s)
-                                      for (i, _), s in zip(reserved, states) if s is not None], self.config, self.clock)
+            cleared = clear(self.coordination, [(slots[i].keys, slots[i].append_id, s)
+                                                for (i, _), s in zip(reserved, states) if s is not None],
+                            self.config, self.clock)
+            self._remember(cleared)
             try:
                 wire.result()
             except LlogError as e:  # the append is done either way
@@ -336,18 +348,40 @@ class LogWriter(ClientUser):
             pending = state.record.pending
             out[i] = (pending.start_offset, slots[i].keys.index(pending.end_offset))
 
+    def _remember(self, states: dict[str, ControlState]) -> None:
+        """Keep the controls this writer's clears wrote: its next append to those partitions
+        sends its reserving CAS on them without reading first (if another writer moved one
+        meanwhile, the CAS fails on the version and the control is read, as after any lost race)."""
+        with self._known_lock:
+            if len(self._known) + len(states) > MAX_REMEMBERED_CONTROLS:
+                self._known.clear()
+            self._known.update(states)
+
+    def _recall(self, keys: Sequence[PartitionKeys]) -> list[ControlState | None]:
+        """The remembered controls of ``keys`` (None where none is), each forgotten as it is
+        used: a remembered state is tried once."""
+        with self._known_lock:
+            return [self._known.pop(k.control, None) for k in keys]
+
     def _reserve_round(self, slots: Sequence[_Slot], todo: list[int], out: list[_Outcome],
-                       reserved: list[tuple[int, ControlState]]) -> list[int]:
-        """One round of section 4.3 for the slots in ``todo``; returns the slots for the next."""
+                       reserved: list[tuple[int, ControlState]], remembered: bool = False) -> tuple[list[int], bool]:
+        """One round of section 4.3 for the slots in ``todo``; returns the slots for the next,
+        and whether a CAS on a remembered control (``remembered``: use them) lost."""
         again: list[int] = []
         helping: list[tuple[int, ControlState]] = []
         cas: list[tuple[int, ControlState, ControlRecord]] = []
+        keys = [slots[i].keys for i in todo]
+        states = self._recall(keys) if remembered else [None] * len(todo)
+        used = {i for i, state in zip(todo, states) if state is not None}
+        unknown = [j for j, state in enumerate(states) if state is None]
         try:
-            states = read_controls(self.coordination, [slots[i].keys for i in todo], self.clock)
+            if unknown:
+                for j, state in zip(unknown, read_controls(self.coordination, [keys[j] for j in unknown], self.clock)):
+                    states[j] = state
         except LlogError as e:
             for i in todo:
                 out[i] = e  # nothing reserved yet, or a reservation in doubt stays pending
-            return []
+            return [], False
         for i, state in zip(todo, states):
             slot = slots[i]
             try:
@@ -393,15 +427,18 @@ class LogWriter(ClientUser):
             except LlogError as e:  # e.g. StaleBlob; after a failure in transit a reservation may have landed
                 for i, _, _ in cas:
                     out[i] = e
-                return again
+                return again, False
+            stale = False
             for (i, _, new), result in zip(cas, results):
                 slots[i].proposed.append(new.pending.start_offset)
                 if isinstance(result, VersionConflict):
                     slots[i].in_doubt = result.outcome_unknown
                     again.append(i)
+                    stale = stale or i in used
                 else:
                     reserved.append((i, result))
-        return again
+            return again, stale
+        return again, False
 
     def _reservation(self, slot: _Slot, control: ControlRecord) -> ControlRecord | None:
         """The control a reserving CAS writes for ``slot`` (section 4.3, with the sink's progress,

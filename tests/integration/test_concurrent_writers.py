@@ -1,9 +1,10 @@
-"""Several writer processes appending to the same partitions at once (PROTOCOL.md section 8)."""
+"""Several writers appending to the same partitions at once (PROTOCOL.md section 8)."""
 
 from __future__ import annotations
 
 from llog.coordination import Coordination
 from llog.reader import LogReader
+from llog.writer import LogWriter
 from tests.helpers import writer_process
 from tests.helpers.invariants import check_acked_readable, check_partition
 
@@ -32,3 +33,25 @@ def test_concurrent_writers_keep_every_record_exactly_once_in_order(config):
                 assert mine == [writer_process.record_value(f"w{w}", b, p, i)
                                 for b in range(BATCHES) for i in range(RECORDS)]
         check_acked_readable(reader, acked)
+
+
+def test_a_writer_reserves_on_the_control_its_clear_wrote_and_reads_again_when_another_writer_moved_it(config):
+    """After an append, a writer remembers the control its clear wrote and sends its next
+    reserving CAS on it without reading first. Another writer's append in between moves the
+    control: the CAS loses on the version, the writer reads it and reserves after the other's
+    records, and no retry attempt is spent on it."""
+    from llog.writer import LogWriter
+
+    with LogWriter(config, auto_initialize=True) as a, LogWriter(config) as b:
+        a.append("remembered", 0, [b"1"])
+        before = a.coordination.stats.copy()
+        assert a.append("remembered", 0, [b"2"]).start_offset == 2
+        second = a.coordination.stats - before
+        assert second["cas_conflict"] == 0 and second["read_rpc"] == 1  # the tripwire's cursor read only
+        assert b.append("remembered", 0, [b"3"]).start_offset == 3
+        before = a.coordination.stats.copy()
+        assert a.append("remembered", 0, [b"4"]).start_offset == 4
+        third = a.coordination.stats - before
+        assert third["cas_conflict"] == 1 and third["read_rpc"] == 2  # the control after losing, the cursor
+    with LogReader(config) as reader:
+        assert [r.value for r in reader.read_range("remembered", 0, 1)] == [b"1", b"2", b"3", b"4"]
