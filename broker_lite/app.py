@@ -391,9 +391,9 @@ class BrokerApp:
 
 def _records(records: list) -> pa.BinaryArray | list[bytes]:
     """A group's records as bytes: ASCII strings (the common case) straight into one Arrow
-    array (one join, the lengths are the offsets; pyarrow's own conversion of Python strings
-    costs ten times that and lets other threads take the interpreter mid-request), other
-    strings through Arrow's UTF-8 conversion, base64 records decoded already."""
+    array (one join, the lengths are the offsets: cheaper here than pyarrow's conversion of
+    Python strings, which measured 7-90 us per 100 records), other strings through that
+    conversion, base64 records decoded already."""
     if all(type(r) is str for r in records):
         text = "".join(records)
         if text.isascii() and len(text) < 2**31:

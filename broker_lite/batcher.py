@@ -21,7 +21,7 @@ At most ``max_inflight`` flushes run at once (2: a third adds latency, not throu
 writer's Python side is the limit), and two running flushes never share a partition: a sealed
 batch that touches a partition still being written waits, so a partition's batches commit in
 seal order. ``LLOG_BATCH_MAX_BUFFER_BYTES`` bounds the record bytes held uncommitted (open,
-sealed and in flight): a request past it is refused at once with :class:`BackPressure`, which
+sealed, and in flight until answered): a request past it is refused at once with :class:`BackPressure`, which
 says when to retry, instead of queueing without bound.
 
 Input is validated when a request is admitted, so one bad request never fails a batch of
@@ -130,8 +130,8 @@ class Batcher:
         #: batch, ``flush_bytes`` per batch written without error. Set by
         #: :mod:`broker_lite.metrics`; its errors are logged.
         self.observer: Callable[[str, float], None] | None = None
-        #: Called on the loop with ``(groups, outcomes)`` for every batch that committed at least
-        #: in part, before its requests are answered (the tail cache; its errors are logged).
+        #: Called on the loop with ``(groups, outcomes)`` for every batch reserved at least in
+        #: part, before its requests are answered (the tail cache; its errors are logged).
         self.on_commit: Callable[[Sequence[AppendGroup], Sequence[Outcome]], None] | None = None
 
     @property

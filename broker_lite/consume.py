@@ -4,7 +4,7 @@ Oxia and S3 (``LogReader.fetch``: one GET per shared blob for the request) where
 Kafka's long poll: wait up to ``max_wait_ms`` until ``min_bytes`` of records are there.
 
 A waiting consumer is woken, not polled for:
-- by a local produce: the group commit calls :meth:`ConsumeService.produced` for every committed
+- by a local produce: the group commit calls :meth:`ConsumeService.produced` for every durable
   batch, which caches its records and wakes the consumers waiting on its partition at once;
 - by another writer (a Spark job, another broker): one probe task reads the high watermarks of
   every partition someone waits on, all in one multi-key Oxia read, every
@@ -107,8 +107,8 @@ class ConsumeService:
     # --- produce side ---------------------------------------------------------------------------
 
     def produced(self, groups: Sequence[AppendGroup], outcomes: Sequence[object]) -> None:
-        """A batch committed (``outcomes``: per group, its :class:`AppendResult` or its error):
-        cache each partition's records as one run (a batch's groups of one partition have
+        """A batch is durable (its offsets reserved; ``outcomes``: per group, its
+        :class:`AppendResult` or its error): cache each partition's records as one run (a batch's groups of one partition have
         consecutive offsets) and wake the consumers waiting on it."""
         by_partition: dict[TopicPartition, list[tuple[AppendResult, pa.BinaryArray]]] = {}
         for group, outcome in zip(groups, outcomes):
