@@ -99,6 +99,15 @@ def test_a_miss_reads_oxia_and_s3_with_one_get_per_shared_blob(module_config, br
     assert gets == 2  # two blobs for eight slices
 
 
+def test_a_miss_answers_records_that_are_not_utf8_in_base64(module_config, broker):
+    with LogWriter(module_config, auto_initialize=True) as writer:  # not through the broker: a miss
+        writer.append("miss-bytes", 0, [b"plain", b"\xff\x00", "\u00e9".encode()])
+    result, = consume(broker, [{"topic": "miss-bytes", "partition": 0, "fetch_offset": 1}]).json()["results"]
+    assert result["records"] == [{"offset": 1, "payload": "plain"},
+                                 {"offset": 2, "base64": base64.b64encode(b"\xff\x00").decode()},
+                                 {"offset": 3, "payload": "\u00e9"}]
+
+
 def test_byte_limits_per_partition_and_per_request(broker):
     produce(broker, "limits", 0, ["x" * 100] * 50)
     produce(broker, "limits", 1, ["y" * 100] * 50)
