@@ -130,7 +130,7 @@ class BrokerApp:
         if "read" in self.roles or self.config.tail_cache_dir:
             self.consume = ConsumeService(self.reader, self.config, serves_reads="read" in self.roles)
             if self.batcher is not None:
-                self.batcher.on_commit = self.consume.produced
+                self.batcher.on_durable = self.consume.produced
         self.metrics.attach(writer=self.writer, reader=self.reader, batcher=self.batcher, consume=self.consume)
         # The clients, modules and caches built so far live as long as the process: out of the
         # garbage collector's way (its full collections were 100+ ms pauses of every request).

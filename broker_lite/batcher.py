@@ -21,8 +21,8 @@ At most ``max_inflight`` flushes run at once (2: a third adds latency, not throu
 writer's Python side is the limit), and two running flushes never share a partition: a sealed
 batch that touches a partition still being written waits, so a partition's batches commit in
 seal order. ``LLOG_BATCH_MAX_BUFFER_BYTES`` bounds the record bytes held uncommitted (open,
-sealed, and in flight until answered): a request past it is refused at once with :class:`BackPressure`, which
-says when to retry, instead of queueing without bound.
+sealed, and in flight until answered): a request past it is refused at once with
+:class:`BackPressure`, which says when to retry, instead of queueing without bound.
 
 Input is validated when a request is admitted, so one bad request never fails a batch of
 others. A flush that fails fails exactly the requests in it, per partition: where
@@ -132,7 +132,7 @@ class Batcher:
         self.observer: Callable[[str, float], None] | None = None
         #: Called on the loop with ``(groups, outcomes)`` for every batch reserved at least in
         #: part, before its requests are answered (the tail cache; its errors are logged).
-        self.on_commit: Callable[[Sequence[AppendGroup], Sequence[Outcome]], None] | None = None
+        self.on_durable: Callable[[Sequence[AppendGroup], Sequence[Outcome]], None] | None = None
 
     @property
     def buffered_bytes(self) -> int:
@@ -358,11 +358,11 @@ class Batcher:
             outcomes = _outcomes_of_partial(batch.groups, failed)
         else:
             outcomes = [error] * len(batch.groups)
-        if self.on_commit is not None and error is None:
+        if self.on_durable is not None and error is None:
             try:
-                self.on_commit(batch.groups, outcomes)
+                self.on_durable(batch.groups, outcomes)
             except Exception:  # noqa: BLE001 - a cache never fails a produce
-                log.exception("the commit hook failed on a batch of %d request(s)", len(batch.requests))
+                log.exception("the on_durable hook failed on a batch of %d request(s)", len(batch.requests))
         for future, indexes in batch.requests:
             if not future.done():  # a client that went away cancelled its wait
                 future.set_result([outcomes[i] for i in indexes])

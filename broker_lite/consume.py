@@ -111,8 +111,9 @@ class ConsumeService:
 
     def produced(self, groups: Sequence[AppendGroup], outcomes: Sequence[object]) -> None:
         """A batch is durable (its offsets reserved; ``outcomes``: per group, its
-        :class:`AppendResult` or its error): cache each partition's records as one run (a batch's groups of one partition have
-        consecutive offsets) and wake the consumers waiting on it."""
+        :class:`AppendResult` or its error): cache each partition's records as one run (a
+        batch's groups of one partition have consecutive offsets) and wake the consumers
+        waiting on it."""
         by_partition: dict[TopicPartition, list[tuple[AppendResult, pa.BinaryArray]]] = {}
         for group, outcome in zip(groups, outcomes):
             if isinstance(outcome, AppendResult):
