@@ -30,7 +30,6 @@ import pyarrow as pa
 from broker_lite.batcher import payload_bytes
 from broker_lite.models import ConsumedRecord, ConsumePartition, ConsumeRequest, ConsumeResponse, ConsumeResult
 from broker_lite.tail_cache import TailCache, TailCacheDir
-from llog.codec import to_binary_array
 from llog.config import Config
 from llog.errors import LlogError
 from llog.keys import PartitionKeys, TopicPartition, validate_partition, validate_topic
@@ -111,28 +110,20 @@ class ConsumeService:
 
     def produced(self, groups: Sequence[AppendGroup], outcomes: Sequence[object]) -> None:
         """A batch is durable (its offsets reserved; ``outcomes``: per group, its
-        :class:`AppendResult` or its error): cache each partition's records as one run (a
-        batch's groups of one partition have consecutive offsets) and wake the consumers
-        waiting on it."""
+        :class:`AppendResult` or its error; ``groups``: the batch's, records as Arrow arrays):
+        cache each partition's records as one run (``append_shared`` gives a partition's groups
+        consecutive offsets, in order) and wake the consumers waiting on it."""
         by_partition: dict[TopicPartition, list[tuple[AppendResult, pa.BinaryArray]]] = {}
         for group, outcome in zip(groups, outcomes):
             if isinstance(outcome, AppendResult):
                 by_partition.setdefault(TopicPartition(outcome.topic, outcome.partition), []).append(
-                    (outcome, to_binary_array(group.records)))
+                    (outcome, group.records))
         for tp, committed in by_partition.items():
-            committed.sort(key=lambda c: c[0].start_offset)
-            runs: list[tuple[int, list[pa.BinaryArray]]] = []
-            for result, values in committed:
-                if runs and runs[-1][0] + sum(map(len, runs[-1][1])) == result.start_offset:
-                    runs[-1][1].append(values)
-                else:
-                    runs.append((result.start_offset, [values]))
-            for first, arrays in runs:
-                values = arrays[0] if len(arrays) == 1 else pa.concat_arrays(arrays)
-                self.cache.add(tp, first, values)
-                if self.shared is not None:
-                    self._files.submit(self._share, tp, first, values)
-            last = committed[-1][0].end_offset
+            first, last = committed[0][0].start_offset, committed[-1][0].end_offset
+            values = committed[0][1] if len(committed) == 1 else pa.concat_arrays([v for _, v in committed])
+            self.cache.add(tp, first, values)
+            if self.shared is not None:
+                self._files.submit(self._share, tp, first, values)
             for waiter in self._by_partition.get(tp, ()):
                 if last >= waiter.wanted[tp]:
                     waiter.event.set()
