@@ -196,7 +196,7 @@ def _delete(objects: ObjectStore, uris: set[str]) -> None:
 
 class _Stages:
     """Thread-seconds per compaction step, timed by wrapping one Compactor's steps. ``concat``
-    is the time between the source values arriving and ``encode_batch`` starting."""
+    is the time between the source values arriving and ``encode_body`` starting."""
 
     STEPS = ("select", "fetch_decode", "concat", "encode", "put", "index_swap")
     _encode_patched = False
@@ -234,19 +234,19 @@ class _Stages:
     def _patch_encode(cls) -> None:
         if cls._encode_patched:
             return
-        encode = compactor_module.encode_batch
+        encode = compactor_module.encode_body
 
-        def timed_encode(values):
+        def timed_encode(records, compression="none"):
             start = time.perf_counter()
             stages = cls._by_thread.get(threading.get_ident())
             try:
-                return encode(values)
+                return encode(records, compression)
             finally:
                 if stages is not None:
                     stages.seconds["concat"] += start - stages._fetched_at
                     stages.seconds["encode"] += time.perf_counter() - start
 
-        compactor_module.encode_batch = timed_encode
+        compactor_module.encode_body = timed_encode
         cls._encode_patched = True
 
 

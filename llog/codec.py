@@ -1,12 +1,20 @@
-"""The bytes-batch-v1 body and the LLS1 shared WAL blob (PROTOCOL.md section 3).
+"""Record bodies and the LLS1 shared WAL blob (PROTOCOL.md section 3, docs/records-v2.md).
 
 A bytes-batch-v1 body is an Arrow ``binary`` array laid out flat: its offsets buffer, then its
 values buffer, behind a 12-byte header (magic, count, CRC-32 of the rest). Encoding reuses the
 array's buffers and decoding builds an array over the body's bytes, so neither copies records.
+
+A records-v2 body is one Arrow IPC record batch message (key, value, headers, timestamp; Arrow's
+own body compression) behind a 16-byte header. Decoding reads the message over the fetched
+bytes (zero-copy when uncompressed).
+
+Records travel between writer, codec and reader as either a ``binary`` array of values (what
+bytes-batch-v1 holds) or a record batch of :data:`V2_SCHEMA`.
 """
 
 from __future__ import annotations
 
+import functools
 import json
 import struct
 from collections.abc import Iterable, Sequence
@@ -14,8 +22,11 @@ from dataclasses import dataclass
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.ipc as ipc
 
 from llog.errors import CorruptBatch, EmptyAppend, InvalidPayload
+from llog.records import BYTES_BATCH_V1, RECORDS_V2
 
 try:  # ISA-L's CRC-32 is zlib's checksum, about 13x faster than zlib here (SIMD carry-less multiply).
     from isal.isal_zlib import crc32
@@ -28,6 +39,24 @@ BATCH_HEADER_SIZE = BATCH_HEADER.size
 SHARED_MAGIC = b"LLS1"
 SHARED_PREFIX = struct.Struct(">4sI")  # magic, header length (big-endian)
 SHARED_VERSION = 1
+V2_MAGIC = b"LLR2"
+V2_HEADER = struct.Struct("<4sIIB3x")  # magic, record count, CRC-32 of bytes [12:], compression
+V2_HEADER_SIZE = V2_HEADER.size
+#: records-v2's compression byte, by Kafka's ``compression.type`` name; ordered weakest first.
+COMPRESSION_CODES = {"none": 0, "lz4": 1, "zstd": 2}
+_COMPRESSION_NAMES = {code: name for name, code in COMPRESSION_CODES.items()}
+_ARROW_CODECS = {"none": None, "lz4": "lz4", "zstd": "zstd"}
+#: One header: a UTF-8 key (never null) and a value (null allowed).
+HEADERS_TYPE = pa.list_(pa.struct([pa.field("key", pa.string()), pa.field("value", pa.binary())]))
+#: The columns of a records-v2 body, in order (docs/records-v2.md section 3).
+V2_SCHEMA = pa.schema([
+    pa.field("key", pa.binary()),
+    pa.field("value", pa.binary()),
+    pa.field("headers", HEADERS_TYPE),
+    pa.field("timestamp", pa.int64()),
+])
+#: What a batch of records is between writer, codec and reader: values only, or every field.
+Records = pa.BinaryArray | pa.RecordBatch
 _MAX_U32 = 0xFFFFFFFF
 _BYTES_LIKE = (bytes, bytearray, memoryview)
 
@@ -35,12 +64,13 @@ _BYTES_LIKE = (bytes, bytearray, memoryview)
 # --- record values ------------------------------------------------------------------------------
 
 
-def to_binary_array(values: object, what: str = "records") -> pa.BinaryArray:
-    """Turn record values into one non-null Arrow ``binary`` array.
+def to_binary_array(values: object, what: str = "records", nulls: bool = False) -> pa.BinaryArray:
+    """Turn record values into one Arrow ``binary`` array, non-null unless ``nulls``.
 
-    Accepts a sequence of bytes-like objects, or an Arrow binary/large_binary array or chunked
-    array. Anything else (``str``, ``None``, numbers) raises :class:`InvalidPayload` naming the
-    first offending record; an empty input raises :class:`EmptyAppend`.
+    Accepts a sequence of bytes-like objects (and ``None`` with ``nulls``), or an Arrow
+    binary/large_binary array or chunked array. Anything else (``str``, numbers) raises
+    :class:`InvalidPayload` naming the first offending record; an empty input raises
+    :class:`EmptyAppend`.
     """
     if isinstance(values, pa.ChunkedArray):
         values = values.combine_chunks() if values.num_chunks != 1 else values.chunk(0)
@@ -52,20 +82,220 @@ def to_binary_array(values: object, what: str = "records") -> pa.BinaryArray:
         if isinstance(values, (str, *_BYTES_LIKE)) or not isinstance(values, Sequence):
             raise InvalidPayload(f"{what} must be a sequence of bytes values, got {type(values).__name__}")
         kinds = {type(v) for v in values}
-        if not kinds <= {bytes, bytearray, memoryview}:
-            bad = next((i for i, v in enumerate(values) if not isinstance(v, _BYTES_LIKE)), None)
+        allowed = {bytes, bytearray, memoryview, type(None)} if nulls else {bytes, bytearray, memoryview}
+        if not kinds <= allowed:
+            bad = next((i for i, v in enumerate(values) if not (isinstance(v, _BYTES_LIKE) or (nulls and v is None))),
+                       None)
             if bad is not None:
                 raise InvalidPayload(
                     f"{what}[{bad}] is {type(values[bad]).__name__}, not bytes"
                     + (" (encode text first, e.g. value.encode('utf-8'))" if isinstance(values[bad], str) else "")
                 )
-        array = pa.array(values if kinds == {bytes} else [bytes(v) for v in values], type=pa.binary())
+        plain = kinds <= {bytes, type(None)}
+        array = pa.array(values if plain else [None if v is None else bytes(v) for v in values], type=pa.binary())
     if len(array) == 0:
         raise EmptyAppend(f"{what} must hold at least one record")
-    if array.null_count:
+    if array.null_count and not nulls:
         first = array.is_null().to_numpy(zero_copy_only=False).argmax()
         raise InvalidPayload(f"{what}[{first}] is null; llog records are non-null bytes")
     return array
+
+
+# --- records: what writers take -------------------------------------------------------------
+
+
+def to_records(values: object, keys: object = None, headers: object = None, timestamps: object = None,
+               what: str = "records", max_record_bytes: int | None = None) -> Records:
+    """Check one group's records and put them in the form the codec takes: a ``binary`` array of
+    values when every record is a non-null value alone (bytes-batch-v1 holds it), else a batch of
+    :data:`V2_SCHEMA` (docs/records-v2.md).
+
+    ``values``: bytes (``None``: a tombstone). ``keys``: bytes or ``str`` (UTF-8), ``None`` for
+    no key. ``headers``: per record ``None`` or a list of ``(key, value)`` pairs (key ``str`` or
+    UTF-8 bytes, value bytes or ``None``), or an Arrow array of :data:`HEADERS_TYPE`.
+    ``timestamps``: event times, ints in ms since the epoch (``None``: none), or an Arrow
+    integer or timestamp array. Each a sequence or an Arrow array, as long as ``values``; a
+    column that is all null counts as absent. Bad input raises :class:`InvalidPayload` naming
+    the record, a record over ``max_record_bytes`` (key, value and headers) too; all before any
+    I/O.
+    """
+    value_array = to_binary_array(values, f"{what}.records", nulls=True)
+    n = len(value_array)
+    key_array = _optional_column(keys, n, f"{what}.keys", _keys_array)
+    header_array = _optional_column(headers, n, f"{what}.headers", _headers_array)
+    time_array = _optional_column(timestamps, n, f"{what}.timestamps", _timestamps_array)
+    if max_record_bytes is not None and not (key_array is None and header_array is None
+                                             and _value_bytes(value_array) <= max_record_bytes):
+        sizes = _binary_lengths(value_array)
+        if key_array is not None:
+            sizes += _binary_lengths(key_array)
+        if header_array is not None:
+            sizes += _header_bytes(header_array)
+        if len(sizes) and int(sizes.max()) > max_record_bytes:
+            big = int(sizes.argmax())
+            raise InvalidPayload(f"{what}: record {big} is {int(sizes[big])} bytes (key, value and headers), over the "
+                                 f"{max_record_bytes}-byte limit (LLOG_MAX_RECORD_BYTES)")
+    if key_array is None and header_array is None and time_array is None and not value_array.null_count:
+        return value_array
+    return pa.RecordBatch.from_arrays([
+        key_array if key_array is not None else pa.nulls(n, pa.binary()),
+        value_array,
+        header_array if header_array is not None else pa.nulls(n, HEADERS_TYPE),
+        time_array if time_array is not None else pa.nulls(n, pa.int64()),
+    ], schema=V2_SCHEMA)
+
+
+def _optional_column(column: object, n: int, what: str, convert) -> pa.Array | None:
+    """``convert(column)`` checked to be ``n`` long; None for no column or an all-null one."""
+    if column is None:
+        return None
+    if isinstance(column, pa.ChunkedArray):
+        column = column.combine_chunks() if column.num_chunks != 1 else column.chunk(0)
+    if not isinstance(column, pa.Array) and (isinstance(column, (str, *_BYTES_LIKE)) or not isinstance(column, Sequence)):
+        raise InvalidPayload(f"{what} must be a sequence or an Arrow array, got {type(column).__name__}")
+    if len(column) != n:
+        raise InvalidPayload(f"{what} holds {len(column)} entries for {n} records")
+    array = convert(column, what)
+    return None if array.null_count == n else array
+
+
+def _first_bad(items: Sequence, ok) -> int:
+    return next((i for i, v in enumerate(items) if not ok(v)), 0)
+
+
+def _keys_array(keys: object, what: str) -> pa.BinaryArray:
+    if isinstance(keys, pa.Array):
+        if pa.types.is_string(keys.type) or pa.types.is_large_string(keys.type) or pa.types.is_large_binary(keys.type):
+            return keys.cast(pa.binary())
+        if not pa.types.is_binary(keys.type):
+            raise InvalidPayload(f"{what} must be an Arrow binary or string array, got type {keys.type}")
+        return keys
+    try:
+        return pa.array([k.encode() if isinstance(k, str) else k for k in keys], type=pa.binary())
+    except (pa.ArrowException, TypeError):
+        bad = _first_bad(keys, lambda k: k is None or isinstance(k, (str, *_BYTES_LIKE)))
+        raise InvalidPayload(f"{what}[{bad}] is {type(keys[bad]).__name__}, not bytes or str") from None
+
+
+def _headers_array(headers: object, what: str) -> pa.ListArray:
+    if isinstance(headers, pa.Array):
+        try:
+            array = headers.cast(HEADERS_TYPE)
+        except (pa.ArrowException, TypeError, ValueError):
+            raise InvalidPayload(f"{what} must be an Arrow array of {HEADERS_TYPE}, got type {headers.type}") from None
+    else:
+        try:
+            array = pa.array([None if h is None else [(k, v) for k, v in h] for h in headers], type=HEADERS_TYPE)
+        except (pa.ArrowException, TypeError, ValueError):
+            raise InvalidPayload(_bad_headers(headers, what)) from None
+    items = array.flatten()
+    if items.null_count or items.field(0).null_count:
+        bad = int(np.searchsorted(_list_offsets(array), int(np.argmax(
+            items.is_null().to_numpy(zero_copy_only=False) | items.field(0).is_null().to_numpy(zero_copy_only=False))),
+            side="right")) - 1
+        raise InvalidPayload(f"{what}[{bad}] has a null header or a header with a null key")
+    try:
+        array.validate(full=True)
+    except pa.ArrowInvalid:
+        raise InvalidPayload(_bad_headers(array.to_pylist(), what)) from None
+    return array
+
+
+def _bad_headers(headers: Sequence, what: str) -> str:
+    """The message naming the first malformed record of a headers column (the error path only)."""
+    for i, h in enumerate(headers):
+        if h is None:
+            continue
+        if isinstance(h, (str, *_BYTES_LIKE, dict)) or not isinstance(h, Sequence):
+            return f"{what}[{i}] must be a list of (key, value) pairs, got {type(h).__name__}"
+        for pair in h:
+            if isinstance(pair, dict):
+                pair = (pair.get("key"), pair.get("value"))
+            if not isinstance(pair, (tuple, list)) or len(pair) != 2:
+                return f"{what}[{i}] holds {pair!r}, not a (key, value) pair"
+            key, value = pair
+            if isinstance(key, _BYTES_LIKE):
+                try:
+                    bytes(key).decode("utf-8")
+                except UnicodeDecodeError:
+                    return f"{what}[{i}] has a header key that is not UTF-8: {bytes(key)!r}"
+            elif not isinstance(key, str):
+                return f"{what}[{i}] has a header key of type {type(key).__name__}, not str"
+            if value is not None and not isinstance(value, _BYTES_LIKE):
+                return f"{what}[{i}] has a header value of type {type(value).__name__}, not bytes"
+    return f"{what} cannot be read as lists of (str key, bytes value) pairs"
+
+
+def _timestamps_array(timestamps: object, what: str) -> pa.Int64Array:
+    if isinstance(timestamps, pa.Array):
+        if pa.types.is_timestamp(timestamps.type):
+            array = pc.floor_temporal(timestamps, unit="millisecond") if timestamps.type.unit in ("us", "ns") \
+                else timestamps
+            array = array.cast(pa.timestamp("ms", tz=timestamps.type.tz)).cast(pa.int64())
+        elif pa.types.is_integer(timestamps.type):
+            array = timestamps.cast(pa.int64())
+        else:
+            raise InvalidPayload(f"{what} must be an Arrow integer (ms) or timestamp array, got type {timestamps.type}")
+    else:
+        try:
+            array = pa.array(timestamps, type=pa.int64())
+        except (pa.ArrowException, TypeError, ValueError, OverflowError):
+            bad = _first_bad(timestamps, lambda t: t is None or (isinstance(t, int) and not isinstance(t, bool)))
+            raise InvalidPayload(f"{what}[{bad}] is {timestamps[bad]!r}, not an int of ms since the epoch") from None
+    lowest = pc.min(array).as_py()
+    if lowest is not None and lowest < 0:
+        bad = int(np.argmax(array.fill_null(0).to_numpy() < 0))
+        raise InvalidPayload(f"{what}[{bad}] is {lowest} ms, before the epoch")
+    return array
+
+
+def _list_offsets(array: pa.ListArray) -> np.ndarray:
+    return np.frombuffer(array.buffers()[1], dtype=np.int32, count=len(array) + 1, offset=4 * array.offset)
+
+
+def _binary_lengths(array: pa.Array) -> np.ndarray:
+    """Bytes of each slot of a binary or string array (0 for a null)."""
+    offsets = np.frombuffer(array.buffers()[1], dtype=np.int32, count=len(array) + 1, offset=4 * array.offset)
+    return np.diff(offsets).astype(np.int64)
+
+
+def _value_bytes(array: pa.BinaryArray) -> int:
+    """Bytes of every value of a (perhaps sliced) binary array."""
+    if not len(array):
+        return 0
+    offsets = np.frombuffer(array.buffers()[1], dtype=np.int32, count=len(array) + 1, offset=4 * array.offset)
+    return int(offsets[-1] - offsets[0])
+
+
+def _header_bytes(headers: pa.ListArray) -> np.ndarray:
+    """Bytes of each record's header keys and values."""
+    items = headers.values  # every item the offsets can reach, not only this slice's
+    per_item = _binary_lengths(items.field(0)) + _binary_lengths(items.field(1))
+    cumulative = np.concatenate([[0], np.cumsum(per_item)])
+    offsets = _list_offsets(headers)
+    return cumulative[offsets[1:]] - cumulative[offsets[:-1]]
+
+
+def as_v2(records: Records) -> pa.RecordBatch:
+    """``records`` as a batch of :data:`V2_SCHEMA` (values alone get null keys, headers and times)."""
+    if isinstance(records, pa.RecordBatch):
+        return records
+    n = len(records)
+    return pa.RecordBatch.from_arrays(
+        [pa.nulls(n, pa.binary()), records, pa.nulls(n, HEADERS_TYPE), pa.nulls(n, pa.int64())], schema=V2_SCHEMA)
+
+
+def concat_records(parts: Sequence[Records]) -> Records:
+    """One batch of records from several, in order: a values array if every part is one."""
+    if len(parts) == 1:
+        return parts[0]
+    if all(isinstance(p, pa.Array) for p in parts):
+        return pa.concat_arrays(parts)
+    return pa.Table.from_batches([as_v2(p) for p in parts], schema=V2_SCHEMA).combine_chunks().to_batches()[0]
+
+
+def record_count(records: Records) -> int:
+    return records.num_rows if isinstance(records, pa.RecordBatch) else len(records)
 
 
 # --- bytes-batch-v1 -----------------------------------------------------------------------------
@@ -73,11 +303,12 @@ def to_binary_array(values: object, what: str = "records") -> pa.BinaryArray:
 
 @dataclass(frozen=True)
 class EncodedBatch:
-    """One bytes-batch-v1 body as the pieces to write back to back (no copy made yet)."""
+    """One body as the pieces to write back to back (no copy made yet)."""
 
     pieces: tuple[object, ...]
     length: int
     count: int
+    encoding: str = BYTES_BATCH_V1
 
     def to_bytes(self) -> bytes:
         return b"".join(self.pieces)
@@ -142,6 +373,96 @@ def decode_batch(body: bytes | memoryview, expected_count: int | None = None, wh
         pa.binary(), count,
         [None, buffer.slice(BATCH_HEADER_SIZE, 4 * (count + 1)), buffer.slice(data_start)],
     )
+
+
+# --- records-v2 ---------------------------------------------------------------------------------
+
+
+def encode_body(records: Records, compression: str = "none") -> EncodedBatch:
+    """The body for ``records``: bytes-batch-v1 for values alone without compression,
+    records-v2 otherwise (docs/records-v2.md section 2)."""
+    if isinstance(records, pa.Array) and compression == "none":
+        return encode_batch(records)
+    return encode_records_v2(as_v2(records), compression)
+
+
+@functools.lru_cache(maxsize=None)
+def _options(compression: str) -> tuple[ipc.IpcWriteOptions, int]:
+    """IPC write options for ``compression``, and the bytes an IPC stream of :data:`V2_SCHEMA`
+    spends before its first record batch message (the schema message)."""
+    if compression not in COMPRESSION_CODES:
+        raise InvalidPayload(f"unknown compression {compression!r}; use one of {', '.join(COMPRESSION_CODES)}")
+    options = ipc.IpcWriteOptions(compression=_ARROW_CODECS[compression])
+    sink = pa.BufferOutputStream()
+    with ipc.new_stream(sink, V2_SCHEMA, options=options):
+        pass
+    return options, sink.getvalue().size - 8  # an empty stream: the schema, then the 8-byte end marker
+
+
+def encode_records_v2(batch: pa.RecordBatch, compression: str = "none") -> EncodedBatch:
+    """Encode a batch of :data:`V2_SCHEMA` as a records-v2 body (docs/records-v2.md section 3):
+    Arrow writes a stream of it, and the body keeps the stream's record batch message only."""
+    options, schema_length = _options(compression)
+    sink = pa.BufferOutputStream()
+    with ipc.new_stream(sink, V2_SCHEMA, options=options) as stream:
+        stream.write_batch(batch if batch.schema.equals(V2_SCHEMA) else batch.cast(V2_SCHEMA))
+    written = sink.getvalue()
+    message = memoryview(written.slice(schema_length, written.size - schema_length - 8))
+    code = COMPRESSION_CODES[compression]
+    tail = bytes((code, 0, 0, 0))
+    header = V2_HEADER.pack(V2_MAGIC, batch.num_rows, crc32(message, crc32(tail)), code)
+    return EncodedBatch((header, message), V2_HEADER_SIZE + len(message), batch.num_rows, RECORDS_V2)
+
+
+def body_compression(body: bytes | memoryview) -> str:
+    """The compression a records-v2 body's header names (its byte 12)."""
+    code = memoryview(body).cast("B")[12]
+    return _COMPRESSION_NAMES.get(code, "unknown")
+
+
+def decode_records_v2(body: bytes | memoryview, expected_count: int | None = None, where: str = "batch"
+                      ) -> pa.RecordBatch:
+    """Decode a whole records-v2 body into a batch of :data:`V2_SCHEMA` over the body's bytes
+    (uncompressed buffers are not copied). Checks everything docs/records-v2.md section 3 lists."""
+    view = memoryview(body).cast("B")
+    if len(view) < V2_HEADER_SIZE:
+        raise CorruptBatch(f"{where}: {len(view)} bytes is too short for a records-v2 header")
+    magic, count, crc, code = V2_HEADER.unpack_from(view, 0)
+    if magic != V2_MAGIC:
+        raise CorruptBatch(f"{where}: wrong magic {bytes(magic)!r}, expected {V2_MAGIC!r}")
+    if expected_count is not None and count != expected_count:
+        raise CorruptBatch(f"{where}: body holds {count} records, the index says {expected_count}")
+    actual = crc32(view[12:])
+    if actual != crc:
+        raise CorruptBatch(f"{where}: CRC mismatch (stored {crc:#010x}, computed {actual:#010x})")
+    if code not in _COMPRESSION_NAMES or any(view[13:16]):
+        raise CorruptBatch(f"{where}: bad compression bytes {bytes(view[12:16]).hex()}")
+    buffer = pa.py_buffer(view[V2_HEADER_SIZE:])
+    try:
+        message = ipc.read_message(buffer)
+        if message.type != "record batch":
+            raise CorruptBatch(f"{where}: the IPC message is a {message.type}, not a record batch")
+        if 8 + message.metadata.size + message.body.size != buffer.size:
+            raise CorruptBatch(f"{where}: the IPC message takes {8 + message.metadata.size + message.body.size} of "
+                               f"the body's {buffer.size} bytes after the header")
+        batch = ipc.read_record_batch(message, V2_SCHEMA)
+        batch.validate(full=True)
+    except (pa.ArrowException, OSError, ValueError) as e:
+        raise CorruptBatch(f"{where}: malformed records-v2 message: {e}") from None
+    if batch.num_rows != count:
+        raise CorruptBatch(f"{where}: the record batch holds {batch.num_rows} records, the header says {count}")
+    return batch
+
+
+def decode_body(encoding: str, body: bytes | memoryview, expected_count: int | None = None, where: str = "batch"
+                ) -> Records:
+    """Decode a whole body of either encoding: a values array (bytes-batch-v1) or a batch of
+    :data:`V2_SCHEMA` (records-v2)."""
+    if encoding == BYTES_BATCH_V1:
+        return decode_batch(body, expected_count, where)
+    if encoding == RECORDS_V2:
+        return decode_records_v2(body, expected_count, where)
+    raise CorruptBatch(f"{where}: unknown encoding {encoding!r} (this llog reads {BYTES_BATCH_V1}, {RECORDS_V2})")
 
 
 def offsets_prefix_length(index: int) -> int:
@@ -213,7 +534,7 @@ def pack_shared(
         position = SHARED_PREFIX.size + header_length
         slices = []
         for topic, partition, body in bodies:
-            slices.append(SharedSlice(topic, partition, body.count, position, body.length))
+            slices.append(SharedSlice(topic, partition, body.count, position, body.length, body.encoding))
             position += body.length
         header = _shared_header(slices, created_at_ms)
         if len(header) == header_length:

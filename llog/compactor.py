@@ -27,8 +27,10 @@ with a versioned delete. Each compaction:
 6. Move the cursor to ``end + 1`` (only forward), delete ``meta/compaction``.
 
 Every step is idempotent and checks what the previous one left, so any compactor resumes any
-record. The records of a compacted run keep their bytes and offsets; their timestamp becomes the
-newest of the run's entries (a compacted body has one ``created_at_ms``).
+record. The records of a compacted run keep their bytes, offsets, keys, headers and event times;
+their ``created_at_ms`` becomes the newest of the run's entries (a compacted body has one). The
+body is bytes-batch-v1 when every entry is and the topic is uncompressed, records-v2 otherwise
+(docs/records-v2.md section 4).
 """
 
 from __future__ import annotations
@@ -42,12 +44,11 @@ import uuid
 from dataclasses import dataclass
 
 import oxia
-import pyarrow as pa
 
 from llog import failpoints
 from llog.clients import ClientUser
 from llog.clock import Clock
-from llog.codec import encode_batch
+from llog.codec import COMPRESSION_CODES, concat_records, encode_body
 from llog.config import Config
 from llog.control import check_blob_age, finish_pending, read_control
 from llog.coordination import Coordination
@@ -56,7 +57,7 @@ from llog.keys import PartitionKeys
 from llog.objects import ObjectStore
 from llog.reader import LogReader
 from llog.records import (
-    BYTES_BATCH_V1, COMPACTED, DELETING_OLD, UPDATING_CURSOR, WAL, WRITING_COMPACTED_INDEX, CompactionCursor,
+    COMPACTED, DELETING_OLD, UPDATING_CURSOR, WAL, WRITING_COMPACTED_INDEX, CompactionCursor,
     CompactionRecord, ControlRecord, IndexEntry, LocatedEntry,
 )
 
@@ -184,10 +185,10 @@ class Compactor(ClientUser):
         failpoints.hit("compactor.after_select")
         entries = [located for located, _ in run]
         before = self.objects.stats["get"] + self.objects.stats["range_get"]
-        values = pa.concat_arrays(self.reader.entry_values(entries))
+        parts = self.reader.entry_values(entries)
         done.source_gets += self.objects.stats["get"] + self.objects.stats["range_get"] - before
         done.source_entries += len(entries)
-        body = encode_batch(values)
+        body = encode_body(concat_records([records for records, _ in parts]), self._compression(keys, parts))
         put_at = self.clock.now_ms()
         data_key = self.objects.put(keys.compacted_object(), body.pieces)  # step 2
         failpoints.hit("compactor.after_blob_put")
@@ -201,7 +202,7 @@ class Compactor(ClientUser):
         start, end = entries[0].start_offset, entries[-1].end_offset
         record = CompactionRecord(
             compaction_id=str(uuid.uuid4()), state=WRITING_COMPACTED_INDEX, start_offset=start, end_offset=end,
-            msg_count=end - start + 1, data_key=data_key, encoding=BYTES_BATCH_V1,
+            msg_count=end - start + 1, data_key=data_key, encoding=body.encoding,
             created_at_ms=max(e.entry.created_at_ms for e in entries), last_entry_start_offset=entries[-1].start_offset,
         )
         version = self.coordination.put(keys.compaction, record.to_json(), keys.partition_key,
@@ -213,6 +214,14 @@ class Compactor(ClientUser):
         done.records += record.msg_count
         done.bytes += body.length
         return True
+
+    def _compression(self, keys: PartitionKeys, parts: list) -> str:
+        """The compacted body's compression: the topic's, or if that is none the strongest of the
+        run's bodies, so compacting never inflates what was written compressed."""
+        configured = self.config.compression(keys.tp.topic)
+        if configured != "none":
+            return configured
+        return max((compression for _, compression in parts), key=COMPRESSION_CODES.__getitem__, default="none")
 
     def _finish(self, keys: PartitionKeys, record: CompactionRecord, version: int,
                 end_entry_version: int | None = None) -> bool:

@@ -15,6 +15,7 @@ with dots or underscores (``llog.s3.bucket``, ``llog.s3_bucket``).
 from __future__ import annotations
 
 import dataclasses
+import functools
 import json
 import os
 from collections.abc import Mapping
@@ -52,6 +53,9 @@ ENV_NAMES: dict[str, str] = {
     "cas_max_attempts": "LLOG_CAS_MAX_ATTEMPTS",
     "gc_grace_ms": "LLOG_GC_GRACE_MS",
     "sink_progress_retention_ms": "LLOG_SINK_PROGRESS_RETENTION_MS",
+    "max_record_bytes": "LLOG_MAX_RECORD_BYTES",
+    "compression_type": "LLOG_COMPRESSION_TYPE",
+    "topic_config": "LLOG_TOPIC_CONFIG",
 }
 
 #: AWS's own names, used when neither options, LLOG_* nor the settings file set a value.
@@ -61,6 +65,11 @@ AWS_FALLBACKS: dict[str, tuple[str, ...]] = {
     "s3_secret_access_key": ("AWS_SECRET_ACCESS_KEY",),
     "s3_session_token": ("AWS_SESSION_TOKEN",),
 }
+
+#: Compressions of record bodies (docs/records-v2.md), Kafka's ``compression.type`` values.
+COMPRESSION_TYPES = ("none", "lz4", "zstd")
+#: Per-topic settings ``LLOG_TOPIC_CONFIG`` may hold, by Kafka's name, and their values.
+TOPIC_SETTINGS: dict[str, tuple[str, ...]] = {"compression.type": COMPRESSION_TYPES}
 
 #: Session timeouts the Oxia server accepts.
 SESSION_TIMEOUT_RANGE_MS = (2_000, 300_000)
@@ -149,6 +158,15 @@ class Config:
     #: it has not committed to that partition for this long (Kafka's
     #: ``transactional.id.expiration.ms``), so ``sinks`` does not grow with every query ever run.
     sink_progress_retention_ms: int = 7 * 24 * 3600 * 1000  # 7 days
+    #: Writers refuse a record (key, value and headers) larger than this, before any I/O
+    #: (Kafka's ``max.message.bytes``).
+    max_record_bytes: int = 1 << 20
+    #: Compression of record bodies (docs/records-v2.md): ``none`` (value-only records stay
+    #: bytes-batch-v1, the fastest path), ``zstd`` or ``lz4``; Kafka's ``compression.type``.
+    compression_type: str = "none"
+    #: Settings per topic, as JSON ``{"topic": {"compression.type": "zstd"}}`` (Kafka's names);
+    #: a topic's setting wins over the one above.
+    topic_config: str | None = None
 
     def __post_init__(self) -> None:
         problems = []
@@ -160,7 +178,7 @@ class Config:
         for name in ("oxia_request_timeout_ms", "s3_max_attempts", "batch_max_bytes", "batch_max_delay_ms",
                      "batch_max_buffer_bytes", "broker_max_request_bytes", "broker_max_wait_ms",
                      "cas_max_attempts", "gc_grace_ms",
-                     "sink_progress_retention_ms"):
+                     "sink_progress_retention_ms", "max_record_bytes"):
             if getattr(self, name) < 1:
                 problems.append(f"{ENV_NAMES[name]}={getattr(self, name)} must be >= 1")
         if self.tail_cache_max_bytes < 0:
@@ -171,8 +189,24 @@ class Config:
             problems.append(f"LLOG_S3_TIMEOUT_S={self.s3_timeout_s} must be > 0")
         if not self.root_prefix or self.root_prefix.startswith("/") or self.root_prefix.endswith("/"):
             problems.append(f"LLOG_ROOT_PREFIX={self.root_prefix!r} must be non-empty, without a leading or trailing '/'")
+        if self.compression_type not in COMPRESSION_TYPES:
+            problems.append(f"LLOG_COMPRESSION_TYPE={self.compression_type!r} must be one of {', '.join(COMPRESSION_TYPES)}")
+        try:
+            self._topic_settings()
+        except ConfigError as e:
+            problems.append(str(e))
         if problems:
             raise ConfigError("invalid llog configuration: " + "; ".join(problems))
+
+    # --- per-topic settings -------------------------------------------------------------------
+
+    def _topic_settings(self) -> dict[str, dict[str, str]]:
+        return _parse_topic_config(self.topic_config) if self.topic_config else {}
+
+    def compression(self, topic: str) -> str:
+        """The compression of ``topic``'s record bodies: its ``compression.type`` in
+        ``LLOG_TOPIC_CONFIG``, else ``LLOG_COMPRESSION_TYPE``."""
+        return self._topic_settings().get(topic, {}).get("compression.type", self.compression_type)
 
     # --- construction -------------------------------------------------------------------------
 
@@ -222,6 +256,25 @@ class Config:
             for f in dataclasses.fields(self)
             if getattr(self, f.name) is not None
         }
+
+
+@functools.lru_cache(maxsize=16)
+def _parse_topic_config(text: str) -> dict[str, dict[str, str]]:
+    try:
+        raw = json.loads(text)
+    except json.JSONDecodeError as e:
+        raise ConfigError(f"LLOG_TOPIC_CONFIG is not JSON: {e}") from None
+    if not isinstance(raw, dict) or not all(isinstance(v, dict) for v in raw.values()):
+        raise ConfigError('LLOG_TOPIC_CONFIG must be a JSON object of topic -> {"setting": value}')
+    for topic, settings in raw.items():
+        for name, value in settings.items():
+            if name not in TOPIC_SETTINGS:
+                raise ConfigError(f"LLOG_TOPIC_CONFIG: unknown setting {name!r} of topic {topic!r}; "
+                                  f"known: {', '.join(TOPIC_SETTINGS)}")
+            if value not in TOPIC_SETTINGS[name]:
+                raise ConfigError(f"LLOG_TOPIC_CONFIG: {name}={value!r} of topic {topic!r} must be one of "
+                                  f"{', '.join(TOPIC_SETTINGS[name])}")
+    return raw
 
 
 def _option_field(key: str) -> str | None:

@@ -31,7 +31,10 @@ import pyarrow as pa
 
 from llog import failpoints
 from llog.clients import ClientUser
-from llog.codec import BATCH_HEADER_SIZE, decode_batch, offsets_prefix_length, read_batch_header, record_span
+from llog.codec import (
+    BATCH_HEADER_SIZE, HEADERS_TYPE, Records, body_compression, decode_body, offsets_prefix_length, read_batch_header,
+    record_span,
+)
 from llog.config import Config
 from llog.control import ControlState, read_control
 from llog.coordination import Coordination
@@ -41,13 +44,18 @@ from llog.errors import (
 )
 from llog.keys import PartitionKeys
 from llog.objects import ObjectStore
-from llog.records import ControlRecord, IndexEntry, LocatedEntry
+from llog.records import BYTES_BATCH_V1, RECORDS_V2, ControlRecord, IndexEntry, LocatedEntry
 
-#: Schema of the Arrow batches :meth:`LogReader.read_batches` returns.
+#: Schema of the Arrow batches the reads return: offset, value (null: a tombstone), the time the
+#: log accepted the record, then what records-v2 adds (docs/records-v2.md; null for records
+#: written as bytes-batch-v1): key, headers and the producer's event time (ms).
 RECORD_SCHEMA = pa.schema([
     pa.field("offset", pa.int64(), nullable=False),
-    pa.field("value", pa.binary(), nullable=False),
+    pa.field("value", pa.binary()),
     pa.field("created_at_ms", pa.int64(), nullable=False),
+    pa.field("key", pa.binary()),
+    pa.field("headers", HEADERS_TYPE),
+    pa.field("timestamp", pa.int64()),
 ])
 #: How often the slices of a blob found missing are resolved again before ObjectNotFound.
 MISSING_ROUNDS = 2
@@ -74,11 +82,17 @@ _ASSUMED_RECORD_BYTES = 100
 
 @dataclass(frozen=True)
 class Record:
+    """One record. ``value`` None is a tombstone; ``key``, ``headers`` (``(key, value)``
+    pairs) and ``timestamp`` (the producer's event time, ms) are None when the record has none."""
+
     topic: str
     partition: int
     offset: int
-    value: bytes
+    value: bytes | None
     created_at_ms: int
+    key: bytes | None = None
+    headers: list[tuple[str, bytes | None]] | None = None
+    timestamp: int | None = None
 
 
 @dataclass(frozen=True)
@@ -244,11 +258,11 @@ class LogReader(ClientUser):
                 for s in group]
 
     @staticmethod
-    def _decode(s: _Slice, body: memoryview) -> pa.BinaryArray:
+    def _decode(s: _Slice, body: memoryview) -> Records:
         where = f"{s.located.entry.data_key} (offsets {s.located.start_offset}..{s.located.end_offset})"
-        return decode_batch(body, s.located.entry.msg_count, where)
+        return decode_body(s.located.entry.encoding, body, s.located.entry.msg_count, where)
 
-    def _fetch(self, slices: Sequence[_Slice]) -> dict[int, pa.BinaryArray]:
+    def _fetch(self, slices: Sequence[_Slice]) -> dict[int, Records]:
         """Decode every slice's entry, fetching each blob once; :class:`ObjectNotFound` if a blob
         is missing."""
         decoded, missing = self._fetch_available(slices)
@@ -256,7 +270,8 @@ class LogReader(ClientUser):
             raise missing
         return decoded
 
-    def _fetch_available(self, slices: Sequence[_Slice]) -> tuple[dict[int, pa.BinaryArray], ObjectNotFound | None]:
+    def _fetch_available(self, slices: Sequence[_Slice], compressions: dict[int, str] | None = None
+                         ) -> tuple[dict[int, Records], ObjectNotFound | None]:
         """Decode the entry of every slice whose blob exists, fetching each blob once; and the
         error of a blob found missing, if any. Blobs are fetched in parallel; decoding (a CRC at
         several GB/s) runs in the calling thread."""
@@ -268,7 +283,7 @@ class LogReader(ClientUser):
                 return e
 
         failpoints.hit("reader.before_fetch")
-        decoded: dict[int, pa.BinaryArray] = {}
+        decoded: dict[int, Records] = {}
         missing = None
         for part in self._map(fetch, self._by_blob(slices)):
             if isinstance(part, ObjectNotFound):
@@ -276,6 +291,8 @@ class LogReader(ClientUser):
                 continue
             for s, body in part:
                 decoded[id(s)] = self._decode(s, body)
+                if compressions is not None:
+                    compressions[id(s)] = body_compression(body) if s.located.entry.encoding == RECORDS_V2 else "none"
         return decoded, missing
 
     def _batches(self, items: Sequence[tuple[str, int, _Slice]]) -> list[list[pa.RecordBatch]]:
@@ -307,14 +324,9 @@ class LogReader(ClientUser):
         return list(self._pool.map(fn, items)) if len(items) > 1 else [fn(i) for i in items]
 
     @staticmethod
-    def _to_batch(s: _Slice, values: pa.BinaryArray) -> pa.RecordBatch:
-        first = s.lo - s.located.start_offset
-        count = s.hi - s.lo + 1
-        return pa.RecordBatch.from_arrays(
-            [pa.array(np.arange(s.lo, s.hi + 1, dtype=np.int64)), values.slice(first, count),
-             pa.array(np.full(count, s.located.entry.created_at_ms, dtype=np.int64))],
-            schema=RECORD_SCHEMA,
-        )
+    def _to_batch(s: _Slice, records: Records) -> pa.RecordBatch:
+        return _record_batch(s.lo, s.located.entry.created_at_ms, records, s.lo - s.located.start_offset,
+                             s.hi - s.lo + 1)
 
     # --- public reads -------------------------------------------------------------------------
 
@@ -497,9 +509,7 @@ class LogReader(ClientUser):
         except LlogError as e:
             return e
         values = pa.BinaryArray.from_buffers(pa.binary(), count, [None, pa.py_buffer((table[:count + 1] - table[0]).astype(np.int32)), pa.py_buffer(data)])
-        return pa.RecordBatch.from_arrays(
-            [pa.array(np.arange(s.lo, s.lo + count, dtype=np.int64)), values,
-             pa.array(np.full(count, entry.created_at_ms, dtype=np.int64))], schema=RECORD_SCHEMA)
+        return _record_batch(s.lo, entry.created_at_ms, values, 0, count)
 
     def stream_batches(self, request: ReadRequest, chunk_bytes: int = STREAM_CHUNK_BYTES,
                        lookahead: int = STREAM_LOOKAHEAD,
@@ -550,12 +560,16 @@ class LogReader(ClientUser):
         _, _, slices = self._resolve_many([ReadRequest(topic, partition, lo, hi)])[0]
         return [batch for part in self._batches([(topic, partition, s) for s in slices]) for batch in part]
 
-    def entry_values(self, entries: Sequence[LocatedEntry]) -> list[pa.BinaryArray]:
+    def entry_values(self, entries: Sequence[LocatedEntry]) -> list[tuple[Records, str]]:
         """Every record of each entry, CRC checked, fetching each blob once (one range GET
-        spanning the entries' bodies in it). What compaction rewrites."""
+        spanning the entries' bodies in it), with the compression of its body: what
+        compaction rewrites."""
         slices = [_Slice(e, e.start_offset, e.end_offset) for e in entries]
-        decoded = self._fetch(slices)
-        return [decoded[id(s)] for s in slices]
+        compressions: dict[int, str] = {}
+        decoded, missing = self._fetch_available(slices, compressions)
+        if missing is not None:
+            raise missing
+        return [(decoded[id(s)], compressions[id(s)]) for s in slices]
 
     def read_range(self, topic: str, partition: int, start: int, end: int | None = None) -> list[Record]:
         """Records ``start..end`` (inclusive; ``end=None``: to the high watermark)."""
@@ -570,7 +584,7 @@ class LogReader(ClientUser):
         state, _ = self._control(keys, offset, offset)
         s, = self._resolve(keys, state, offset, offset)
         entry = s.located.entry
-        if entry.byte_offset is not None:
+        if entry.byte_offset is not None or entry.encoding != BYTES_BATCH_V1:  # records-v2 is read whole
             return next(_records(topic, partition, [self._to_batch(s, self._fetch([s])[id(s)])]))
         index = offset - s.located.start_offset
         where = f"{entry.data_key} (offsets {s.located.start_offset}..{s.located.end_offset})"
@@ -630,7 +644,10 @@ def _estimate(s: _Slice) -> int:
 
 
 def _partial(s: _Slice, budget: int) -> bool:
-    """Whether :meth:`LogReader.fetch` reads slice ``s`` in part rather than its whole body."""
+    """Whether :meth:`LogReader.fetch` reads slice ``s`` in part rather than its whole body (a
+    bytes-batch-v1 body only: records-v2 has no offsets table to read a part by)."""
+    if s.located.entry.encoding != BYTES_BATCH_V1:
+        return False
     length = s.located.entry.byte_length
     return length is None or length > max(PARTIAL_READ_FACTOR * max(budget, 1), PARTIAL_READ_MIN_BYTES)
 
@@ -668,8 +685,36 @@ def _trim(batches: list[pa.RecordBatch], budget: int) -> list[pa.RecordBatch]:
     return out
 
 
+_NULL_ARRAYS: dict[pa.DataType, pa.Array] = {}
+
+
+def _nulls(kind: pa.DataType, n: int) -> pa.Array:
+    """``n`` nulls of type ``kind``, a slice of one array kept per type (bytes-batch-v1 records
+    read with null keys, headers and event times, and building those per read would cost more
+    than the read)."""
+    cached = _NULL_ARRAYS.get(kind)
+    if cached is None or len(cached) < n:
+        cached = _NULL_ARRAYS[kind] = pa.nulls(max(n, 1 << 16), kind)
+    return cached.slice(0, n)
+
+
+def _record_batch(first_offset: int, created_at_ms: int, records: Records, start: int, count: int) -> pa.RecordBatch:
+    """``count`` records from row ``start`` of ``records`` as a batch of :data:`RECORD_SCHEMA`,
+    the first at offset ``first_offset``."""
+    offsets = pa.array(np.arange(first_offset, first_offset + count, dtype=np.int64))
+    created = pa.array(np.full(count, created_at_ms, dtype=np.int64))
+    if isinstance(records, pa.RecordBatch):
+        part = records.slice(start, count)
+        columns = [offsets, part.column(1), created, part.column(0), part.column(2), part.column(3)]
+    else:
+        columns = [offsets, records.slice(start, count), created, _nulls(pa.binary(), count),
+                   _nulls(HEADERS_TYPE, count), _nulls(pa.int64(), count)]
+    return pa.RecordBatch.from_arrays(columns, schema=RECORD_SCHEMA)
+
+
 def _records(topic: str, partition: int, batches: Sequence[pa.RecordBatch]) -> Iterator[Record]:
     for batch in batches:
-        offsets, values, times = (batch.column(i).to_pylist() for i in range(3))
-        for offset, value, ts in zip(offsets, values, times):
-            yield Record(topic, partition, offset, value, ts)
+        offsets, values, times, keys, headers, stamps = (batch.column(i).to_pylist() for i in range(6))
+        for offset, value, created, key, hs, ts in zip(offsets, values, times, keys, headers, stamps):
+            yield Record(topic, partition, offset, value, created, key,
+                         None if hs is None else [(h["key"], h["value"]) for h in hs], ts)

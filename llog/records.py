@@ -17,7 +17,9 @@ OPEN = "OPEN"
 FENCED = "FENCED"
 WAL = "WAL"
 COMPACTED = "COMPACTED"
+#: Body encodings (PROTOCOL.md section 3, docs/records-v2.md).
 BYTES_BATCH_V1 = "bytes-batch-v1"
+RECORDS_V2 = "records-v2"
 
 
 def now_ms() -> int:

@@ -21,7 +21,7 @@ import pyarrow as pa
 from llog import failpoints
 from llog.clients import ClientUser
 from llog.clock import SYSTEM, Clock
-from llog.codec import encode_batch, pack_shared, to_binary_array
+from llog.codec import Records, concat_records, encode_body, pack_shared, record_count, to_records
 from llog.config import Config
 from llog.control import (
     ControlState, backoff, clear, finish_pending, initialize_partition, materialize, read_controls, reserve, tripwire,
@@ -44,11 +44,16 @@ MAX_REMEMBERED_CONTROLS = 10_000
 
 @dataclass(frozen=True)
 class AppendGroup:
-    """Records for one topic-partition: a sequence of ``bytes`` or an Arrow binary array."""
+    """Records for one topic-partition: values (a sequence of ``bytes``, ``None`` for a
+    tombstone, or an Arrow binary array) and optionally, as long as them, keys, headers and
+    event times (docs/records-v2.md; :func:`llog.codec.to_records` says what each takes)."""
 
     topic: str
     partition: int
-    records: Sequence[bytes] | pa.Array
+    records: Sequence[bytes | None] | pa.Array
+    keys: Sequence[bytes | str | None] | pa.Array | None = None
+    headers: Sequence[Sequence[tuple[str | bytes, bytes | None]] | None] | pa.Array | None = None
+    timestamps: Sequence[int | None] | pa.Array | None = None
 
 
 @dataclass(frozen=True)
@@ -80,6 +85,7 @@ class StagedSlice:
     body_length: int
     wal_uri: str
     created_at_ms: int
+    encoding: str = BYTES_BATCH_V1
 
 
 @dataclass(frozen=True)
@@ -108,40 +114,48 @@ class _Slot:
 _Outcome = tuple[int, str] | None | BaseException
 
 
-def stage(objects: ObjectStore, root_prefix: str, groups: Sequence[AppendGroup], clock: Clock = SYSTEM
-          ) -> list[StagedSlice]:
+def stage(objects: ObjectStore, config: Config, groups: Sequence[AppendGroup], clock: Clock = SYSTEM,
+          compression: str | None = None) -> list[StagedSlice]:
     """:meth:`LogWriter.upload` without a writer: needs S3 only, so a Spark task stages its
-    records with no Oxia connection; the driver commits the slices."""
-    return _stage(objects, root_prefix, _merge(groups, "stage"), clock)
+    records with no Oxia connection; the driver commits the slices. ``compression``: for every
+    topic, instead of its ``compression.type``."""
+    return _stage(objects, config, _merge(groups, "stage", config.max_record_bytes), clock, compression)
 
 
-def _merge(groups: Sequence[AppendGroup], what: str) -> dict[TopicPartition, list[tuple[int, pa.BinaryArray]]]:
-    """Validate every group before any I/O; each topic-partition's arrays in order."""
+#: Each topic-partition's records, in order, with the index of the group they came from.
+_Merged = dict[TopicPartition, list[tuple[int, Records]]]
+
+
+def _merge(groups: Sequence[AppendGroup], what: str, max_record_bytes: int) -> _Merged:
+    """Validate every group before any I/O; each topic-partition's records in order."""
     if not groups:
         raise EmptyAppend(f"{what} needs at least one group")
-    merged: dict[TopicPartition, list[tuple[int, pa.BinaryArray]]] = {}
+    merged: _Merged = {}
     for i, group in enumerate(groups):
         tp = TopicPartition(group.topic, group.partition)
-        merged.setdefault(tp, []).append((i, to_binary_array(group.records, f"{tp}: groups[{i}].records")))
+        records = to_records(group.records, group.keys, group.headers, group.timestamps, f"{tp}: groups[{i}]",
+                             max_record_bytes)
+        merged.setdefault(tp, []).append((i, records))
     return merged
 
 
-def _stage(objects: ObjectStore, root_prefix: str, merged: dict[TopicPartition, list[tuple[int, pa.BinaryArray]]],
-           clock: Clock) -> list[StagedSlice]:
-    """Section 4.2: one bytes-batch-v1 body per topic-partition, packed into one LLS1 blob, PUT."""
+def _stage(objects: ObjectStore, config: Config, merged: _Merged, clock: Clock, compression: str | None = None
+           ) -> list[StagedSlice]:
+    """Section 4.2: one body per topic-partition (bytes-batch-v1 or records-v2, by its records
+    and its topic's compression), packed into one LLS1 blob, PUT."""
     bodies = []
-    for tp, arrays in merged.items():
-        values = arrays[0][1] if len(arrays) == 1 else pa.concat_arrays([a for _, a in arrays])
-        bodies.append((tp.topic, tp.partition, encode_batch(values)))
+    for tp, parts in merged.items():
+        records = concat_records([r for _, r in parts])
+        bodies.append((tp.topic, tp.partition, encode_body(records, compression or config.compression(tp.topic))))
     created_at_ms = clock.now_ms()
     pieces, _, slices = pack_shared(bodies, created_at_ms)
-    wal_uri = objects.put(shared_wal_object(root_prefix), pieces)
+    wal_uri = objects.put(shared_wal_object(config.root_prefix), pieces)
     failpoints.hit("writer.after_blob_put")
-    return [StagedSlice(s.topic, s.partition, s.msg_count, s.body_offset, s.body_length, wal_uri, created_at_ms)
-            for s in slices]
+    return [StagedSlice(s.topic, s.partition, s.msg_count, s.body_offset, s.body_length, wal_uri, created_at_ms,
+                        s.encoding) for s in slices]
 
 
-def _results(merged: dict[TopicPartition, list[tuple[int, pa.BinaryArray]]], staged: Sequence[StagedSlice],
+def _results(merged: _Merged, staged: Sequence[StagedSlice],
              outcomes: Sequence[_Outcome]) -> list[AppendResult]:
     """Each group's :class:`AppendResult` from its partition's outcome, in group order; raises
     as :meth:`LogWriter.append_shared` does when a partition failed."""
@@ -152,10 +166,10 @@ def _results(merged: dict[TopicPartition, list[tuple[int, pa.BinaryArray]]], sta
             errors[(tp.topic, tp.partition)] = outcome
             continue
         start, index_key = outcome
-        for i, values in arrays:
-            results.append((i, AppendResult(tp.topic, tp.partition, start, start + len(values) - 1, index_key,
-                                            s.wal_uri)))
-            start += len(values)
+        for i, records in arrays:
+            count = record_count(records)
+            results.append((i, AppendResult(tp.topic, tp.partition, start, start + count - 1, index_key, s.wal_uri)))
+            start += count
     ordered = [r for _, r in sorted(results, key=lambda x: x[0])]
     if errors:
         if not ordered:
@@ -174,10 +188,12 @@ class LogWriter(ClientUser):
 
     def __init__(self, config: Config, coordination: Coordination | None = None,
                  objects: ObjectStore | None = None, auto_initialize: bool = False, max_workers: int = 16,
-                 clock: Clock | None = None):
+                 clock: Clock | None = None, compression: str | None = None):
         super().__init__(config.require("oxia_service_address", "s3_bucket"), coordination, objects, max_workers,
                          "llog-commit", clock)
         self.auto_initialize = auto_initialize
+        #: The compression of every body this writer writes; None: each topic's ``compression.type``.
+        self.compression = compression
         #: By control key, the controls this writer's last clears wrote (:meth:`_remember`).
         self._known: dict[str, ControlState] = {}
         self._known_lock = threading.Lock()
@@ -186,9 +202,11 @@ class LogWriter(ClientUser):
         """Section 4.1. Returns True if this call created the partition."""
         return initialize_partition(self.coordination, self.keys(topic, partition))
 
-    def append(self, topic: str, partition: int, records: Sequence[bytes] | pa.Array) -> AppendResult:
-        """Append to one partition (a shared append of one group)."""
-        return self.append_shared([AppendGroup(topic, partition, records)])[0]
+    def append(self, topic: str, partition: int, records: Sequence[bytes | None] | pa.Array, keys=None, headers=None,
+               timestamps=None) -> AppendResult:
+        """Append to one partition (a shared append of one group; :class:`AppendGroup` says
+        what each argument takes)."""
+        return self.append_shared([AppendGroup(topic, partition, records, keys, headers, timestamps)])[0]
 
     def append_shared(self, groups: Sequence[AppendGroup],
                       on_durable: Callable[[list[AppendResult] | Exception], None] | None = None
@@ -210,8 +228,8 @@ class LogWriter(ClientUser):
         point is durable as ``pending`` (readers read it, the next writer finishes it), and is
         still raised here. Its exceptions are logged, never raised.
         """
-        merged = _merge(groups, "append_shared")
-        staged = _stage(self.objects, self.config.root_prefix, merged, self.clock)
+        merged = _merge(groups, "append_shared", self.config.max_record_bytes)
+        staged = _stage(self.objects, self.config, merged, self.clock, self.compression)
 
         def decided(outcomes: list[_Outcome]) -> None:
             try:
@@ -231,7 +249,8 @@ class LogWriter(ClientUser):
         """Section 4.2 only: encode the groups and PUT them as one shared WAL blob. Nothing is
         written to Oxia; until :meth:`commit_staged` commits the slices, the blob is garbage.
         Groups of one topic-partition become one body, in the order given."""
-        return _stage(self.objects, self.config.root_prefix, _merge(groups, "upload"), self.clock)
+        return _stage(self.objects, self.config, _merge(groups, "upload", self.config.max_record_bytes), self.clock,
+                      self.compression)
 
     def commit_staged(self, staged: Sequence[StagedSlice], sink: SinkBatch | None = None) -> list[AppendResult | None]:
         """Sections 4.3 to 4.5 for slices :meth:`upload` staged, here or in other processes.
@@ -456,7 +475,7 @@ class LogWriter(ClientUser):
         start = control.sequence_counter
         pending = PendingAppend(
             append_id=slot.append_id, start_offset=start, end_offset=start + s.msg_count - 1, msg_count=s.msg_count,
-            data_key=s.wal_uri, entry_type=WAL, encoding=BYTES_BATCH_V1, created_at_ms=s.created_at_ms,
+            data_key=s.wal_uri, entry_type=WAL, encoding=s.encoding, created_at_ms=s.created_at_ms,
             byte_offset=s.body_offset, byte_length=s.body_length,
         )
         return control.with_changes(sequence_counter=pending.end_offset + 1, pending=pending)
