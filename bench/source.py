@@ -95,10 +95,11 @@ def _batch(rows: int) -> pa.RecordBatch:
         batch = _prebuilt.get(rows)
         if batch is None:
             batch = _prebuilt[rows] = pa.RecordBatch.from_arrays([
+                pa.nulls(rows, pa.binary()),
+                random_values(rows, VALUE_BYTES, rows),
                 pa.array([TOPIC] * rows, pa.string()),
                 pa.array(np.zeros(rows, dtype=np.int32)),
                 pa.array(np.arange(1, rows + 1, dtype=np.int64)),
-                random_values(rows, VALUE_BYTES, rows),
                 pa.array(np.full(rows, int(time.time() * 1e6), dtype=np.int64), pa.timestamp("us", tz="UTC")),
                 pa.array(np.full(rows, LOG_APPEND_TIME, dtype=np.int32)),
             ], schema=ARROW_SCHEMA)

@@ -13,7 +13,9 @@ checkpoint writing to the same table (otherwise its batches 0, 1, ... would be s
 already written). The default is the streaming query's id, which Spark keeps in the checkpoint
 (Delta's documentation suggests it); ``--app-id`` sets one explicitly.
 
-Table columns: the source's (topic, partition, offset, value, timestamp, timestampType).
+Table columns: the source's with headers (key, value, topic, partition, offset, timestamp,
+timestampType, headers). A table written before llog had keys gains the key and headers columns
+on its next append (Delta's ``mergeSchema``); its older rows read them as null.
 Connection settings come from ``LLOG_*`` variables or the local stack's settings file.
 
 Crash points for tests (``llog.failpoints.hit``; ``LLOG_FAILPOINT=<name>`` kills the driver with
@@ -98,6 +100,7 @@ class Job:
         else:
             options["topicPattern"] = self.topic_pattern
         options["startingOffsets"] = self.starting_offsets
+        options["includeHeaders"] = "true"
         if self.max_offsets_per_trigger:
             options["maxOffsetsPerTrigger"] = str(self.max_offsets_per_trigger)
         if self.group_id:
@@ -126,7 +129,7 @@ class DeltaAppend:
         if not self._ready.wait(120):
             raise RuntimeError("llog_to_delta: the query's id never became known; no batch was written")
         _hit("llog_to_delta.before_append", batch_id)
-        (batch.write.format("delta").mode("append")
+        (batch.write.format("delta").mode("append").option("mergeSchema", "true")
          .option("txnAppId", self.app_id).option("txnVersion", batch_id)
          .save(self.table))
         _hit("llog_to_delta.after_append", batch_id)

@@ -185,12 +185,16 @@ def _headers_array(headers: object, what: str) -> pa.ListArray:
             raise InvalidPayload(f"{what} must be an Arrow array of {HEADERS_TYPE}, got type {headers.type}") from None
     else:
         try:
-            array = pa.array([None if h is None else [(k, v) for k, v in h] for h in headers], type=HEADERS_TYPE)
+            if isinstance(headers, (str, *_BYTES_LIKE)) or any(
+                    isinstance(h, (str, *_BYTES_LIKE, dict)) for h in headers if h is not None):
+                raise TypeError("a record's headers must be a list of pairs")
+            array = pa.array([None if h is None else [_header(pair) for pair in h] for h in headers], type=HEADERS_TYPE)
         except (pa.ArrowException, TypeError, ValueError):
             raise InvalidPayload(_bad_headers(headers, what)) from None
     items = array.flatten()
     if items.null_count or items.field(0).null_count:
-        bad = int(np.searchsorted(_list_offsets(array), int(np.argmax(
+        offsets = _list_offsets(array)
+        bad = int(np.searchsorted(offsets - offsets[0], int(np.argmax(
             items.is_null().to_numpy(zero_copy_only=False) | items.field(0).is_null().to_numpy(zero_copy_only=False))),
             side="right")) - 1
         raise InvalidPayload(f"{what}[{bad}] has a null header or a header with a null key")
@@ -201,6 +205,19 @@ def _headers_array(headers: object, what: str) -> pa.ListArray:
     return array
 
 
+def _header(pair: object) -> tuple[object, object]:
+    """One header as a ``(key, value)`` tuple: from a pair, or a ``{"key", "value"}`` dict (what
+    Arrow's ``to_pylist`` gives back); key ``str`` or bytes, value bytes or None."""
+    if isinstance(pair, dict) and set(pair) <= {"key", "value"}:
+        pair = (pair.get("key"), pair.get("value"))
+    if not isinstance(pair, (tuple, list)) or len(pair) != 2:
+        raise TypeError("not a pair")
+    key, value = pair
+    if not isinstance(key, (str, *_BYTES_LIKE)) or not (value is None or isinstance(value, _BYTES_LIKE)):
+        raise TypeError("not a str key and bytes value")
+    return key, value
+
+
 def _bad_headers(headers: Sequence, what: str) -> str:
     """The message naming the first malformed record of a headers column (the error path only)."""
     for i, h in enumerate(headers):
@@ -209,7 +226,7 @@ def _bad_headers(headers: Sequence, what: str) -> str:
         if isinstance(h, (str, *_BYTES_LIKE, dict)) or not isinstance(h, Sequence):
             return f"{what}[{i}] must be a list of (key, value) pairs, got {type(h).__name__}"
         for pair in h:
-            if isinstance(pair, dict):
+            if isinstance(pair, dict) and set(pair) <= {"key", "value"}:
                 pair = (pair.get("key"), pair.get("value"))
             if not isinstance(pair, (tuple, list)) or len(pair) != 2:
                 return f"{what}[{i}] holds {pair!r}, not a (key, value) pair"
@@ -228,25 +245,29 @@ def _bad_headers(headers: Sequence, what: str) -> str:
 
 def _timestamps_array(timestamps: object, what: str) -> pa.Int64Array:
     if isinstance(timestamps, pa.Array):
-        if pa.types.is_timestamp(timestamps.type):
-            array = pc.floor_temporal(timestamps, unit="millisecond") if timestamps.type.unit in ("us", "ns") \
-                else timestamps
-            array = array.cast(pa.timestamp("ms", tz=timestamps.type.tz)).cast(pa.int64())
+        if pa.types.is_timestamp(timestamps.type) and timestamps.type.unit == "s":
+            array, per_ms = pc.multiply_checked(timestamps.cast(pa.int64()), 1000), 1
+        elif pa.types.is_timestamp(timestamps.type):
+            array, per_ms = timestamps.cast(pa.int64()), _TICKS_PER_MS[timestamps.type.unit]
         elif pa.types.is_integer(timestamps.type):
-            array = timestamps.cast(pa.int64())
+            array, per_ms = timestamps.cast(pa.int64()), 1
         else:
             raise InvalidPayload(f"{what} must be an Arrow integer (ms) or timestamp array, got type {timestamps.type}")
     else:
         try:
-            array = pa.array(timestamps, type=pa.int64())
+            array, per_ms = pa.array(timestamps, type=pa.int64()), 1
         except (pa.ArrowException, TypeError, ValueError, OverflowError):
             bad = _first_bad(timestamps, lambda t: t is None or (isinstance(t, int) and not isinstance(t, bool)))
             raise InvalidPayload(f"{what}[{bad}] is {timestamps[bad]!r}, not an int of ms since the epoch") from None
     lowest = pc.min(array).as_py()
     if lowest is not None and lowest < 0:
         bad = int(np.argmax(array.fill_null(0).to_numpy() < 0))
-        raise InvalidPayload(f"{what}[{bad}] is {lowest} ms, before the epoch")
-    return array
+        raise InvalidPayload(f"{what}[{bad}] is {lowest / per_ms:g} ms, before the epoch")
+    return array if per_ms == 1 else pc.divide(array, per_ms)  # integer division: floors, as none is negative
+
+
+#: Ticks of each Arrow timestamp unit (but seconds) per millisecond.
+_TICKS_PER_MS = {"ms": 1, "us": 1_000, "ns": 1_000_000}
 
 
 def _list_offsets(array: pa.ListArray) -> np.ndarray:
@@ -447,8 +468,8 @@ def decode_records_v2(body: bytes | memoryview, expected_count: int | None = Non
                                f"the body's {buffer.size} bytes after the header")
         batch = ipc.read_record_batch(message, V2_SCHEMA)
         batch.validate(full=True)
-    except (pa.ArrowException, OSError, ValueError) as e:
-        raise CorruptBatch(f"{where}: malformed records-v2 message: {e}") from None
+    except (pa.ArrowException, OSError, ValueError, EOFError) as e:
+        raise CorruptBatch(f"{where}: malformed records-v2 message: {e or type(e).__name__}") from None
     if batch.num_rows != count:
         raise CorruptBatch(f"{where}: the record batch holds {batch.num_rows} records, the header says {count}")
     return batch

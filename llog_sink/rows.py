@@ -1,13 +1,20 @@
 """The sink's input contract: which columns a DataFrame written to llog may have, and what each
-Arrow batch of it holds, checked before anything is written.
+Arrow batch of it holds, checked before anything is written. Names and types are those of
+Spark's Kafka sink, plus Kafka's record timestamp.
 
-- ``value``: binary or string (UTF-8), required, non-null.
+- ``value``: binary or string (UTF-8), required; null is a tombstone.
+- ``key``: binary or string, optional (null: no key).
+- ``headers``: ``array<struct<key: string, value: binary>>``, optional.
+- ``timestamp``: timestamp (or long, ms since the epoch), optional: the record's event time.
 - ``topic``: string column, or the ``topic`` option (the column wins).
-- ``partition``: int column, else every row of a task goes to one partition per topic, chosen
-  from the task's partition id, the batch id and the topic (sticky by task, and the same again
-  when a batch is replayed).
-- ``key`` and ``headers`` are refused: bytes-batch-v1 stores values only.
+- ``partition``: int column. Without one, a row with a key goes where Kafka's default
+  partitioner puts it (murmur2 of the key modulo the ``partitions`` option; llog/partitioner.py),
+  and every other row of a task goes to one partition per topic, chosen from the task's partition
+  id, the batch id and the topic (sticky by task, and the same again when a batch is replayed).
 - Other columns are ignored, with one warning.
+
+Records that are a value alone are written as bytes-batch-v1; keys, headers, timestamps,
+tombstones or compression make records-v2 (docs/records-v2.md).
 """
 
 from __future__ import annotations
@@ -17,21 +24,34 @@ import zlib
 from collections.abc import Iterator
 from dataclasses import dataclass
 
+import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 from pyspark.sql import types as T
 
 from llog.errors import LlogError
 from llog.keys import TopicPartition
+from llog.partitioner import kafka_partitions
 
 log = logging.getLogger(__name__)
 
-VALUE, TOPIC, PARTITION = "value", "topic", "partition"
-_REFUSED = ("key", "headers")
+VALUE, KEY, HEADERS, TIMESTAMP, TOPIC, PARTITION = "value", "key", "headers", "timestamp", "topic", "partition"
+#: The record's columns, in the order the sink hands them on.
+RECORD_COLUMNS = (KEY, VALUE, HEADERS, TIMESTAMP)
+_HEADERS_TYPE = T.ArrayType(T.StructType([T.StructField("key", T.StringType()), T.StructField("value", T.BinaryType())]))
 
 
 class InvalidSinkInput(LlogError, ValueError):
     """A DataFrame written to llog breaks the input contract (module doc)."""
+
+
+def _is_headers(kind: T.DataType) -> bool:
+    """``array<struct<key: string, value: binary>>``, whatever the nullability flags."""
+    if not isinstance(kind, T.ArrayType) or not isinstance(kind.elementType, T.StructType):
+        return False
+    fields = kind.elementType.fields
+    return [f.name for f in fields] == ["key", "value"] and isinstance(fields[0].dataType, T.StringType) \
+        and isinstance(fields[1].dataType, T.BinaryType)
 
 
 @dataclass(frozen=True)
@@ -42,20 +62,29 @@ class SinkLayout:
     has_topic_column: bool
     has_partition_column: bool
     partitions: int
+    #: The record columns present (``value`` always), in :data:`RECORD_COLUMNS` order.
+    record_columns: tuple[str, ...] = (VALUE,)
+
+    @property
+    def has_key_column(self) -> bool:
+        return KEY in self.record_columns
 
     @classmethod
     def from_schema(cls, schema, topic_option: str | None, partitions: int) -> "SinkLayout":
         """Check a Spark schema (``StructType``) against the contract."""
         fields = {f.name: f.dataType for f in schema.fields}
-        refused = [c for c in _REFUSED if c in fields]
-        if refused:
-            raise InvalidSinkInput(
-                f"column(s) {', '.join(map(repr, refused))} cannot be written to llog: records hold a value only "
-                "(bytes-batch-v1); drop them or fold them into 'value'")
         if VALUE not in fields:
             raise InvalidSinkInput(f"a 'value' column (binary or string) is required; the columns are {sorted(fields)}")
         if not isinstance(fields[VALUE], (T.BinaryType, T.StringType)):
             raise InvalidSinkInput(f"column 'value' must be binary or string, got {fields[VALUE].simpleString()}")
+        if KEY in fields and not isinstance(fields[KEY], (T.BinaryType, T.StringType)):
+            raise InvalidSinkInput(f"column 'key' must be binary or string, got {fields[KEY].simpleString()}")
+        if HEADERS in fields and not _is_headers(fields[HEADERS]):
+            raise InvalidSinkInput(f"column 'headers' must be {_HEADERS_TYPE.simpleString()} (the Kafka connector's "
+                                   f"type), got {fields[HEADERS].simpleString()}")
+        if TIMESTAMP in fields and not isinstance(fields[TIMESTAMP], (T.TimestampType, T.TimestampNTZType, T.LongType)):
+            raise InvalidSinkInput(f"column 'timestamp' must be a timestamp or a long (ms since the epoch), got "
+                                   f"{fields[TIMESTAMP].simpleString()}")
         if TOPIC in fields and not isinstance(fields[TOPIC], T.StringType):
             raise InvalidSinkInput(f"column 'topic' must be a string, got {fields[TOPIC].simpleString()}")
         if PARTITION in fields and not isinstance(fields[PARTITION], (T.IntegerType, T.LongType, T.ShortType, T.ByteType)):
@@ -66,31 +95,51 @@ class SinkLayout:
             TopicPartition(topic_option, 0)  # the option's name is checked here, once
         if partitions < 1:
             raise InvalidSinkInput(f"option 'partitions' must be >= 1, got {partitions}")
-        ignored = sorted(set(fields) - {VALUE, TOPIC, PARTITION})
+        ignored = sorted(set(fields) - {*RECORD_COLUMNS, TOPIC, PARTITION})
         if ignored:
             log.warning("llog sink ignores column(s) %s", ", ".join(ignored))
-        return cls(topic_option, TOPIC in fields, PARTITION in fields, partitions)
+        return cls(topic_option, TOPIC in fields, PARTITION in fields, partitions,
+                   tuple(c for c in RECORD_COLUMNS if c in fields))
 
-    def split(self, batch: pa.RecordBatch, task_id: int, batch_id: int) -> Iterator[tuple[TopicPartition, pa.BinaryArray]]:
-        """The batch's values per topic-partition, in row order; raises
-        :class:`InvalidSinkInput` naming the column and the problem."""
-        values = _values(batch.column(batch.schema.get_field_index(VALUE)))
+    def split(self, batch: pa.RecordBatch, task_id: int, batch_id: int) -> Iterator[tuple[TopicPartition, pa.RecordBatch]]:
+        """The batch's records per topic-partition, in row order, as batches of the record
+        columns present (value as binary); raises :class:`InvalidSinkInput` naming the column
+        and the problem."""
+        records = self._records(batch)
         partitions = self._partition_column(batch)
         if self.has_topic_column:
             topics = batch.column(batch.schema.get_field_index(TOPIC))
             if topics.null_count:
                 raise InvalidSinkInput(f"column 'topic' holds {topics.null_count} null(s)")
             masks = [(topic, pc.equal(topics, topic)) for topic in pc.unique(topics).to_pylist()]
-            groups = [(topic, values.filter(mask), None if partitions is None else partitions.filter(mask))
+            groups = [(topic, records.filter(mask), None if partitions is None else partitions.filter(mask))
                       for topic, mask in masks]
         else:
-            groups = [(self.topic_option, values, partitions)]
-        for topic, topic_values, topic_partitions in groups:
+            groups = [(self.topic_option, records, partitions)]
+        for topic, topic_records, topic_partitions in groups:
+            if topic_partitions is None and self.has_key_column:
+                topic_partitions = self._key_partitions(topic, topic_records, task_id, batch_id)
             if topic_partitions is None:
-                yield self._sticky(topic, task_id, batch_id), topic_values
+                yield self._sticky(topic, task_id, batch_id), topic_records
                 continue
             for partition in sorted(pc.unique(topic_partitions).to_pylist()):
-                yield _partition(topic, partition), topic_values.filter(pc.equal(topic_partitions, partition))
+                yield _partition(topic, partition), topic_records.filter(pc.equal(topic_partitions, partition))
+
+    def _records(self, batch: pa.RecordBatch) -> pa.RecordBatch:
+        columns = [batch.column(batch.schema.get_field_index(name)) for name in self.record_columns]
+        columns[self.record_columns.index(VALUE)] = _values(columns[self.record_columns.index(VALUE)])
+        return pa.RecordBatch.from_arrays(columns, names=list(self.record_columns))
+
+    def _key_partitions(self, topic: str, records: pa.RecordBatch, task_id: int, batch_id: int) -> pa.Int64Array:
+        """Kafka's default partitioner for rows with a key, the sticky partition for the rest."""
+        keys = records.column(self.record_columns.index(KEY))
+        placed = np.full(len(keys), self._sticky(topic, task_id, batch_id).partition, dtype=np.int64)
+        if keys.null_count == 0:
+            placed[:] = kafka_partitions(keys, self.partitions)
+        elif keys.null_count < len(keys):
+            present = keys.is_valid()
+            placed[present.to_numpy(zero_copy_only=False)] = kafka_partitions(keys.filter(present), self.partitions)
+        return pa.array(placed)
 
     def _partition_column(self, batch: pa.RecordBatch) -> pa.Int64Array | None:
         if not self.has_partition_column:
@@ -116,8 +165,6 @@ def _partition(topic: str, partition: int) -> TopicPartition:
 
 
 def _values(column: pa.Array) -> pa.BinaryArray:
-    if column.null_count:
-        raise InvalidSinkInput(f"column 'value' holds {column.null_count} null(s); every record needs a value")
     if pa.types.is_binary(column.type):
         return column
     if pa.types.is_string(column.type) or pa.types.is_large_string(column.type) or pa.types.is_large_binary(column.type):

@@ -6,8 +6,9 @@ restarts from the same checkpoint), so replayed batches commit nothing twice. A 
 not replayed by Spark and commits without sink progress, unless the caller names a sink and a
 batch (``llog.sink.id`` / ``llog.sink.batch.id`` options, as ``foreach_batch.write_batch`` does).
 
-Options: ``topic``, ``partitions`` (default 1), and any ``llog.*`` connection setting
-(``llog.s3.bucket``, ``llog.oxia.service.address``, ...; see ``llog/config.py``).
+Options: ``topic``, ``partitions`` (default 1), ``compression`` (``zstd``, ``lz4`` or ``none``;
+default: the topic's ``compression.type``), and any ``llog.*`` setting (``llog.s3.bucket``,
+``llog.oxia.service.address``, ...; see ``llog/config.py``).
 """
 
 from __future__ import annotations
@@ -19,14 +20,14 @@ from pyspark import TaskContext
 from pyspark.sql.datasource import DataSourceArrowWriter, DataSourceStreamArrowWriter
 from pyspark.sql.types import StructType
 
-from llog.config import Config
+from llog.config import COMPRESSION_TYPES, Config
 from llog_sink.commit import commit_batch
 from llog_sink.rows import InvalidSinkInput, SinkLayout
 from llog_sink.task_writer import SinkCommitMessage, write_task
 
 #: Options the sink reads itself; ``llog.*`` options go to the core config.
 SINK_ID_OPTION, BATCH_ID_OPTION = "llog.sink.id", "llog.sink.batch.id"
-_OWN = {"topic", "partitions", "path", SINK_ID_OPTION, BATCH_ID_OPTION}
+_OWN = {"topic", "partitions", "compression", "path", SINK_ID_OPTION, BATCH_ID_OPTION}
 
 
 def _int_option(options: Mapping[str, str], name: str, default: int) -> int:
@@ -49,6 +50,10 @@ class _SinkSettings:
                                              _int_option(options, "partitions", 1))
         self.sink_id = options.get(SINK_ID_OPTION) or None
         self.batch_id = _int_option(options, BATCH_ID_OPTION, 0)
+        self.compression = options.get("compression") or None
+        if self.compression is not None and self.compression not in COMPRESSION_TYPES:
+            raise InvalidSinkInput(f"option 'compression' must be one of {', '.join(COMPRESSION_TYPES)}, got "
+                                   f"{self.compression!r}")
 
 
 def _task_id() -> int:
@@ -66,7 +71,8 @@ class LlogStreamWriter(DataSourceStreamArrowWriter):
         context = TaskContext.get()
         batch_id = int(context.getLocalProperty("streaming.sql.batchId") or 0)
         sink_id = self.settings.sink_id or context.getLocalProperty("sql.streaming.queryId")
-        return write_task(iterator, self.settings.layout, self.settings.config, _task_id(), batch_id, sink_id)
+        return write_task(iterator, self.settings.layout, self.settings.config, _task_id(), batch_id, sink_id,
+                          self.settings.compression)
 
     def commit(self, messages: list[SinkCommitMessage | None], batchId: int) -> None:  # noqa: N803 - Spark's name
         commit_batch(self.settings.config, messages, batchId)
@@ -83,7 +89,7 @@ class LlogBatchWriter(DataSourceArrowWriter):
 
     def write(self, iterator: Iterator[pa.RecordBatch]) -> SinkCommitMessage:
         return write_task(iterator, self.settings.layout, self.settings.config, _task_id(), self.settings.batch_id,
-                          self.settings.sink_id)
+                          self.settings.sink_id, self.settings.compression)
 
     def commit(self, messages: list[SinkCommitMessage | None]) -> None:
         commit_batch(self.settings.config, messages, self.settings.batch_id)

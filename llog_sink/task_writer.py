@@ -1,7 +1,8 @@
 """What a Spark task does: stage its rows as shared WAL blobs in S3, nothing in Oxia.
 
-Rows are grouped by topic-partition as they arrive; when the buffered values reach
-``LLOG_BATCH_MAX_BYTES`` they are packed into one LLS1 blob and PUT. The commit message lists
+Rows are grouped by topic-partition as they arrive; when the buffered keys and values reach
+``LLOG_BATCH_MAX_BYTES`` they are packed into one LLS1 blob and PUT (each partition's records as
+one body: bytes-batch-v1 for values alone, records-v2 otherwise). The commit message lists
 every staged slice in the order written, for the driver to commit (``commit.py``).
 """
 
@@ -21,7 +22,7 @@ from llog.config import Config
 from llog.keys import TopicPartition
 from llog.writer import AppendGroup, StagedSlice, stage
 from llog.process_clients import object_store
-from llog_sink.rows import SinkLayout
+from llog_sink.rows import HEADERS, KEY, TIMESTAMP, VALUE, SinkLayout
 
 #: Blobs a task may be uploading while it reads on.
 UPLOADS_IN_FLIGHT = 2
@@ -42,16 +43,17 @@ class SinkCommitMessage(WriterCommitMessage):
 
 
 def write_task(batches: Iterable[pa.RecordBatch], layout: SinkLayout, config: Config, task_id: int,
-               batch_id: int, sink_id: str | None) -> SinkCommitMessage:
+               batch_id: int, sink_id: str | None, compression: str | None = None) -> SinkCommitMessage:
     """Stage every row of ``batches`` (one Spark task's input).
 
     A full buffer is uploaded in the background while the next rows arrive, at most
     :data:`UPLOADS_IN_FLIGHT` blobs at a time, so Spark keeps feeding the task during PUTs.
     Slices are listed in the order their blobs were cut, whatever order the PUTs finish in.
+    ``compression``: of every body, instead of each topic's ``compression.type``.
     """
     started = time.perf_counter()
     message = SinkCommitMessage(task_id, sink_id)
-    buffered: dict[TopicPartition, list[pa.BinaryArray]] = {}
+    buffered: dict[TopicPartition, list[pa.RecordBatch]] = {}
     buffered_bytes = 0
     uploads: collections.deque[Future] = collections.deque()
 
@@ -59,22 +61,24 @@ def write_task(batches: Iterable[pa.RecordBatch], layout: SinkLayout, config: Co
         nonlocal buffered, buffered_bytes
         if not buffered:
             return
-        groups = [AppendGroup(tp.topic, tp.partition, _concat(arrays)) for tp, arrays in buffered.items()]
+        groups = [_group(tp, parts) for tp, parts in buffered.items()]
         while len(uploads) >= UPLOADS_IN_FLIGHT:
             message.slices.extend(uploads.popleft().result())
-        uploads.append(_upload_pool.submit(stage, object_store(config), config.root_prefix, groups))
+        uploads.append(_upload_pool.submit(stage, object_store(config), config, groups, compression=compression))
         message.blobs += 1
         buffered, buffered_bytes = {}, 0
 
     try:
         for batch in batches:
-            for tp, values in layout.split(batch, task_id, batch_id):
-                if not len(values):
+            for tp, records in layout.split(batch, task_id, batch_id):
+                if not records.num_rows:
                     continue
-                buffered.setdefault(tp, []).append(values)
-                size = _value_bytes(values)
+                buffered.setdefault(tp, []).append(records)
+                size = _binary_bytes(records.column(VALUE))
+                if KEY in records.schema.names:
+                    size += _binary_bytes(records.column(KEY))
                 buffered_bytes += size
-                message.records += len(values)
+                message.records += records.num_rows
                 message.bytes += size
                 if buffered_bytes >= config.batch_max_bytes:
                     flush()
@@ -88,11 +92,18 @@ def write_task(batches: Iterable[pa.RecordBatch], layout: SinkLayout, config: Co
     return message
 
 
-def _concat(arrays: list[pa.BinaryArray]) -> pa.BinaryArray:
-    return arrays[0] if len(arrays) == 1 else pa.concat_arrays(arrays)
+def _group(tp: TopicPartition, parts: list[pa.RecordBatch]) -> AppendGroup:
+    """One partition's buffered records as one append group (its columns, each in one array)."""
+    if len(parts) == 1:
+        records = parts[0]
+        column = lambda name: records.column(name) if name in records.schema.names else None  # noqa: E731
+    else:
+        table = pa.Table.from_batches(parts)
+        column = lambda name: table.column(name).combine_chunks() if name in table.schema.names else None  # noqa: E731
+    return AppendGroup(tp.topic, tp.partition, column(VALUE), column(KEY), column(HEADERS), column(TIMESTAMP))
 
 
-def _value_bytes(values: pa.BinaryArray) -> int:
-    """Bytes of the values of this (perhaps sliced) array's rows."""
+def _binary_bytes(values: pa.Array) -> int:
+    """Bytes of the slots of this (perhaps sliced) binary or string array."""
     offsets = np.frombuffer(values.buffers()[1], dtype=np.int32, count=len(values) + 1, offset=values.offset * 4)
     return int(offsets[-1] - offsets[0])

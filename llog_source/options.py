@@ -28,10 +28,10 @@ OffsetSpec = Union[str, dict[TopicPartition, int]]  # "earliest" | "latest" | pe
 _SUBSCRIBE = ("topics", "topicpattern", "assign")
 _OWN = {
     "topics", "topicpattern", "assign", "startingoffsets", "endingoffsets", "maxoffsetspertrigger",
-    "minpartitions", "maxrecordsperpartition", "failondataloss", "groupid",
+    "minpartitions", "maxrecordsperpartition", "failondataloss", "groupid", "includeheaders",
 }
 _KNOWN = ("topics, topicPattern, assign, startingOffsets, endingOffsets, maxOffsetsPerTrigger, minPartitions, "
-          "maxRecordsPerPartition, failOnDataLoss, groupId, and llog.* connection settings")
+          "maxRecordsPerPartition, failOnDataLoss, groupId, includeHeaders, and llog.* connection settings")
 
 
 class InvalidSourceOption(LlogError, ValueError):
@@ -73,6 +73,8 @@ class SourceOptions:
     fail_on_data_loss: bool
     group_id: str | None
     config: Config
+    #: Kafka's option: the ``headers`` column is read (and in the schema) only when true.
+    include_headers: bool = False
 
     @classmethod
     def parse(cls, options: Mapping[str, str], streaming: bool | None = None) -> "SourceOptions":
@@ -116,6 +118,7 @@ class SourceOptions:
             fail_on_data_loss=_bool("failOnDataLoss", lowered.get("failondataloss"), True),
             group_id=group_id,
             config=_connection(options),
+            include_headers=_bool("includeHeaders", lowered.get("includeheaders"), False),
         )
 
 

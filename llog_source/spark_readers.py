@@ -29,7 +29,7 @@ from llog_source.planning import (
     LlogSplit, Positions, advance, check_subscription, from_spark, high_watermarks, plan_splits, rate_limit,
     resolve_positions, to_spark,
 )
-from llog_source.schema import SOURCE_SCHEMA
+from llog_source.schema import source_schema
 
 
 class _Planner:
@@ -51,7 +51,7 @@ class _Planner:
     def read(self, split: LlogSplit) -> Iterator[pa.RecordBatch]:
         if not isinstance(split, LlogSplit):  # Spark's stand-in when nothing was planned
             return iter(())
-        return read_split(split, self.options.config, self.options.fail_on_data_loss)
+        return read_split(split, self.options.config, self.options.fail_on_data_loss, self.options.include_headers)
 
 
 class LlogStreamReader(_Planner, DataSourceStreamReader, SupportsTriggerAvailableNow):
@@ -130,8 +130,9 @@ def check_readable(options: SourceOptions) -> None:
     check_subscription(options.subscription, _Planner(options).found())
 
 
-def check_schema(schema) -> None:
+def check_schema(schema, options: SourceOptions) -> None:
     """A read has fixed columns, like Kafka's: a user-specified schema must be exactly them."""
-    if schema is not None and schema != SOURCE_SCHEMA:
-        raise InvalidSourceOption(f"format('llog') has a fixed schema ({SOURCE_SCHEMA.simpleString()}) and cannot "
+    expected = source_schema(options.include_headers)
+    if schema is not None and schema != expected:
+        raise InvalidSourceOption(f"format('llog') has a fixed schema ({expected.simpleString()}) and cannot "
                                   f"be read with another one: {schema.simpleString()}")

@@ -19,25 +19,28 @@ class DefaultSource(DataSource):
         """The fixed columns of a read. Called by ``load()``, so bad options and unknown topics
         fail there."""
         from llog_source.options import SourceOptions
-        from llog_source.schema import SOURCE_SCHEMA
+        from llog_source.schema import source_schema
         from llog_source.spark_readers import check_readable
 
-        check_readable(SourceOptions.parse(self.options))
-        return SOURCE_SCHEMA
+        options = SourceOptions.parse(self.options)
+        check_readable(options)
+        return source_schema(options.include_headers)
 
     def reader(self, schema):
         from llog_source.options import SourceOptions
         from llog_source.spark_readers import LlogBatchReader, check_schema
 
-        check_schema(schema)
-        return LlogBatchReader(SourceOptions.parse(self.options, streaming=False))
+        options = SourceOptions.parse(self.options, streaming=False)
+        check_schema(schema, options)
+        return LlogBatchReader(options)
 
     def streamReader(self, schema):  # noqa: N802 - Spark's name
         from llog_source.options import SourceOptions
         from llog_source.spark_readers import LlogStreamReader, check_schema
 
-        check_schema(schema)
-        return LlogStreamReader(SourceOptions.parse(self.options, streaming=True))
+        options = SourceOptions.parse(self.options, streaming=True)
+        check_schema(schema, options)
+        return LlogStreamReader(options)
 
     # --- writing ------------------------------------------------------------------------------
 

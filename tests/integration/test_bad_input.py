@@ -33,7 +33,7 @@ def nothing_written(writer: LogWriter, config) -> bool:
     ([AppendGroup("t", 0, [b"a", b"b"], headers=[None, [(b"\xff", b"v")]])], InvalidPayload,
      r"headers\[1\] has a header key that is not UTF-8"),
     ([AppendGroup("t", 0, [b"a", b"b"], headers=[None, [(None, b"v")]])], InvalidPayload,
-     r"headers\[1\] has a null header or a header with a null key"),
+     r"headers\[1\] has a header key of type NoneType, not str"),
     ([AppendGroup("t", 0, [b"a"], headers=[[("k", b"v", b"extra")]])], InvalidPayload, r"headers\[0\] holds"),
     ([AppendGroup("t", 0, [b"a", b"b"], timestamps=[1, "now"])], InvalidPayload, r"timestamps\[1\] is 'now'"),
     ([AppendGroup("t", 0, [b"a", b"b"], timestamps=[1, -2])], InvalidPayload, r"timestamps\[1\] is -2 ms"),

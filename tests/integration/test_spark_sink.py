@@ -87,9 +87,14 @@ def test_foreach_batch_writes_through_the_same_engine(spark, config, reader, tmp
 
 
 BAD_INPUTS = {
-    "null value": ("value string, partition int", [("a", 0), (None, 0)], "column 'value' holds 1 null"),
     "int value": ("value int", [(1,)], "column 'value' must be binary or string"),
-    "key column": ("key string, value string", [("k", "v")], "'key'"),
+    "int key": ("key int, value string", [(1, "v")], "column 'key' must be binary or string"),
+    "headers not Kafka's": ("value string, headers map<string,binary>", [("v", {"h": b"x"})],
+                            "column 'headers' must be array<struct<key:string,value:binary>>"),
+    "null header key": ("value string, headers array<struct<key:string,value:binary>>", [("v", [(None, b"x")])],
+                        "null header or a header with a null key"),
+    "string timestamp": ("value string, timestamp string", [("v", "now")], "column 'timestamp' must be a timestamp"),
+    "record too large": ("value binary", [(b"x" * ((1 << 20) + 1),)], "over the 1048576-byte limit"),
     "no topic": ("value string", [("v",)], "no topic"),
     "bad topic name": ("topic string, value string", [("no/slash", "v")], "column 'topic' or option 'topic'"),
     "negative partition": ("value string, partition int", [("v", -1)], "negative value"),

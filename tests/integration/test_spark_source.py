@@ -61,7 +61,7 @@ def _rows(df) -> dict[int, list[tuple[int, bytes]]]:
 def test_batch_read_returns_every_record_with_kafkas_columns(spark, config, writer):
     values = _fill(writer, "orders", 3, 3, 200)
     df = _read(spark, config, topics="orders")
-    assert df.schema.simpleString() == ("struct<topic:string,partition:int,offset:bigint,value:binary,"
+    assert df.schema.simpleString() == ("struct<key:binary,value:binary,topic:string,partition:int,offset:bigint,"
                                         "timestamp:timestamp,timestampType:int>")
     assert _rows(df) == {p: list(enumerate(v, start=1)) for p, v in values.items()}
     with Coordination(config) as coordination:
