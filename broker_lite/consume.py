@@ -28,7 +28,9 @@ from dataclasses import dataclass
 import pyarrow as pa
 
 from broker_lite.batcher import payload_bytes
-from broker_lite.models import ConsumedRecord, ConsumePartition, ConsumeRequest, ConsumeResponse, ConsumeResult
+from broker_lite.models import (
+    ConsumedHeader, ConsumedRecord, ConsumePartition, ConsumeRequest, ConsumeResponse, ConsumeResult,
+)
 from broker_lite.tail_cache import TailCache, TailCacheDir
 from llog.config import Config
 from llog.errors import LlogError
@@ -258,7 +260,9 @@ class ConsumeService:
                                      partitions[i].partition_max_bytes) for i in rest]
             for i, outcome in zip(rest, self.reader.fetch(requests, max_bytes=max(remaining, 0))):
                 p = partitions[i]
-                if isinstance(outcome, Fetched):
+                if isinstance(outcome, Fetched) and any(_has_more_than_values(b) for b in outcome.batches):
+                    out[i] = _from_batches(p, outcome)
+                elif isinstance(outcome, Fetched):
                     columns = [b.column(1) for b in outcome.batches]
                     values = pa.concat_arrays(columns) if len(columns) > 1 else columns[0] if columns else []
                     out[i] = _from_values(p, p.fetch_offset, values, outcome.high_watermark)
@@ -350,6 +354,39 @@ def _from_values(p: ConsumePartition, first: int, values: list[bytes] | pa.Binar
     return ConsumeResult(p.topic, p.partition, True, high_watermark=max(high_watermark, last), start_offset=first,
                          end_offset=last, next_fetch_offset=last + 1, record_count=len(values),
                          records=records), size
+
+
+def _has_more_than_values(batch: pa.RecordBatch) -> bool:
+    """Whether a fetched batch has a tombstone, a key, headers or an event time (records-v2)."""
+    n = batch.num_rows
+    return bool(batch.column(1).null_count) or any(batch.column(c).null_count < n for c in (3, 4, 5))
+
+
+def _text_or_base64(value: bytes | None) -> tuple[str | None, bytes | None]:
+    if value is None:
+        return None, None
+    try:
+        return value.decode(), None
+    except UnicodeDecodeError:
+        return None, value
+
+
+def _from_batches(p: ConsumePartition, fetched: Fetched) -> tuple[ConsumeResult, int]:
+    """The result of fetched records that carry more than a value (records-v2), record by record."""
+    records, size = [], 0
+    for batch in fetched.batches:
+        size += payload_bytes(batch.column(1))
+        offsets, values, _, keys, headers, stamps = (batch.column(c).to_pylist() for c in range(6))
+        for offset, value, key, hs, ts in zip(offsets, values, keys, headers, stamps):
+            payload, raw = _text_or_base64(value)
+            key_text, key_raw = _text_or_base64(key)
+            records.append(ConsumedRecord(
+                offset, payload, raw, key_text, key_raw,
+                None if hs is None else [ConsumedHeader(h["key"], *_text_or_base64(h["value"])) for h in hs], ts))
+    last = p.fetch_offset + len(records) - 1
+    return ConsumeResult(p.topic, p.partition, True, high_watermark=max(fetched.high_watermark, last),
+                         start_offset=p.fetch_offset, end_offset=last, next_fetch_offset=last + 1,
+                         record_count=len(records), records=records), size
 
 
 def _response(results: list[ConsumeResult]) -> ConsumeResponse:

@@ -95,12 +95,28 @@ class ConsumeRequest(msgspec.Struct, forbid_unknown_fields=True):
     max_bytes: Annotated[int, msgspec.Meta(gt=0)] = DEFAULT_MAX_BYTES
 
 
+class ConsumedHeader(msgspec.Struct, omit_defaults=True):
+    """A record header: its key, and its value as ``value`` when UTF-8, else ``value_base64``
+    (neither: a null value)."""
+
+    key: str
+    value: str | None = None
+    value_base64: bytes | None = None
+
+
 class ConsumedRecord(msgspec.Struct, omit_defaults=True):
-    """A record: ``payload`` when its bytes are UTF-8, else ``base64``."""
+    """A record: its value as ``payload`` when its bytes are UTF-8, else ``base64`` (neither: a
+    tombstone, Kafka's null value). Records written with a key, headers or an event time
+    (docs/records-v2.md) also carry ``key`` (or ``key_base64``), ``headers`` and ``timestamp``
+    (ms since the epoch)."""
 
     offset: int
     payload: str | None = None
     base64: bytes | None = None
+    key: str | None = None
+    key_base64: bytes | None = None
+    headers: list[ConsumedHeader] | None = None
+    timestamp: int | None = None
 
 
 class ConsumeResult(msgspec.Struct, omit_defaults=True):

@@ -108,6 +108,24 @@ def test_a_miss_answers_records_that_are_not_utf8_in_base64(module_config, broke
                                  {"offset": 3, "payload": "\u00e9"}]
 
 
+def test_a_miss_answers_keys_headers_event_times_and_tombstones(module_config, broker):
+    with LogWriter(module_config, auto_initialize=True) as writer:  # records-v2, zstd
+        writer.append("miss-v2", 0, [b"v1", None, b"\xfe"], keys=["k", b"\xff", None],
+                      headers=[[("h", b"x"), ("n", None)], None, [("b", b"\x80")]], timestamps=[1_700_000_000_123, None, 5])
+        writer.append("miss-v2", 0, [b"plain"])  # bytes-batch-v1 after it
+    result, = consume(broker, [{"topic": "miss-v2", "partition": 0, "fetch_offset": 1}]).json()["results"]
+    assert result["records"] == [
+        {"offset": 1, "payload": "v1", "key": "k", "headers": [{"key": "h", "value": "x"}, {"key": "n"}],
+         "timestamp": 1_700_000_000_123},
+        {"offset": 2, "key_base64": base64.b64encode(b"\xff").decode()},  # a tombstone: no payload
+        {"offset": 3, "base64": base64.b64encode(b"\xfe").decode(),
+         "headers": [{"key": "b", "value_base64": base64.b64encode(b"\x80").decode()}], "timestamp": 5},
+        {"offset": 4, "payload": "plain"},  # the entry after it, a value only
+    ] and result["next_fetch_offset"] == 5
+    after, = consume(broker, [{"topic": "miss-v2", "partition": 0, "fetch_offset": 4}]).json()["results"]
+    assert after["records"] == [{"offset": 4, "payload": "plain"}]
+
+
 def test_byte_limits_per_partition_and_per_request(broker):
     produce(broker, "limits", 0, ["x" * 100] * 50)
     produce(broker, "limits", 1, ["y" * 100] * 50)
