@@ -125,7 +125,7 @@ def to_records(values: object, keys: object = None, headers: object = None, time
     header_array = _optional_column(headers, n, f"{what}.headers", _headers_array)
     time_array = _optional_column(timestamps, n, f"{what}.timestamps", _timestamps_array)
     if max_record_bytes is not None and not (key_array is None and header_array is None
-                                             and _value_bytes(value_array) <= max_record_bytes):
+                                             and _data_bytes_at_most(value_array) <= max_record_bytes):
         sizes = _binary_lengths(value_array)
         if key_array is not None:
             sizes += _binary_lengths(key_array)
@@ -280,12 +280,11 @@ def _binary_lengths(array: pa.Array) -> np.ndarray:
     return np.diff(offsets).astype(np.int64)
 
 
-def _value_bytes(array: pa.BinaryArray) -> int:
-    """Bytes of every value of a (perhaps sliced) binary array."""
-    if not len(array):
-        return 0
-    offsets = np.frombuffer(array.buffers()[1], dtype=np.int32, count=len(array) + 1, offset=4 * array.offset)
-    return int(offsets[-1] - offsets[0])
+def _data_bytes_at_most(array: pa.BinaryArray) -> int:
+    """A cheap upper bound of the bytes of a binary array's values: its data buffer's size
+    (the whole buffer, also of a slice). Its records are checked one by one only past it."""
+    data = array.buffers()[2]
+    return 0 if data is None else data.size
 
 
 def _header_bytes(headers: pa.ListArray) -> np.ndarray:
