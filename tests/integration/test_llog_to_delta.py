@@ -121,6 +121,27 @@ def test_available_now_runs_commit_the_group_and_continue_from_the_checkpoint(sp
         **{("grouped.b", p): (2 * RECORDS + 1, 0) for p in range(PARTITIONS)}}
 
 
+def test_keys_headers_and_event_times_reach_the_table_also_one_written_before_llog_had_them(spark, config, writer,
+                                                                                          tmp_path):
+    table = tmp_path / "table"
+    old = spark.createDataFrame([("orders", 0, 1, b"old")], COLUMNS).selectExpr(
+        "*", "current_timestamp() AS timestamp", "1 AS timestampType")  # the columns tables had before keys
+    old.write.format("delta").save(str(table))
+    writer.append("keyed", 0, [b"plain"])
+    writer.append("keyed", 0, [b"a", None], keys=[b"k1", "k2"], headers=[[("h", b"x"), ("n", None)], []],
+                  timestamps=[1_700_000_000_123, None])
+    run(spark, Job(table=str(table), checkpoint=str(tmp_path / "ck"), topics=("keyed",)), config)
+    df = spark.read.format("delta").load(str(table))
+    rows = {(r.topic, r.offset): r for r in df.collect()}
+    assert rows[("orders", 1)].key is None and rows[("orders", 1)].headers is None  # the old row
+    plain, first, tombstone = rows[("keyed", 1)], rows[("keyed", 2)], rows[("keyed", 3)]
+    assert (plain.key, plain.headers, plain.timestampType) == (None, None, 1)
+    assert (bytes(first.key), bytes(first.value), first.timestampType) == (b"k1", b"a", 0)
+    assert [(h.key, None if h.value is None else bytes(h.value)) for h in first.headers] == [("h", b"x"), ("n", None)]
+    assert int(first.timestamp.timestamp() * 1000) == 1_700_000_000_123
+    assert (bytes(tombstone.key), tombstone.value, tombstone.headers, tombstone.timestampType) == (b"k2", None, [], 1)
+
+
 def test_command_line_checks():
     assert parse_trigger("available-now") == {"availableNow": True}
     assert parse_trigger("processing-time=10 seconds") == {"processingTime": "10 seconds"}
