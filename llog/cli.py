@@ -85,9 +85,17 @@ def _consume(args) -> int:
 
     with LogReader(Config.load()) as reader:
         for record in reader.iter_from(args.topic, args.partition, args.offset, args.to):
-            value = record.value.decode("utf-8", errors="backslashreplace")
-            print(f"{record.offset}\t{value}" if args.print_offsets else value)
+            fields = [_text(record.value)]  # as Kafka's console consumer: "null" for a tombstone or no key
+            if args.print_keys:
+                fields.insert(0, _text(record.key))
+            if args.print_offsets:
+                fields.insert(0, str(record.offset))
+            print("\t".join(fields))
     return 0
+
+
+def _text(data: bytes | None) -> str:
+    return "null" if data is None else data.decode("utf-8", errors="backslashreplace")
 
 
 def _compact(args) -> int:
@@ -193,6 +201,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--offset", type=int, default=1, help="first offset (default 1)")
     p.add_argument("--to", type=int, default=None, help="last offset (default: the high watermark)")
     p.add_argument("--print-offsets", action="store_true")
+    p.add_argument("--print-keys", action="store_true", help="print each record's key before its value")
     p.set_defaults(func=_consume)
 
     p = sub.add_parser("compact", help="compact one partition now, in this process (the compaction job does all)")

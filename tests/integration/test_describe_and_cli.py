@@ -10,7 +10,8 @@ from llog.cli import main
 from llog.describe import describe_topic
 from llog.discovery import topic_partitions
 from llog.fence import fence
-from llog.writer import AppendGroup
+from llog.config import Config
+from llog.writer import AppendGroup, LogWriter
 
 
 def test_discovery_finds_exactly_the_topics_partitions(config, writer):
@@ -49,10 +50,14 @@ def test_cli_produce_consume_describe_fence(cli_env, tmp_path, capsys):
 
     assert main(["consume", "events", "-p", "2", "--offset", "2", "--print-offsets"]) == 0
     assert capsys.readouterr().out == "2\tsecond\n3\tthird\n"
+    with LogWriter(Config.load()) as writer:  # a keyed record and a tombstone
+        writer.append("events", 2, [b"v", None], keys=[b"k", b"gone"])
+    assert main(["consume", "events", "-p", "2", "--offset", "3", "--print-keys"]) == 0
+    assert capsys.readouterr().out == "null\tthird\nk\tv\ngone\tnull\n"
 
     assert main(["describe", "events", "--json"]) == 0
     [row] = json.loads(capsys.readouterr().out)
-    assert (row["partition"], row["high_watermark"], row["index_entries"]) == (2, 3, 1)
+    assert (row["partition"], row["high_watermark"], row["index_entries"]) == (2, 5, 2)
 
     assert main(["fence", "events", "2"]) == 0
     assert main(["produce", "events", "-p", "2", "--file", str(lines)]) == 1
