@@ -11,7 +11,7 @@ from llog import local_stack
 from llog.config import Config
 
 CASES = {"core": "bench.core", "sink": "bench.sink", "source": "bench.source",
-         "compaction": "bench.compaction", "broker": "bench.broker"}
+         "compaction": "bench.compaction", "broker": "bench.broker", "records": "bench.records"}
 
 
 def main(argv: list[str] | None = None) -> int:
