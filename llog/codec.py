@@ -124,8 +124,7 @@ def to_records(values: object, keys: object = None, headers: object = None, time
     key_array = _optional_column(keys, n, f"{what}.keys", _keys_array)
     header_array = _optional_column(headers, n, f"{what}.headers", _headers_array)
     time_array = _optional_column(timestamps, n, f"{what}.timestamps", _timestamps_array)
-    if max_record_bytes is not None and not (key_array is None and header_array is None
-                                             and _data_bytes_at_most(value_array) <= max_record_bytes):
+    if max_record_bytes is not None and _data_bytes_at_most(value_array, key_array, header_array) > max_record_bytes:
         sizes = _binary_lengths(value_array)
         if key_array is not None:
             sizes += _binary_lengths(key_array)
@@ -280,11 +279,14 @@ def _binary_lengths(array: pa.Array) -> np.ndarray:
     return np.diff(offsets).astype(np.int64)
 
 
-def _data_bytes_at_most(array: pa.BinaryArray) -> int:
-    """A cheap upper bound of the bytes of a binary array's values: its data buffer's size
-    (the whole buffer, also of a slice). Its records are checked one by one only past it."""
-    data = array.buffers()[2]
-    return 0 if data is None else data.size
+def _data_bytes_at_most(values: pa.BinaryArray, keys: pa.BinaryArray | None, headers: pa.ListArray | None) -> int:
+    """A cheap upper bound of the bytes of any one record: the sizes of the data buffers of the
+    values, keys, header keys and header values together (whole buffers, also of slices).
+    Records are measured one by one only past it."""
+    arrays = [values] + ([keys] if keys is not None else [])
+    if headers is not None:
+        arrays += [headers.values.field(0), headers.values.field(1)]
+    return sum(0 if (data := a.buffers()[2]) is None else data.size for a in arrays)
 
 
 def _header_bytes(headers: pa.ListArray) -> np.ndarray:

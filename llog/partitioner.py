@@ -15,6 +15,7 @@ __all__ = ["murmur2", "murmur2_bytes", "to_positive", "kafka_partitions"]
 _SEED = np.uint32(0x9747B28C)
 _M = np.uint32(0x5BD1E995)
 _R = np.uint32(24)
+_TAIL_MASKS = np.array([0, 0xFF, 0xFFFF, 0xFFFFFF], np.uint32)
 
 
 def _as_binary(keys: pa.Array) -> pa.Array:
@@ -48,35 +49,40 @@ def murmur2(keys: pa.Array) -> np.ndarray:
     odtype = np.int64 if pa.types.is_large_binary(keys.type) else np.int32
     offsets = np.frombuffer(offsets_buf, odtype)[keys.offset:keys.offset + n + 1].astype(np.int64)
     data = np.frombuffer(data_buf, np.uint8) if data_buf is not None else np.empty(0, np.uint8)
+    # The little-endian u32 at every byte position (zero past the end): one gather per word.
+    padded = np.zeros(len(data) + 4, np.uint8)
+    padded[:len(data)] = data
+    word_at = np.ndarray(shape=(len(data) + 1,), dtype="<u4", buffer=padded, strides=(1,))
     starts = offsets[:-1]
     lengths = offsets[1:] - starts
 
     h = _SEED ^ lengths.astype(np.uint32)
     nwords = lengths >> 2
+    most = int(nwords.max())
+    every = int(nwords.min()) == most  # keys of one length (the usual case): no masks
     idx = np.arange(n)
-    for j in range(int(nwords.max())):
-        idx = idx[nwords[idx] > j]  # keys with a word j; shrinks as short keys run out
-        pos = starts[idx] + 4 * j
-        k = data[pos].astype(np.uint32)
-        k |= data[pos + 1].astype(np.uint32) << np.uint32(8)
-        k |= data[pos + 2].astype(np.uint32) << np.uint32(16)
-        k |= data[pos + 3].astype(np.uint32) << np.uint32(24)
+    for j in range(most):
+        if not every:
+            idx = idx[nwords[idx] > j]  # keys with a word j; shrinks as short keys run out
+        k = word_at[(starts if every else starts[idx]) + 4 * j]
         k *= _M
         k ^= k >> _R
         k *= _M
-        hj = h[idx]
-        hj *= _M
-        hj ^= k
-        h[idx] = hj
+        if every:
+            h *= _M
+            h ^= k
+        else:
+            hj = h[idx]
+            hj *= _M
+            hj ^= k
+            h[idx] = hj
 
+    # Java's switch with fallthrough: the last 1-3 bytes, little-endian, XORed in, then one multiply.
     rem = lengths & 3
-    tail = starts + (lengths & ~3)
-    for r, shift in ((3, 16), (2, 8), (1, 0)):  # Java's switch with fallthrough
-        sel = np.nonzero(rem >= r)[0]
-        if len(sel):
-            h[sel] ^= data[tail[sel] + (r - 1)].astype(np.uint32) << np.uint32(shift)
     sel = np.nonzero(rem)[0]
-    h[sel] *= _M
+    if len(sel):
+        h[sel] ^= word_at[starts[sel] + (lengths[sel] & ~3)] & _TAIL_MASKS[rem[sel]]
+        h[sel] *= _M
 
     h ^= h >> np.uint32(13)
     h *= _M

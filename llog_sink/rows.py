@@ -122,24 +122,24 @@ class SinkLayout:
             if topic_partitions is None:
                 yield self._sticky(topic, task_id, batch_id), topic_records
                 continue
-            for partition in sorted(pc.unique(topic_partitions).to_pylist()):
-                yield _partition(topic, partition), topic_records.filter(pc.equal(topic_partitions, partition))
+            for partition, part in _by_partition(topic_records, topic_partitions):
+                yield _partition(topic, partition), part
 
     def _records(self, batch: pa.RecordBatch) -> pa.RecordBatch:
         columns = [batch.column(batch.schema.get_field_index(name)) for name in self.record_columns]
         columns[self.record_columns.index(VALUE)] = _values(columns[self.record_columns.index(VALUE)])
         return pa.RecordBatch.from_arrays(columns, names=list(self.record_columns))
 
-    def _key_partitions(self, topic: str, records: pa.RecordBatch, task_id: int, batch_id: int) -> pa.Int64Array:
+    def _key_partitions(self, topic: str, records: pa.RecordBatch, task_id: int, batch_id: int) -> np.ndarray:
         """Kafka's default partitioner for rows with a key, the sticky partition for the rest."""
         keys = records.column(self.record_columns.index(KEY))
-        placed = np.full(len(keys), self._sticky(topic, task_id, batch_id).partition, dtype=np.int64)
         if keys.null_count == 0:
-            placed[:] = kafka_partitions(keys, self.partitions)
-        elif keys.null_count < len(keys):
+            return kafka_partitions(keys, self.partitions).astype(np.int64)
+        placed = np.full(len(keys), self._sticky(topic, task_id, batch_id).partition, dtype=np.int64)
+        if keys.null_count < len(keys):
             present = keys.is_valid()
             placed[present.to_numpy(zero_copy_only=False)] = kafka_partitions(keys.filter(present), self.partitions)
-        return pa.array(placed)
+        return placed
 
     def _partition_column(self, batch: pa.RecordBatch) -> pa.Int64Array | None:
         if not self.has_partition_column:
@@ -155,6 +155,19 @@ class SinkLayout:
 
     def _sticky(self, topic: str, task_id: int, batch_id: int) -> TopicPartition:
         return _partition(topic, (task_id + batch_id + zlib.crc32(topic.encode())) % self.partitions)
+
+
+def _by_partition(records: pa.RecordBatch, partitions: pa.Array | np.ndarray) -> Iterator[tuple[int, pa.RecordBatch]]:
+    """The rows of each partition, in row order, in partition order. (A filter per partition
+    scans the rows in order; one sort and take of them measured no faster: its reads jump.)"""
+    if isinstance(partitions, np.ndarray):
+        partitions = pa.array(partitions)
+    found = pc.unique(partitions).to_pylist()
+    if len(found) == 1:
+        yield found[0], records
+        return
+    for partition in sorted(found):
+        yield partition, records.filter(pc.equal(partitions, partition))
 
 
 def _partition(topic: str, partition: int) -> TopicPartition:

@@ -1,8 +1,10 @@
 """What a Spark task does: stage its rows as shared WAL blobs in S3, nothing in Oxia.
 
-Rows are grouped by topic-partition as they arrive; when the buffered keys and values reach
-``LLOG_BATCH_MAX_BYTES`` they are packed into one LLS1 blob and PUT (each partition's records as
-one body: bytes-batch-v1 for values alone, records-v2 otherwise). The commit message lists
+Spark's Arrow batches are buffered as they arrive; when their keys and values reach
+``LLOG_BATCH_MAX_BYTES`` they are split by topic-partition (once for the whole buffer: Spark
+hands over batches of 10,000 rows, and splitting each on its own costs a murmur2 call and a
+filter per partition and column every time) and packed into one LLS1 blob, PUT in the background
+(each partition's records as one body: bytes-batch-v1 for values alone, records-v2 otherwise). The commit message lists
 every staged slice in the order written, for the driver to commit (``commit.py``).
 """
 
@@ -53,7 +55,7 @@ def write_task(batches: Iterable[pa.RecordBatch], layout: SinkLayout, config: Co
     """
     started = time.perf_counter()
     message = SinkCommitMessage(task_id, sink_id)
-    buffered: dict[TopicPartition, list[pa.RecordBatch]] = {}
+    buffered: list[pa.RecordBatch] = []  # Spark's batches as they came, split at the flush
     buffered_bytes = 0
     uploads: collections.deque[Future] = collections.deque()
 
@@ -61,27 +63,25 @@ def write_task(batches: Iterable[pa.RecordBatch], layout: SinkLayout, config: Co
         nonlocal buffered, buffered_bytes
         if not buffered:
             return
-        groups = [_group(tp, parts) for tp, parts in buffered.items()]
+        rows = buffered[0] if len(buffered) == 1 else pa.Table.from_batches(buffered).combine_chunks().to_batches()[0]
+        groups = [_group(tp, records) for tp, records in layout.split(rows, task_id, batch_id) if records.num_rows]
         while len(uploads) >= UPLOADS_IN_FLIGHT:
             message.slices.extend(uploads.popleft().result())
         uploads.append(_upload_pool.submit(stage, object_store(config), config, groups, compression=compression))
         message.blobs += 1
-        buffered, buffered_bytes = {}, 0
+        buffered, buffered_bytes = [], 0
 
     try:
         for batch in batches:
-            for tp, records in layout.split(batch, task_id, batch_id):
-                if not records.num_rows:
-                    continue
-                buffered.setdefault(tp, []).append(records)
-                size = _binary_bytes(records.column(VALUE))
-                if KEY in records.schema.names:
-                    size += _binary_bytes(records.column(KEY))
-                buffered_bytes += size
-                message.records += records.num_rows
-                message.bytes += size
-                if buffered_bytes >= config.batch_max_bytes:
-                    flush()
+            if not batch.num_rows:
+                continue
+            buffered.append(batch)
+            size = sum(_binary_bytes(batch.column(name)) for name in (VALUE, KEY) if name in batch.schema.names)
+            buffered_bytes += size
+            message.records += batch.num_rows
+            message.bytes += size
+            if buffered_bytes >= config.batch_max_bytes:
+                flush()
         flush()
         while uploads:
             message.slices.extend(uploads.popleft().result())
@@ -92,14 +92,9 @@ def write_task(batches: Iterable[pa.RecordBatch], layout: SinkLayout, config: Co
     return message
 
 
-def _group(tp: TopicPartition, parts: list[pa.RecordBatch]) -> AppendGroup:
-    """One partition's buffered records as one append group (its columns, each in one array)."""
-    if len(parts) == 1:
-        records = parts[0]
-        column = lambda name: records.column(name) if name in records.schema.names else None  # noqa: E731
-    else:
-        table = pa.Table.from_batches(parts)
-        column = lambda name: table.column(name).combine_chunks() if name in table.schema.names else None  # noqa: E731
+def _group(tp: TopicPartition, records: pa.RecordBatch) -> AppendGroup:
+    """One partition's records (the record columns present) as an append group."""
+    column = lambda name: records.column(name) if name in records.schema.names else None  # noqa: E731
     return AppendGroup(tp.topic, tp.partition, column(VALUE), column(KEY), column(HEADERS), column(TIMESTAMP))
 
 
