@@ -40,7 +40,7 @@ SHARED_MAGIC = b"LLS1"
 SHARED_PREFIX = struct.Struct(">4sI")  # magic, header length (big-endian)
 SHARED_VERSION = 1
 V2_MAGIC = b"LLR2"
-V2_HEADER = struct.Struct("<4sIIB3x")  # magic, record count, CRC-32 of bytes [12:], compression
+V2_HEADER = struct.Struct("<4sIIBBH")  # magic, count, CRC-32 of bytes [12:], compression, columns, zero
 V2_HEADER_SIZE = V2_HEADER.size
 #: records-v2's compression byte, by Kafka's ``compression.type`` name; ordered weakest first.
 COMPRESSION_CODES = {"none": 0, "lz4": 1, "zstd": 2}
@@ -55,6 +55,9 @@ V2_SCHEMA = pa.schema([
     pa.field("headers", HEADERS_TYPE),
     pa.field("timestamp", pa.int64()),
 ])
+#: records-v2's byte 13: bit ``i`` set when column ``i`` of :data:`V2_SCHEMA` is in the message.
+_VALUE_BIT = 1 << 1
+_ALL_COLUMNS = (1 << len(V2_SCHEMA)) - 1
 #: What a batch of records is between writer, codec and reader: values only, or every field.
 Records = pa.BinaryArray | pa.RecordBatch
 _MAX_U32 = 0xFFFFFFFF
@@ -137,10 +140,10 @@ def to_records(values: object, keys: object = None, headers: object = None, time
     if key_array is None and header_array is None and time_array is None and not value_array.null_count:
         return value_array
     return pa.RecordBatch.from_arrays([
-        key_array if key_array is not None else pa.nulls(n, pa.binary()),
+        key_array if key_array is not None else nulls(pa.binary(), n),
         value_array,
-        header_array if header_array is not None else pa.nulls(n, HEADERS_TYPE),
-        time_array if time_array is not None else pa.nulls(n, pa.int64()),
+        header_array if header_array is not None else nulls(HEADERS_TYPE, n),
+        time_array if time_array is not None else nulls(pa.int64(), n),
     ], schema=V2_SCHEMA)
 
 
@@ -298,13 +301,26 @@ def _header_bytes(headers: pa.ListArray) -> np.ndarray:
     return cumulative[offsets[1:]] - cumulative[offsets[:-1]]
 
 
+_NULL_ARRAYS: dict[pa.DataType, pa.Array] = {}
+
+
+def nulls(kind: pa.DataType, n: int) -> pa.Array:
+    """``n`` nulls of type ``kind``: a slice of one array kept per type (records without keys,
+    headers or event times are read and built often, and allocating the nulls each time would
+    cost more than the rest)."""
+    cached = _NULL_ARRAYS.get(kind)
+    if cached is None or len(cached) < n:
+        cached = _NULL_ARRAYS[kind] = pa.nulls(max(n, 1 << 16), kind)
+    return cached.slice(0, n)
+
+
 def as_v2(records: Records) -> pa.RecordBatch:
     """``records`` as a batch of :data:`V2_SCHEMA` (values alone get null keys, headers and times)."""
     if isinstance(records, pa.RecordBatch):
         return records
     n = len(records)
     return pa.RecordBatch.from_arrays(
-        [pa.nulls(n, pa.binary()), records, pa.nulls(n, HEADERS_TYPE), pa.nulls(n, pa.int64())], schema=V2_SCHEMA)
+        [nulls(pa.binary(), n), records, nulls(HEADERS_TYPE, n), nulls(pa.int64(), n)], schema=V2_SCHEMA)
 
 
 def concat_records(parts: Sequence[Records]) -> Records:
@@ -409,31 +425,43 @@ def encode_body(records: Records, compression: str = "none") -> EncodedBatch:
 
 
 @functools.lru_cache(maxsize=None)
-def _options(compression: str) -> tuple[ipc.IpcWriteOptions, int]:
-    """IPC write options for ``compression``, and the bytes an IPC stream of :data:`V2_SCHEMA`
+def _schema(columns: int) -> pa.Schema:
+    """The schema of a message holding the columns whose bits are set in ``columns``."""
+    return pa.schema([f for i, f in enumerate(V2_SCHEMA) if columns >> i & 1])
+
+
+@functools.lru_cache(maxsize=None)
+def _options(compression: str, columns: int) -> tuple[ipc.IpcWriteOptions, int]:
+    """IPC write options for ``compression``, and the bytes an IPC stream of those columns
     spends before its first record batch message (the schema message)."""
     if compression not in COMPRESSION_CODES:
         raise InvalidPayload(f"unknown compression {compression!r}; use one of {', '.join(COMPRESSION_CODES)}")
     options = ipc.IpcWriteOptions(compression=_ARROW_CODECS[compression])
     sink = pa.BufferOutputStream()
-    with ipc.new_stream(sink, V2_SCHEMA, options=options):
+    with ipc.new_stream(sink, _schema(columns), options=options):
         pass
     return options, sink.getvalue().size - 8  # an empty stream: the schema, then the 8-byte end marker
 
 
 def encode_records_v2(batch: pa.RecordBatch, compression: str = "none") -> EncodedBatch:
     """Encode a batch of :data:`V2_SCHEMA` as a records-v2 body (docs/records-v2.md section 3):
-    Arrow writes a stream of it, and the body keeps the stream's record batch message only."""
-    options, schema_length = _options(compression)
+    the value column and every other column that is not null in every record; Arrow writes a
+    stream of them, and the body keeps the stream's record batch message only."""
+    n = batch.num_rows
+    if not batch.schema.equals(V2_SCHEMA):
+        batch = batch.cast(V2_SCHEMA)
+    columns = _VALUE_BIT | sum(1 << i for i in (0, 2, 3) if batch.column(i).null_count < n)
+    options, schema_length = _options(compression, columns)
     sink = pa.BufferOutputStream()
-    with ipc.new_stream(sink, V2_SCHEMA, options=options) as stream:
-        stream.write_batch(batch if batch.schema.equals(V2_SCHEMA) else batch.cast(V2_SCHEMA))
+    with ipc.new_stream(sink, _schema(columns), options=options) as stream:
+        stream.write_batch(pa.RecordBatch.from_arrays([batch.column(i) for i in range(len(V2_SCHEMA)) if columns >> i & 1],
+                                                      schema=_schema(columns)))
     written = sink.getvalue()
     message = memoryview(written.slice(schema_length, written.size - schema_length - 8))
     code = COMPRESSION_CODES[compression]
-    tail = bytes((code, 0, 0, 0))
-    header = V2_HEADER.pack(V2_MAGIC, batch.num_rows, crc32(message, crc32(tail)), code)
-    return EncodedBatch((header, message), V2_HEADER_SIZE + len(message), batch.num_rows, RECORDS_V2)
+    tail = struct.pack("<BBH", code, columns, 0)
+    header = V2_HEADER.pack(V2_MAGIC, n, crc32(message, crc32(tail)), code, columns, 0)
+    return EncodedBatch((header, message), V2_HEADER_SIZE + len(message), n, RECORDS_V2)
 
 
 def body_compression(body: bytes | memoryview) -> str:
@@ -449,7 +477,7 @@ def decode_records_v2(body: bytes | memoryview, expected_count: int | None = Non
     view = memoryview(body).cast("B")
     if len(view) < V2_HEADER_SIZE:
         raise CorruptBatch(f"{where}: {len(view)} bytes is too short for a records-v2 header")
-    magic, count, crc, code = V2_HEADER.unpack_from(view, 0)
+    magic, count, crc, code, columns, zero = V2_HEADER.unpack_from(view, 0)
     if magic != V2_MAGIC:
         raise CorruptBatch(f"{where}: wrong magic {bytes(magic)!r}, expected {V2_MAGIC!r}")
     if expected_count is not None and count != expected_count:
@@ -457,8 +485,11 @@ def decode_records_v2(body: bytes | memoryview, expected_count: int | None = Non
     actual = crc32(view[12:])
     if actual != crc:
         raise CorruptBatch(f"{where}: CRC mismatch (stored {crc:#010x}, computed {actual:#010x})")
-    if code not in _COMPRESSION_NAMES or any(view[13:16]):
-        raise CorruptBatch(f"{where}: bad compression bytes {bytes(view[12:16]).hex()}")
+    if code not in _COMPRESSION_NAMES:
+        raise CorruptBatch(f"{where}: bad compression byte {code:#04x}")
+    if columns & ~_ALL_COLUMNS or not columns & _VALUE_BIT or zero:
+        raise CorruptBatch(f"{where}: bad column bytes {bytes(view[13:16]).hex()} (byte 13 names the columns, with "
+                           f"value; bytes 14..15 are zero)")
     buffer = pa.py_buffer(view[V2_HEADER_SIZE:])
     try:
         message = ipc.read_message(buffer)
@@ -467,13 +498,17 @@ def decode_records_v2(body: bytes | memoryview, expected_count: int | None = Non
         if 8 + message.metadata.size + message.body.size != buffer.size:
             raise CorruptBatch(f"{where}: the IPC message takes {8 + message.metadata.size + message.body.size} of "
                                f"the body's {buffer.size} bytes after the header")
-        batch = ipc.read_record_batch(message, V2_SCHEMA)
+        batch = ipc.read_record_batch(message, _schema(columns))
         batch.validate(full=True)
     except (pa.ArrowException, OSError, ValueError, EOFError) as e:
         raise CorruptBatch(f"{where}: malformed records-v2 message: {e or type(e).__name__}") from None
     if batch.num_rows != count:
         raise CorruptBatch(f"{where}: the record batch holds {batch.num_rows} records, the header says {count}")
-    return batch
+    if columns == _ALL_COLUMNS:
+        return batch
+    present = iter(batch.columns)
+    return pa.RecordBatch.from_arrays([next(present) if columns >> i & 1 else nulls(f.type, count)
+                                       for i, f in enumerate(V2_SCHEMA)], schema=V2_SCHEMA)
 
 
 def decode_body(encoding: str, body: bytes | memoryview, expected_count: int | None = None, where: str = "batch"

@@ -32,8 +32,8 @@ import pyarrow as pa
 from llog import failpoints
 from llog.clients import ClientUser
 from llog.codec import (
-    BATCH_HEADER_SIZE, HEADERS_TYPE, Records, body_compression, decode_body, offsets_prefix_length, read_batch_header,
-    record_span,
+    BATCH_HEADER_SIZE, HEADERS_TYPE, Records, body_compression, decode_body, nulls, offsets_prefix_length,
+    read_batch_header, record_span,
 )
 from llog.config import Config
 from llog.control import ControlState, read_control
@@ -685,19 +685,6 @@ def _trim(batches: list[pa.RecordBatch], budget: int) -> list[pa.RecordBatch]:
     return out
 
 
-_NULL_ARRAYS: dict[pa.DataType, pa.Array] = {}
-
-
-def _nulls(kind: pa.DataType, n: int) -> pa.Array:
-    """``n`` nulls of type ``kind``, a slice of one array kept per type (bytes-batch-v1 records
-    read with null keys, headers and event times, and building those per read would cost more
-    than the read)."""
-    cached = _NULL_ARRAYS.get(kind)
-    if cached is None or len(cached) < n:
-        cached = _NULL_ARRAYS[kind] = pa.nulls(max(n, 1 << 16), kind)
-    return cached.slice(0, n)
-
-
 def _record_batch(first_offset: int, created_at_ms: int, records: Records, start: int, count: int) -> pa.RecordBatch:
     """``count`` records from row ``start`` of ``records`` as a batch of :data:`RECORD_SCHEMA`,
     the first at offset ``first_offset``."""
@@ -707,8 +694,8 @@ def _record_batch(first_offset: int, created_at_ms: int, records: Records, start
         part = records.slice(start, count)
         columns = [offsets, part.column(1), created, part.column(0), part.column(2), part.column(3)]
     else:
-        columns = [offsets, records.slice(start, count), created, _nulls(pa.binary(), count),
-                   _nulls(HEADERS_TYPE, count), _nulls(pa.int64(), count)]
+        columns = [offsets, records.slice(start, count), created, nulls(pa.binary(), count),
+                   nulls(HEADERS_TYPE, count), nulls(pa.int64(), count)]
     return pa.RecordBatch.from_arrays(columns, schema=RECORD_SCHEMA)
 
 

@@ -232,19 +232,37 @@ def test_a_flipped_byte_fails_the_crc(compression, position):
         decode_body(RECORDS_V2, bytes(body), 3)
 
 
-@pytest.mark.parametrize("byte", [13, 14, 15])
-def test_non_zero_reserved_bytes_are_rejected(byte):
+@pytest.mark.parametrize("byte, value", [(13, 0b10000), (13, 0b1101), (14, 1), (15, 1)],
+                         ids=["unknown column", "no value column", "byte 14", "byte 15"])
+def test_bad_column_bytes_are_rejected(byte, value):
     body = bytearray(sample_body())
-    body[byte] = 1
-    with pytest.raises(CorruptBatch, match="bad compression bytes"):
+    body[byte] = value
+    with pytest.raises(CorruptBatch, match="bad column bytes"):
         decode_body(RECORDS_V2, with_fixed_crc(body), 3)
+
+
+def test_columns_null_in_every_record_are_left_out_and_read_as_nulls():
+    keyed = to_records([b"a", b"b"], keys=[b"k", None])
+    body = encode_body(keyed).to_bytes()
+    everything = encode_body(to_records([b"a", b"b"], keys=[b"k", None], headers=[[], None],
+                                        timestamps=[None, 1])).to_bytes()
+    assert body[13] == 0b0011 and everything[13] == 0b1111 and len(body) < len(everything) - 16
+    assert decode_body(RECORDS_V2, body, 2).to_pylist() == [
+        {"key": b"k", "value": b"a", "headers": None, "timestamp": None},
+        {"key": None, "value": b"b", "headers": None, "timestamp": None}]
+    tombstones = encode_body(to_records([None, None])).to_bytes()
+    assert tombstones[13] == 0b0010 and decode_body(RECORDS_V2, tombstones, 2).column("value").null_count == 2
+    mask_says_more = bytearray(body)
+    mask_says_more[13] = 0b1011  # a timestamp column the message does not hold
+    with pytest.raises(CorruptBatch, match="malformed records-v2 message"):
+        decode_body(RECORDS_V2, with_fixed_crc(mask_says_more), 2)
 
 
 @pytest.mark.parametrize("code", [3, 9, 255])
 def test_an_unknown_compression_code_is_rejected(code):
     body = bytearray(sample_body())
     body[12] = code
-    with pytest.raises(CorruptBatch, match=f"bad compression bytes {code:02x}000000"):
+    with pytest.raises(CorruptBatch, match=f"bad compression byte {code:#04x}"):
         decode_body(RECORDS_V2, with_fixed_crc(body), 3)
 
 
@@ -297,12 +315,12 @@ def test_columns_of_another_layout_are_rejected():
     int32_times = pa.schema([*list(V2_SCHEMA)[:3], pa.field("timestamp", pa.int32())])
     batch = pa.RecordBatch.from_arrays([pa.array([b"k"] * 3), pa.array([b"v"] * 3), pa.nulls(3, HEADERS_TYPE),
                                         pa.array([1, 2, 3], pa.int32())], schema=int32_times)
-    body = V2_HEADER.pack(V2_MAGIC, 3, 0, 0) + record_batch_message(batch)
+    body = V2_HEADER.pack(V2_MAGIC, 3, 0, 0, 0b1111, 0) + record_batch_message(batch)
     with pytest.raises(CorruptBatch, match="malformed records-v2 message"):
         decode_body(RECORDS_V2, with_fixed_crc(body), 3)
 
     two_columns = pa.RecordBatch.from_arrays([pa.array([b"k"] * 3), pa.array([b"v"] * 3)], names=["key", "value"])
-    body = V2_HEADER.pack(V2_MAGIC, 3, 0, 0) + record_batch_message(two_columns)
+    body = V2_HEADER.pack(V2_MAGIC, 3, 0, 0, 0b1111, 0) + record_batch_message(two_columns)
     with pytest.raises(CorruptBatch, match="malformed records-v2 message"):
         decode_body(RECORDS_V2, with_fixed_crc(body), 3)
 
