@@ -5,7 +5,9 @@ Workload (issue 2): 100-byte records, 8 partitions, 10,000 records per partition
 PUT of a blob of the same size. Reads: ``read_batches`` of one append's offsets in all 8
 partitions (one blob) vs a plain boto3 GET of a blob of the same size. Both sides run one call
 at a time, their calls in turn, against the same SeaweedFS; MB/s count record bytes at the
-median call time.
+median call time. Then the record formats side by side (``bench.records``' core cases:
+bytes-batch-v1, records-v2 with 16-byte keys and one header, uncompressed and zstd, on random and
+JSON event values): records/s and bytes stored per record.
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ import uuid
 
 import numpy as np
 
+from bench.records import run_core
 from bench.report import emit, mb_s, progress, random_values, timed, timed_together
 from llog.config import Config
 from llog.objects import make_s3_client
@@ -92,5 +95,10 @@ def run(config: Config) -> dict:
         "oxia_writes_per_partition_append": oxia_writes_per_partition_append,
         "s3_puts_per_append": s3_puts_per_append,
     }
+    progress("core: record formats side by side (bench.records: v1, v2-none, v2-zstd)")
+    formats = run_core(config, ROUNDS)
+    summary["formats"] = {f"{workload}/{fmt}": {k: row[k] for k in ("body_bytes_per_record", "append_records_per_s",
+                                                                   "read_records_per_s")}
+                          for workload, rows in formats.items() for fmt, row in rows.items()}
     emit(summary)
     return summary

@@ -242,7 +242,11 @@ def _wait_for_running_tasks(spark, timeout_s: float = 10) -> None:
         time.sleep(0.1)
 
 
-def run_sink(config: Config, rows: int, batches: int, rounds: int) -> dict[str, dict]:
+def run_sink(config: Config, rows: int, batches: int, rounds: int, metrics_file: Path | None = None
+             ) -> dict[str, dict]:
+    """The sink cases in turn. ``metrics_file``: the sink's metrics file of a Spark that is
+    already running in this process (Spark's JVM, and the Python workers it starts, keep the
+    environment it was started with: a variable set later does not reach the sink's commits)."""
     from urllib.parse import urlsplit
 
     from bench.sink import DropSource
@@ -254,9 +258,11 @@ def run_sink(config: Config, rows: int, batches: int, rounds: int) -> dict[str, 
     commits: dict[str, list[dict]] = {case: [] for case in SINK_CASES}
     s3_server = f"-s3.port={urlsplit(config.s3_endpoint_url).port}"
     with tempfile.TemporaryDirectory(prefix="llog-bench-records-") as tmp:
-        metrics_file = Path(tmp) / "commits.jsonl"
-        metrics_file.touch()
-        os.environ[METRICS_FILE_ENV] = str(metrics_file)
+        own_metrics = metrics_file is None
+        if own_metrics:
+            metrics_file = Path(tmp) / "commits.jsonl"
+            metrics_file.touch()
+            os.environ[METRICS_FILE_ENV] = str(metrics_file)
         spark = local_spark("llog-bench-records", cores=2, task_retries=1)
         try:
             spark.dataSource.register(DropSource)
@@ -279,7 +285,8 @@ def run_sink(config: Config, rows: int, batches: int, rounds: int) -> dict[str, 
                              + ", ".join(f"{s:.2f}" for s in got) + " s")
         finally:
             spark.stop()
-            os.environ.pop(METRICS_FILE_ENV, None)
+            if own_metrics:
+                os.environ.pop(METRICS_FILE_ENV, None)
 
     with LogReader(config) as reader:  # what the llog cases stored, from their index entries
         stored = {case: describe_topic(reader.coordination, config.root_prefix, f"records-sink-{case}", reader.objects)

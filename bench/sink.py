@@ -7,7 +7,8 @@ producing the rows and handing them to Python as Arrow. Records/s are rows over 
 micro-batch time (Spark's ``triggerExecution``). S3 PUTs (blobs) and commit times per batch
 come from the sink's own metrics (``LLOG_SINK_METRICS_FILE``). CPU seconds per batch, of the
 whole machine and of the local S3 server (SeaweedFS), show where the difference goes: the S3
-server shares Spark's two cores here, as S3 proper would not.
+server shares Spark's two cores here, as S3 proper would not. Then one round of
+``bench.records``' sink cases: values alone against 16-byte keys and one header (records-v2).
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ from urllib.parse import urlsplit
 
 from pyspark.sql.datasource import DataSource, DataSourceStreamArrowWriter, WriterCommitMessage
 
+from bench.records import run_sink
 from bench.report import CpuMeter, emit, progress
 from jobs.local_spark import local_spark
 from llog.config import Config
@@ -108,8 +110,10 @@ def run(config: Config) -> dict:
                 llog_cpu)
         finally:
             spark.stop()
-            os.environ.pop(METRICS_FILE_ENV, None)
         commits = [json.loads(line) for line in metrics_file.read_text().splitlines()]
+        progress("sink: record formats side by side (bench.records: v1 and v2-none, one round)")
+        formats = run_sink(config, rows=200_000, batches=2, rounds=1, metrics_file=metrics_file)
+        os.environ.pop(METRICS_FILE_ENV, None)
 
     for name, seconds in (("llog", llog_s), ("drop", baseline)):
         emit({"bench": "sink", "case": name, "batches": len(seconds), "rows_per_batch": ROWS_PER_BATCH,
@@ -126,6 +130,8 @@ def run(config: Config) -> dict:
         **_cpu_per_batch("drop", drop_cpu, drop_batches),
         **_cpu_per_batch("llog", llog_cpu, llog_batches),
     }
+    summary["formats"] = {case: {k: row[k] for k in ("records_per_s", "body_bytes_per_record") if k in row}
+                          for case, row in formats.items()}
     emit(summary)
     return summary
 
