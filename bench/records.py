@@ -198,50 +198,6 @@ SINK_CASES = {
 }
 
 
-def _sink_query_seconds(spark, case: str, options: dict[str, str], checkpoint: Path, rows: int, batches: int,
-                        meter: CpuMeter) -> tuple[list[float], int]:
-    """Seconds of each timed micro-batch of one query (after one warm-up batch), and how many
-    batches ``meter`` saw (as ``bench.sink._batch_seconds``, with this case's columns)."""
-    query = (spark.readStream.format("rate-micro-batch").option("rowsPerBatch", rows).option("numPartitions", 2)
-             .option("startTimestamp", int(time.time() * 1000)).load()
-             .select(*_sink_columns(SINK_CASES[case][0]))
-             .writeStream.format(SINK_CASES[case][1]).options(**options).option("checkpointLocation", str(checkpoint))
-             .trigger(processingTime="0 seconds").start())
-    metered_from = None
-    try:
-        deadline = time.monotonic() + 300
-        while time.monotonic() < deadline:
-            if query.exception() is not None:
-                raise query.exception()
-            done = query.lastProgress["batchId"] if query.lastProgress else -1
-            if metered_from is None and done >= 0:
-                meter.start()
-                metered_from = done
-            if done >= batches:
-                meter.stop()
-                break
-            time.sleep(0.1)
-        timed_batches = [p for p in query.recentProgress if p["numInputRows"] == rows][1:batches + 1]
-    finally:
-        spark.sparkContext.setLogLevel("OFF")  # stopping cancels the batch in flight, which Spark logs as errors
-        query.stop()
-        _wait_for_running_tasks(spark)
-        time.sleep(0.5)  # the cancelled tasks' last log lines
-        spark.sparkContext.setLogLevel("WARN")
-    if len(timed_batches) < batches:
-        raise RuntimeError(f"sink {case}: only {len(timed_batches)} full micro-batches within the deadline")
-    return [p["durationMs"]["triggerExecution"] / 1000 for p in timed_batches], done - metered_from
-
-
-def _wait_for_running_tasks(spark, timeout_s: float = 10) -> None:
-    """Until the tasks of a stopped query have ended, so the next query has the cores to itself."""
-    deadline = time.monotonic() + timeout_s
-    tracker = spark.sparkContext.statusTracker()
-    while time.monotonic() < deadline and (tracker.getActiveStageIds()
-                                           or any(e.numRunningTasks for e in tracker.getExecutorInfos())):
-        time.sleep(0.1)
-
-
 def run_sink(config: Config, rows: int, batches: int, rounds: int, metrics_file: Path | None = None
              ) -> dict[str, dict]:
     """The sink cases in turn. ``metrics_file``: the sink's metrics file of a Spark that is
@@ -249,7 +205,7 @@ def run_sink(config: Config, rows: int, batches: int, rounds: int, metrics_file:
     environment it was started with: a variable set later does not reach the sink's commits)."""
     from urllib.parse import urlsplit
 
-    from bench.sink import DropSource
+    from bench.sink import DropSource, micro_batch_seconds
     from jobs.local_spark import local_spark
     from llog_sink.commit import METRICS_FILE_ENV
 
@@ -272,10 +228,12 @@ def run_sink(config: Config, rows: int, batches: int, rounds: int, metrics_file:
                     progress(f"records: sink {case} round {r + 1}/{rounds}: {SINK_CASES[case][2]}")
                     before = len(metrics_file.read_text().splitlines())
                     meter = CpuMeter(s3_server)
-                    got, metered = _sink_query_seconds(
-                        spark, case, {**options, "topic": f"records-sink-{case}", "partitions": str(PARTITIONS),
-                                      "compression": "none"},
-                        Path(tmp) / f"ck-{case}-{r}", rows, batches, meter)
+                    columns, fmt, _ = SINK_CASES[case]
+                    got, metered = micro_batch_seconds(
+                        spark, _sink_columns(columns), fmt,
+                        {**options, "topic": f"records-sink-{case}", "partitions": str(PARTITIONS),
+                         "compression": "none"},
+                        Path(tmp) / f"ck-{case}-{r}", meter, rows, batches, deadline_s=300)
                     seconds[case] += got
                     cpu[case].append((meter.machine_s, meter.process_s, metered))
                     if SINK_CASES[case][1] == "llog":

@@ -26,7 +26,7 @@ from pyspark.sql.datasource import DataSource, DataSourceStreamArrowWriter, Writ
 
 from bench.records import run_sink
 from bench.report import CpuMeter, emit, progress
-from jobs.local_spark import local_spark
+from jobs.local_spark import local_spark, wait_for_running_tasks
 from llog.config import Config
 from llog_sink.commit import METRICS_FILE_ENV
 
@@ -57,20 +57,23 @@ class DropSource(DataSource):
         return _DropWriter()
 
 
-def _batch_seconds(spark, fmt: str, options: dict[str, str], checkpoint: Path,
-                   meter: CpuMeter) -> tuple[list[float], int]:
-    """Seconds of each timed micro-batch, and how many batches ``meter`` saw (it runs from
-    the end of the warm-up batch to the end of the last timed one, as seen by polling)."""
-    from pyspark.sql import functions as F
-
-    query = (spark.readStream.format("rate-micro-batch").option("rowsPerBatch", ROWS_PER_BATCH)
-             .option("numPartitions", 2).load()
-             .select(F.lpad(F.col("value").cast("string"), VALUE_BYTES, "x").cast("binary").alias("value"))
+def micro_batch_seconds(spark, columns: list, fmt: str, options: dict[str, str], checkpoint: Path, meter: CpuMeter,
+                        rows: int = ROWS_PER_BATCH, batches: int = BATCHES, deadline_s: float = 600
+                        ) -> tuple[list[float], int]:
+    """One query of ``rows`` rows per micro-batch from ``rate-micro-batch`` (its ``value`` and
+    ``timestamp``, as ``columns``) into ``fmt``: the seconds of each of ``batches`` timed
+    micro-batches (after one warm-up), and how many batches ``meter`` saw (it runs from the end
+    of the warm-up batch to the end of the last timed one, as seen by polling). The query is
+    stopped in the middle of its next batch, which Spark logs as errors: the log is silenced
+    until the cancelled tasks have ended."""
+    query = (spark.readStream.format("rate-micro-batch").option("rowsPerBatch", rows).option("numPartitions", 2)
+             .option("startTimestamp", int(time.time() * 1000)).load()
+             .select(*columns)
              .writeStream.format(fmt).options(**options).option("checkpointLocation", str(checkpoint))
              .trigger(processingTime="0 seconds").start())
     metered_from = None
     try:
-        deadline = time.monotonic() + 600
+        deadline = time.monotonic() + deadline_s
         while time.monotonic() < deadline:
             if query.exception() is not None:
                 raise query.exception()
@@ -78,16 +81,26 @@ def _batch_seconds(spark, fmt: str, options: dict[str, str], checkpoint: Path,
             if metered_from is None and done >= 0:
                 meter.start()
                 metered_from = done
-            if done >= BATCHES:
+            if done >= batches:
                 meter.stop()
                 break
-            time.sleep(0.2)
-        batches = [p for p in query.recentProgress if p["numInputRows"] == ROWS_PER_BATCH][1:BATCHES + 1]
+            time.sleep(0.1)
+        timed = [p for p in query.recentProgress if p["numInputRows"] == rows][1:batches + 1]
     finally:
+        spark.sparkContext.setLogLevel("OFF")
         query.stop()
-    if len(batches) < BATCHES:
-        raise RuntimeError(f"{fmt}: only {len(batches)} full micro-batches within the deadline")
-    return [p["durationMs"]["triggerExecution"] / 1000 for p in batches], done - metered_from
+        wait_for_running_tasks(spark)
+        time.sleep(0.5)  # the cancelled tasks' last log lines
+        spark.sparkContext.setLogLevel("WARN")
+    if len(timed) < batches:
+        raise RuntimeError(f"{fmt}: only {len(timed)} full micro-batches within the deadline")
+    return [p["durationMs"]["triggerExecution"] / 1000 for p in timed], done - metered_from
+
+
+def _values():
+    from pyspark.sql import functions as F
+
+    return [F.lpad(F.col("value").cast("string"), VALUE_BYTES, "x").cast("binary").alias("value")]
 
 
 def run(config: Config) -> dict:
@@ -101,12 +114,13 @@ def run(config: Config) -> dict:
             spark.dataSource.register(DropSource)
             progress("sink: baseline query into a sink that drops its input")
             drop_cpu = CpuMeter(s3_server)
-            baseline, drop_batches = _batch_seconds(spark, "llog_bench_drop", {}, Path(tmp) / "ck-drop", drop_cpu)
+            baseline, drop_batches = micro_batch_seconds(spark, _values(), "llog_bench_drop", {}, Path(tmp) / "ck-drop",
+                                                         drop_cpu)
             progress("sink: the same query into writeStream.format('llog')")
             options = {k.lower(): v for k, v in config.to_options().items()}
             llog_cpu = CpuMeter(s3_server)
-            llog_s, llog_batches = _batch_seconds(
-                spark, "llog", {**options, "topic": "bench", "partitions": str(PARTITIONS)}, Path(tmp) / "ck-llog",
+            llog_s, llog_batches = micro_batch_seconds(
+                spark, _values(), "llog", {**options, "topic": "bench", "partitions": str(PARTITIONS)}, Path(tmp) / "ck-llog",
                 llog_cpu)
         finally:
             spark.stop()

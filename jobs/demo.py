@@ -148,6 +148,8 @@ def stream_through_spark(spark, config: Config, partitions: int, batches: int = 
 
     from pyspark.sql import functions as F
 
+    from jobs.local_spark import wait_for_running_tasks
+
     print(f"streaming {batches} micro-batches of {rows:,} events through writeStream.format('llog') ...")
     started = time.perf_counter()
     with LogReader(config) as reader, tempfile.TemporaryDirectory(prefix="llog-demo-ck-") as checkpoint:
@@ -164,7 +166,7 @@ def stream_through_spark(spark, config: Config, partitions: int, batches: int = 
             time.sleep(0.2)
         spark.sparkContext.setLogLevel("OFF")  # stopping cancels the batch in flight, which Spark logs as errors
         query.stop()
-        _wait_for_running_tasks(spark)
+        wait_for_running_tasks(spark)
         spark.sparkContext.setLogLevel("ERROR")
         for progress in query.recentProgress:
             print(f"  batch {progress['batchId']}: {progress['numInputRows']:,} rows in "
@@ -207,15 +209,6 @@ def events_to_delta(spark, config: Config, before: dict[int, int], after: dict[i
     print()
     print(group_lag(config, group, ["events"]))
     return rows == streamed
-
-
-def _wait_for_running_tasks(spark, timeout_s: float = 10) -> None:
-    """Until the tasks Spark is cancelling have ended (they log their cancellation as errors)."""
-    deadline = time.monotonic() + timeout_s
-    tracker = spark.sparkContext.statusTracker()
-    while time.monotonic() < deadline and (tracker.getActiveStageIds()
-                                           or any(e.numRunningTasks for e in tracker.getExecutorInfos())):
-        time.sleep(0.1)
 
 
 def _high_watermarks(reader: LogReader, config: Config, topic: str, partitions: int) -> dict[int, int]:

@@ -98,3 +98,15 @@ def _stop_jvm_without_delta() -> None:
         proc.wait(timeout=60)
     SparkContext._gateway = None
     SparkContext._jvm = None
+
+
+def wait_for_running_tasks(spark, timeout_s: float = 10) -> None:
+    """Until the tasks of a stopped query have ended (Spark cancels them, and logs that as
+    errors), so what runs next has the cores, and the log, to itself."""
+    import time
+
+    deadline = time.monotonic() + timeout_s
+    tracker = spark.sparkContext.statusTracker()
+    while time.monotonic() < deadline and (tracker.getActiveStageIds()
+                                           or any(e.numRunningTasks for e in tracker.getExecutorInfos())):
+        time.sleep(0.1)
