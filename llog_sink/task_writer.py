@@ -1,11 +1,11 @@
 """What a Spark task does: stage its rows as shared WAL blobs in S3, nothing in Oxia.
 
 Spark's Arrow batches are buffered as they arrive; when their keys and values reach
-``LLOG_BATCH_MAX_BYTES`` they are split by topic-partition (once for the whole buffer: Spark
-hands over batches of 10,000 rows, and splitting each on its own costs a murmur2 call and a
-filter per partition and column every time) and packed into one LLS1 blob, PUT in the background
-(each partition's records as one body: bytes-batch-v1 for values alone, records-v2 otherwise). The commit message lists
-every staged slice in the order written, for the driver to commit (``commit.py``).
+``LLOG_BATCH_MAX_BYTES`` they are split by topic-partition, once for the whole buffer (Spark
+hands over batches of 10,000 rows: one murmur2 call and one filter per partition and column for
+the buffer instead of for each), and packed into one LLS1 blob, PUT in the background: each
+partition's records one body, bytes-batch-v1 for values alone, records-v2 otherwise. The commit
+message lists every staged slice in the order written, for the driver to commit (``commit.py``).
 """
 
 from __future__ import annotations
