@@ -207,11 +207,16 @@ def _headers_array(headers: object, what: str) -> pa.ListArray:
     return array
 
 
+def _unpacked(pair: object) -> object:
+    """A ``{"key", "value"}`` dict (what Arrow's ``to_pylist`` gives back) as a pair; anything
+    else as it is."""
+    return (pair.get("key"), pair.get("value")) if isinstance(pair, dict) and set(pair) <= {"key", "value"} else pair
+
+
 def _header(pair: object) -> tuple[object, object]:
-    """One header as a ``(key, value)`` tuple: from a pair, or a ``{"key", "value"}`` dict (what
-    Arrow's ``to_pylist`` gives back); key ``str`` or bytes, value bytes or None."""
-    if isinstance(pair, dict) and set(pair) <= {"key", "value"}:
-        pair = (pair.get("key"), pair.get("value"))
+    """One header as a ``(key, value)`` tuple, from a pair or a dict (:func:`_unpacked`); key
+    ``str`` or bytes, value bytes or None."""
+    pair = _unpacked(pair)
     if not isinstance(pair, (tuple, list)) or len(pair) != 2:
         raise TypeError("not a pair")
     key, value = pair
@@ -227,9 +232,7 @@ def _bad_headers(headers: Sequence, what: str) -> str:
             continue
         if isinstance(h, (str, *_BYTES_LIKE, dict)) or not isinstance(h, Sequence):
             return f"{what}[{i}] must be a list of (key, value) pairs, got {type(h).__name__}"
-        for pair in h:
-            if isinstance(pair, dict) and set(pair) <= {"key", "value"}:
-                pair = (pair.get("key"), pair.get("value"))
+        for pair in map(_unpacked, h):
             if not isinstance(pair, (tuple, list)) or len(pair) != 2:
                 return f"{what}[{i}] holds {pair!r}, not a (key, value) pair"
             key, value = pair
@@ -274,6 +277,14 @@ _TICKS_PER_MS = {"ms": 1, "us": 1_000, "ns": 1_000_000}
 
 def _list_offsets(array: pa.ListArray) -> np.ndarray:
     return np.frombuffer(array.buffers()[1], dtype=np.int32, count=len(array) + 1, offset=4 * array.offset)
+
+
+def binary_bytes(array: pa.Array) -> int:
+    """Bytes of the slots of a binary or string array (or a slice of one), from its offsets."""
+    if not len(array):
+        return 0
+    offsets = np.frombuffer(array.buffers()[1], dtype=np.int32, count=len(array) + 1, offset=4 * array.offset)
+    return int(offsets[-1] - offsets[0])
 
 
 def _binary_lengths(array: pa.Array) -> np.ndarray:

@@ -32,7 +32,7 @@ import pyarrow as pa
 from llog import failpoints
 from llog.clients import ClientUser
 from llog.codec import (
-    BATCH_HEADER_SIZE, HEADERS_TYPE, Records, body_compression, decode_body, nulls, offsets_prefix_length,
+    BATCH_HEADER_SIZE, HEADERS_TYPE, Records, binary_bytes, body_compression, decode_body, nulls, offsets_prefix_length,
     read_batch_header, record_span,
 )
 from llog.config import Config
@@ -155,7 +155,7 @@ class Fetched:
     @property
     def nbytes(self) -> int:
         """Record bytes (the values, not offsets or timestamps)."""
-        return sum(_value_bytes(b.column(1)) for b in self.batches)
+        return sum(binary_bytes(b.column(1)) for b in self.batches)
 
 
 @dataclass(frozen=True)
@@ -623,13 +623,6 @@ def _chunks(slices: Sequence[_Slice], chunk_bytes: int) -> list[list[_Slice]]:
         size = chunk_bytes if length is None else size + length
     return chunks
 
-
-def _value_bytes(values: pa.BinaryArray) -> int:
-    """Bytes of the values of a binary array (or slice of one), from its offsets."""
-    if len(values) == 0:
-        return 0
-    offsets = np.frombuffer(values.buffers()[1], dtype=np.int32, count=len(values) + 1, offset=4 * values.offset)
-    return int(offsets[-1] - offsets[0])
 
 
 def _record_bytes(located: LocatedEntry) -> int:

@@ -16,10 +16,10 @@ from collections.abc import Iterable
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 
-import numpy as np
 import pyarrow as pa
 from pyspark.sql.datasource import WriterCommitMessage
 
+from llog.codec import binary_bytes
 from llog.config import Config
 from llog.keys import TopicPartition
 from llog.writer import AppendGroup, StagedSlice, stage
@@ -76,7 +76,7 @@ def write_task(batches: Iterable[pa.RecordBatch], layout: SinkLayout, config: Co
             if not batch.num_rows:
                 continue
             buffered.append(batch)
-            size = sum(_binary_bytes(batch.column(name)) for name in (VALUE, KEY) if name in batch.schema.names)
+            size = sum(binary_bytes(batch.column(name)) for name in (VALUE, KEY) if name in batch.schema.names)
             buffered_bytes += size
             message.records += batch.num_rows
             message.bytes += size
@@ -96,9 +96,3 @@ def _group(tp: TopicPartition, records: pa.RecordBatch) -> AppendGroup:
     """One partition's records (the record columns present) as an append group."""
     column = lambda name: records.column(name) if name in records.schema.names else None  # noqa: E731
     return AppendGroup(tp.topic, tp.partition, column(VALUE), column(KEY), column(HEADERS), column(TIMESTAMP))
-
-
-def _binary_bytes(values: pa.Array) -> int:
-    """Bytes of the slots of this (perhaps sliced) binary or string array."""
-    offsets = np.frombuffer(values.buffers()[1], dtype=np.int32, count=len(values) + 1, offset=values.offset * 4)
-    return int(offsets[-1] - offsets[0])
