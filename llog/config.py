@@ -56,6 +56,10 @@ ENV_NAMES: dict[str, str] = {
     "max_record_bytes": "LLOG_MAX_RECORD_BYTES",
     "compression_type": "LLOG_COMPRESSION_TYPE",
     "topic_config": "LLOG_TOPIC_CONFIG",
+    "auto_create_topics": "LLOG_AUTO_CREATE_TOPICS",
+    "default_partitions": "LLOG_DEFAULT_PARTITIONS",
+    "retention_ms": "LLOG_RETENTION_MS",
+    "retention_bytes": "LLOG_RETENTION_BYTES",
 }
 
 #: AWS's own names, used when neither options, LLOG_* nor the settings file set a value.
@@ -165,8 +169,16 @@ class Config:
     #: bytes-batch-v1, the fastest path), ``zstd`` or ``lz4``; Kafka's ``compression.type``.
     compression_type: str = "none"
     #: Settings per topic, as JSON ``{"topic": {"compression.type": "zstd"}}`` (Kafka's names);
-    #: a topic's setting wins over the one above.
+    #: a topic's setting wins over the one above, and its topic record's (docs/topics.md) over both.
     topic_config: str | None = None
+    #: Writers (the sink, the broker) create a topic that has no record on first use, with
+    #: ``default_partitions`` partitions (Kafka's ``auto.create.topics.enable``, ``num.partitions``).
+    auto_create_topics: bool = True
+    default_partitions: int = 1
+    #: Retention of a topic without its own ``retention.ms`` / ``retention.bytes`` (Kafka's
+    #: ``log.retention.ms``, 7 days, and ``log.retention.bytes``); -1: no limit.
+    retention_ms: int = 7 * 24 * 3600 * 1000
+    retention_bytes: int = -1
 
     def __post_init__(self) -> None:
         problems = []
@@ -178,9 +190,12 @@ class Config:
         for name in ("oxia_request_timeout_ms", "s3_max_attempts", "batch_max_bytes", "batch_max_delay_ms",
                      "batch_max_buffer_bytes", "broker_max_request_bytes", "broker_max_wait_ms",
                      "cas_max_attempts", "gc_grace_ms",
-                     "sink_progress_retention_ms", "max_record_bytes"):
+                     "sink_progress_retention_ms", "max_record_bytes", "default_partitions"):
             if getattr(self, name) < 1:
                 problems.append(f"{ENV_NAMES[name]}={getattr(self, name)} must be >= 1")
+        for name in ("retention_ms", "retention_bytes"):
+            if getattr(self, name) < -1:
+                problems.append(f"{ENV_NAMES[name]}={getattr(self, name)} must be >= -1 (-1: no limit)")
         if self.tail_cache_max_bytes < 0:
             problems.append(f"LLOG_TAIL_CACHE_MAX_BYTES={self.tail_cache_max_bytes} must be >= 0 (0 turns it off)")
         if self.broker_role not in ("write", "read", "both"):
@@ -314,13 +329,24 @@ def _read_settings_file(path: Path) -> dict[str, Any]:
     return {f: raw[n] for f, n in ENV_NAMES.items() if raw.get(n) not in (None, "")}
 
 
+def _bool(value: Any) -> bool:
+    if isinstance(value, bool):
+        return value
+    text = str(value).strip().lower()
+    if text not in ("true", "false", "1", "0", "yes", "no"):
+        raise ValueError(value)
+    return text in ("true", "1", "yes")
+
+
 def _coerce(values: dict[str, Any]) -> dict[str, Any]:
     types = {f.name: f.type for f in dataclasses.fields(Config)}
     out = {}
     for name, value in values.items():
         kind = types[name]
         try:
-            if kind == "int":
+            if kind == "bool":
+                out[name] = _bool(value)
+            elif kind == "int":
                 out[name] = int(value)
             elif kind == "float":
                 out[name] = float(value)

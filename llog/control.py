@@ -88,17 +88,19 @@ def read_controls(coordination: Coordination, keys: Sequence[PartitionKeys], clo
             for k, f in zip(keys, found)]
 
 
-def initialize_partition(coordination: Coordination, keys: PartitionKeys) -> bool:
+def initialize_partition(coordination: Coordination, keys: PartitionKeys, topic_id: str | None = None) -> bool:
     """Section 4.1: create the cursor and ``meta/control`` only if absent. Idempotent; racing
     initializers are fine. The cursor goes first, so an existing control implies a cursor.
+    ``topic_id``: of the topic record the partition belongs to (docs/topics.md section 2).
     Returns True if this call created ``meta/control``."""
     absent = oxia.EXPECTED_RECORD_DOES_NOT_EXIST
     try:
         coordination.put(keys.compaction_cursor, CompactionCursor(1).to_json(), keys.partition_key, absent)
     except VersionConflict:
         pass
+    control = ControlRecord() if topic_id is None else ControlRecord().with_extra(topic_id=topic_id, log_start_offset=1)
     try:
-        coordination.put(keys.control, ControlRecord().to_json(), keys.partition_key, absent)
+        coordination.put(keys.control, control.to_json(), keys.partition_key, absent)
         return True
     except VersionConflict:
         return False

@@ -39,13 +39,13 @@ def list_topics(coordination: Coordination, root: str) -> list[str]:
         hit = coordination.ceiling(topic_scan_key(root, segment), None, f"{root}/")
         if hit is None:
             return found
-        topic = parse_topic_segment(root, hit.key)
-        if topic is None:  # a key of this depth that is not per-partition: step past its segment
-            topic = hit.key[len(root) + 1:].partition("/")[0]
-        else:
-            try:
-                if topic_partitions(coordination, root, topic):
-                    found.append(topic)
-            except InvalidTopicName:
-                pass  # not written by llog
+        # The key's first segment names a topic if that topic has partitions. The key itself
+        # may be another kind (a topic record ``R/topics/x`` sorts before ``R/topics/partitions/..``
+        # of a topic named "topics"), so the topic's partitions are looked up, not assumed.
+        topic = parse_topic_segment(root, hit.key) or hit.key[len(root) + 1:].partition("/")[0]
+        try:
+            if topic_partitions(coordination, root, topic):
+                found.append(topic)
+        except InvalidTopicName:
+            pass  # not written by llog
         segment = topic + "\x00"

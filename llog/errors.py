@@ -70,16 +70,73 @@ class PartitionNotInitialized(LlogError):
 
 
 class OffsetOutOfRange(LlogError):
-    """An offset lies outside ``[1, high_watermark]``."""
+    """An offset lies outside ``[log_start_offset, high_watermark]``: past the end, or below the
+    log start offset (removed by retention, docs/topics.md section 3; ``below_start``)."""
 
-    def __init__(self, topic: str, partition: int, offset: int, high_watermark: int):
+    def __init__(self, topic: str, partition: int, offset: int, high_watermark: int, log_start_offset: int = 1):
         self.topic, self.partition = topic, partition
-        self.offset, self.high_watermark = offset, high_watermark
-        super().__init__(
-            f"offset {offset} of {topic}[{partition}] is out of range: "
-            f"readable offsets are 1..{high_watermark}"
-            + (" (the partition is empty)" if high_watermark == 0 else "")
-        )
+        self.offset, self.high_watermark, self.log_start_offset = offset, high_watermark, log_start_offset
+        if high_watermark < log_start_offset:
+            readable = (f"the partition holds no records (the next offset written is {high_watermark + 1})"
+                        if log_start_offset > 1 else "readable offsets are 1..0 (the partition is empty)")
+        else:
+            readable = f"readable offsets are {log_start_offset}..{high_watermark}"
+        if self.below_start:
+            detail = f"offsets 1..{log_start_offset - 1} were removed by retention; {readable}"
+        else:
+            detail = readable
+        super().__init__(f"offset {offset} of {topic}[{partition}] is out of range: {detail}")
+
+    @property
+    def below_start(self) -> bool:
+        return self.offset < self.log_start_offset
+
+
+class TopicNotFound(LlogError):
+    """A topic has no topic record (docs/topics.md), and it was not created automatically."""
+
+    def __init__(self, topic: str, why: str = ""):
+        self.topic = topic
+        super().__init__(f"topic {topic!r} does not exist" + (f": {why}" if why else ""))
+
+
+class TopicAlreadyExists(LlogError):
+    """``create`` of a topic whose record exists (maybe still being deleted)."""
+
+    def __init__(self, topic: str, why: str = ""):
+        self.topic = topic
+        super().__init__(f"topic {topic!r} already exists" + (f" ({why})" if why else ""))
+
+
+class TopicBeingDeleted(LlogError):
+    """The topic's record is DELETING: nothing is written to it or changed in it any more."""
+
+    def __init__(self, topic: str):
+        self.topic = topic
+        super().__init__(f"topic {topic!r} is being deleted: writes and changes are refused (run `llog topics "
+                         f"delete {topic}` again to finish an interrupted delete)")
+
+
+class TopicRecreated(LlogError):
+    """A partition belongs to another topic of the same name than the writer expected: the topic
+    was deleted and created again meanwhile (docs/topics.md section 2)."""
+
+
+class UnknownPartition(LlogError, ValueError):
+    """A partition at or past the topic's partition count."""
+
+    def __init__(self, topic: str, partition: int, partitions: int):
+        self.topic, self.partition, self.partitions = topic, partition, partitions
+        super().__init__(f"{topic}[{partition}] does not exist: topic {topic!r} has {partitions} partition(s), "
+                         f"0..{partitions - 1} (add partitions with `llog topics alter {topic} --partitions N`)")
+
+
+class PartitionCountMismatch(LlogError, ValueError):
+    """A writer's partition count disagrees with the topic's (the Spark sink's ``partitions``)."""
+
+
+class InvalidTopicConfig(LlogError, ValueError):
+    """A topic setting is unknown or its value is not allowed (docs/topics.md section 1)."""
 
 
 class LogFenced(LlogError):

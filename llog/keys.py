@@ -132,6 +132,13 @@ class PartitionKeys:
             raise ValueError(f"{key!r} does not end in a {OFFSET_WIDTH}-digit offset")
         return int(suffix)
 
+    @property
+    def subtree(self) -> tuple[str, str]:
+        """``[P//, P/~/)``: a range holding every key of depth ``P/x/y`` (each kind of
+        per-partition key) and nothing else (Oxia compares keys segment by segment;
+        docs/topics.md section 2, delete step 3)."""
+        return f"{self.base}//", f"{self.base}/~/"
+
     def consumer_group(self, group: str) -> str:
         return f"{self.base}/consumers/{group}"
 
@@ -183,6 +190,20 @@ def parse_topic_segment(root: str, key: str) -> str | None:
         return None
     topic, slash, rest = key[len(root) + 1:].partition("/")
     return topic if slash and rest.startswith("partitions/") else None
+
+
+#: The partition key of every topic record: one shard holds them all (docs/topics.md section 1).
+TOPICS_PARTITION_KEY = "topics"
+
+
+def topic_key(root: str, topic: str) -> str:
+    """``R/topics/{topic}``, the topic record (docs/topics.md section 1)."""
+    return f"{root}/topics/{validate_topic(topic)}"
+
+
+def topic_keys_range(root: str) -> tuple[str, str]:
+    """``[R/topics/, R/topics/~)``: every topic record and no other key."""
+    return f"{root}/topics/", f"{root}/topics/~"
 
 
 def shared_wal_object(root: str, blob_id: str | None = None) -> str:

@@ -225,6 +225,28 @@ class ControlRecord:
     def fenced(self) -> bool:
         return self.log_state == FENCED
 
+    @property
+    def log_start_offset(self) -> int:
+        """The first offset still in the log (docs/topics.md section 3); 1 when never moved."""
+        value = self.extra.get("log_start_offset", 1)
+        if not isinstance(value, int) or isinstance(value, bool) or not 1 <= value <= self.sequence_counter:
+            raise CorruptRecord(f"meta/control: log_start_offset must be an int in 1..{self.sequence_counter} (the "
+                                f"sequence counter), got {value!r}")
+        return value
+
+    @property
+    def topic_id(self) -> str | None:
+        """The ``topic_id`` of the topic that initialized the partition (docs/topics.md section
+        1); None for a partition initialized before topic records existed."""
+        value = self.extra.get("topic_id")
+        if value is not None and not isinstance(value, str):
+            raise CorruptRecord(f"meta/control: topic_id must be a string, got {value!r}")
+        return value
+
+    def with_extra(self, **fields: Any) -> "ControlRecord":
+        """This record with extension fields set (docs/topics.md: ``log_start_offset``, ``topic_id``)."""
+        return replace(self, extra={**self.extra, **fields})
+
     def with_changes(self, **changes: Any) -> "ControlRecord":
         return replace(self, **changes)
 
@@ -373,3 +395,58 @@ class CompactionRecord:
             raise CorruptRecord(f"{key}: inconsistent offsets {record.start_offset}..{record.end_offset} "
                                 f"(last entry from {record.last_entry_start_offset}, msg_count {record.msg_count})")
         return record
+
+
+#: Topic states (docs/topics.md section 1).
+ACTIVE = "ACTIVE"
+DELETING = "DELETING"
+TOPIC_STATES = (ACTIVE, DELETING)
+
+
+@dataclass(frozen=True)
+class TopicRecord:
+    """``R/topics/{topic}`` (docs/topics.md section 1): partition count, explicit config, state.
+    Unknown fields are kept in ``extra`` and written back by every CAS."""
+
+    topic: str
+    topic_id: str
+    partitions: int
+    config: dict[str, Any] = field(default_factory=dict)
+    state: str = ACTIVE
+    created_at_ms: int = 0
+    updated_at_ms: int = 0
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def deleting(self) -> bool:
+        return self.state == DELETING
+
+    def with_changes(self, **changes: Any) -> "TopicRecord":
+        return replace(self, **changes)
+
+    def to_json(self) -> bytes:
+        return _dump({**self.extra, "topic": self.topic, "topic_id": self.topic_id, "state": self.state,
+                      "partitions": self.partitions, "config": self.config, "created_at_ms": self.created_at_ms,
+                      "updated_at_ms": self.updated_at_ms})
+
+    @classmethod
+    def from_json(cls, raw: bytes | str, key: str = "topics/{topic}") -> "TopicRecord":
+        obj = _load(raw, key)
+        record = cls(
+            topic=_field(obj, "topic", str, key),
+            topic_id=_field(obj, "topic_id", str, key),
+            partitions=_field(obj, "partitions", int, key),
+            config=_field(obj, "config", dict, key),
+            state=_field(obj, "state", str, key),
+            created_at_ms=_field(obj, "created_at_ms", int, key),
+            updated_at_ms=_field(obj, "updated_at_ms", int, key, optional=True) or 0,
+            extra={k: v for k, v in obj.items() if k not in _TOPIC_FIELDS},
+        )
+        if record.state not in TOPIC_STATES:
+            raise CorruptRecord(f"{key}: unknown topic state {record.state!r}")
+        if record.partitions < 1:
+            raise CorruptRecord(f"{key}: partitions must be >= 1, got {record.partitions}")
+        return record
+
+
+_TOPIC_FIELDS = ("topic", "topic_id", "state", "partitions", "config", "created_at_ms", "updated_at_ms")

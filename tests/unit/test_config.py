@@ -121,7 +121,7 @@ def test_option_key_spellings(load, key):
 @pytest.mark.parametrize("field_name,env_name", sorted(ENV_NAMES.items()))
 def test_every_field_has_an_option_and_env_name(load, field_name, env_name):
     kind = Config.__dataclass_fields__[field_name].type
-    raw, expected = {"int": ("2500", 2500), "float": ("2.5", 2.5)}.get(kind, ("v", "v"))
+    raw, expected = {"int": ("2500", 2500), "float": ("2.5", 2.5), "bool": ("false", False)}.get(kind, ("v", "v"))
     if field_name == "broker_role":  # one of three values
         raw = expected = "read"
     if field_name == "compression_type":
@@ -302,3 +302,18 @@ def test_secrets_are_not_in_repr(load):
         assert "SUPERSECRET" not in text and "TOKENVALUE" not in text
         assert "AKIDVISIBLE" in text  # the access key id is not secret, and proves repr shows fields
     assert config.s3_secret_access_key == "SUPERSECRET"
+
+
+@pytest.mark.parametrize("raw,expected", [("true", True), ("FALSE", False), ("1", True), ("0", False)])
+def test_auto_create_topics_reads_booleans(load, raw, expected):
+    assert load(env={"LLOG_AUTO_CREATE_TOPICS": raw}).auto_create_topics is expected
+
+
+@pytest.mark.parametrize("env,problem", [
+    ({"LLOG_AUTO_CREATE_TOPICS": "maybe"}, "LLOG_AUTO_CREATE_TOPICS='maybe' is not a valid bool"),
+    ({"LLOG_DEFAULT_PARTITIONS": "0"}, "LLOG_DEFAULT_PARTITIONS=0 must be >= 1"),
+    ({"LLOG_RETENTION_MS": "-2"}, "LLOG_RETENTION_MS=-2 must be >= -1"),
+])
+def test_topic_defaults_are_checked(load, env, problem):
+    with pytest.raises(ConfigError, match=re.escape(problem)):
+        load(env=env)

@@ -1,0 +1,410 @@
+"""Topics as objects (docs/topics.md): the topic record ``R/topics/{topic}``, and create, alter,
+delete and list, each by the CAS the spec gives it. :class:`TopicCache` is what writers check
+before reserving offsets: the topic exists (or is created on first use), is not being deleted,
+and has the partition.
+
+``llog topics create|list|describe|alter|delete`` (``llog.cli``) calls these functions.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+import uuid
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import oxia
+
+from llog.clock import SYSTEM, Clock
+from llog.config import COMPRESSION_TYPES, Config
+from llog.control import backoff, initialize_partition, read_controls
+from llog.coordination import Coordination
+from llog.discovery import topic_partitions
+from llog.errors import (
+    ClaimHeld, InvalidTopicConfig, LlogError, MaxRetriesExceeded, PartitionNotInitialized, TopicAlreadyExists,
+    TopicBeingDeleted, TopicNotFound, UnknownPartition, VersionConflict,
+)
+from llog.fence import fence
+from llog.keys import (
+    TOPICS_PARTITION_KEY, PartitionKeys, TopicPartition, s3_uri, topic_key, topic_keys_range, validate_topic,
+)
+from llog.records import ACTIVE, DELETING, TopicRecord
+
+log = logging.getLogger(__name__)
+
+#: Kafka's ``cleanup.policy`` values llog has (no log compaction by key).
+CLEANUP_POLICIES = ("delete",)
+#: The settings a topic may hold (docs/topics.md section 1), in the order ``describe`` lists them.
+TOPIC_CONFIGS = ("cleanup.policy", "compression.type", "retention.bytes", "retention.ms")
+#: How long a writer trusts a cached topic record before reading it again (Kafka producers'
+#: ``metadata.max.age.ms`` is 5 minutes; a config change reaches writers within this).
+CACHE_TTL_S = 30.0
+#: CAS rounds of an alter or a delete's state change before giving up.
+_MAX_ATTEMPTS = 64
+#: How long a delete waits, per partition, for a compactor to release the partition's claim.
+DEFAULT_CLAIM_WAIT_S = 60.0
+
+
+# --- settings -------------------------------------------------------------------------------------
+
+
+def parse_config(settings: Mapping[str, Any]) -> dict[str, Any]:
+    """Check ``settings`` (Kafka's names; values as given on a command line or in JSON) and
+    return them typed: ints for ``retention.*``, strings for the rest. Raises
+    :class:`InvalidTopicConfig` naming the first bad one."""
+    out: dict[str, Any] = {}
+    for name, value in settings.items():
+        if name in ("retention.ms", "retention.bytes"):
+            try:
+                number = int(value) if not isinstance(value, bool) else None
+            except (TypeError, ValueError):
+                number = None
+            if number is None or number < -1:
+                raise InvalidTopicConfig(f"{name}={value!r} must be an integer >= -1 (-1: no limit)")
+            out[name] = number
+        elif name == "cleanup.policy":
+            if value not in CLEANUP_POLICIES:
+                raise InvalidTopicConfig(f"cleanup.policy={value!r}: llog has only 'delete' (records go by "
+                                         f"retention.ms and retention.bytes; there is no compaction by key)")
+            out[name] = value
+        elif name == "compression.type":
+            if value not in COMPRESSION_TYPES:
+                raise InvalidTopicConfig(f"compression.type={value!r} must be one of {', '.join(COMPRESSION_TYPES)}")
+            out[name] = value
+        else:
+            raise InvalidTopicConfig(f"unknown topic setting {name!r}; known: {', '.join(TOPIC_CONFIGS)}")
+    return out
+
+
+def parse_config_pairs(pairs: Iterable[str]) -> dict[str, Any]:
+    """``["retention.ms=3600000", ...]`` (the ``--config k=v`` flags) as typed settings."""
+    raw: dict[str, str] = {}
+    for pair in pairs:
+        name, eq, value = pair.partition("=")
+        if not eq or not name.strip():
+            raise InvalidTopicConfig(f"--config {pair!r} must look like name=value, e.g. retention.ms=86400000")
+        raw[name.strip()] = value.strip()
+    return parse_config(raw)
+
+
+@dataclass(frozen=True)
+class TopicSettings:
+    """A topic's effective settings: its record's, else the defaults (docs/topics.md section 1)."""
+
+    retention_ms: int
+    retention_bytes: int
+    cleanup_policy: str
+    compression_type: str
+
+    @classmethod
+    def of(cls, topic: str, record: TopicRecord | None, config: Config) -> "TopicSettings":
+        given = record.config if record is not None else {}
+        return cls(
+            retention_ms=given.get("retention.ms", config.retention_ms),
+            retention_bytes=given.get("retention.bytes", config.retention_bytes),
+            cleanup_policy=given.get("cleanup.policy", "delete"),
+            compression_type=given.get("compression.type", config.compression(topic)),
+        )
+
+    def as_kafka(self) -> dict[str, Any]:
+        return {"cleanup.policy": self.cleanup_policy, "compression.type": self.compression_type,
+                "retention.bytes": self.retention_bytes, "retention.ms": self.retention_ms}
+
+
+# --- reading ----------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class VersionedTopic:
+    record: TopicRecord
+    version: int
+
+
+def read_topic(coordination: Coordination, root: str, topic: str) -> VersionedTopic | None:
+    """The topic's record and its version, or None when it has none."""
+    found = coordination.get(topic_key(root, topic), TOPICS_PARTITION_KEY)
+    return None if found is None else VersionedTopic(TopicRecord.from_json(found.value, found.key), found.version_id)
+
+
+def list_topic_records(coordination: Coordination, root: str) -> list[TopicRecord]:
+    """Every topic record, by name (one range scan of one shard)."""
+    start, end = topic_keys_range(root)
+    return sorted((TopicRecord.from_json(v.value, v.key) for v in coordination.range_scan(start, end, TOPICS_PARTITION_KEY)),
+                  key=lambda r: r.topic)
+
+
+# --- create ------------------------------------------------------------------------------------------
+
+
+def create_topic(coordination: Coordination, root: str, topic: str, partitions: int,
+                 settings: Mapping[str, Any] | None = None, if_not_exists: bool = False,
+                 clock: Clock = SYSTEM) -> TopicRecord:
+    """docs/topics.md section 2, create: the record only if absent, then its partitions.
+    Partitions written before topic records existed are adopted (``partitions`` must cover
+    them). With ``if_not_exists`` an existing topic is returned as it is."""
+    validate_topic(topic)
+    if not isinstance(partitions, int) or isinstance(partitions, bool) or partitions < 1:
+        raise InvalidTopicConfig(f"partitions must be an integer >= 1, got {partitions!r}")
+    settings = parse_config(settings or {})
+    existing = read_topic(coordination, root, topic)
+    if existing is not None:
+        return _existing(topic, existing.record, if_not_exists)
+    legacy = _legacy_partitions(coordination, root, topic)
+    if legacy and max(legacy) >= partitions:
+        raise InvalidTopicConfig(f"topic {topic!r} already has partitions 0..{max(legacy)} (written before topic "
+                                 f"records); create it with at least {max(legacy) + 1} partitions to adopt them")
+    now = clock.now_ms()
+    record = TopicRecord(topic, str(uuid.uuid4()), partitions, dict(settings), ACTIVE, now, now)
+    try:
+        coordination.put(topic_key(root, topic), record.to_json(), TOPICS_PARTITION_KEY,
+                         oxia.EXPECTED_RECORD_DOES_NOT_EXIST)
+    except VersionConflict:
+        found = read_topic(coordination, root, topic)
+        if found is None:  # created and deleted meanwhile, or our own attempt landed and was deleted
+            raise TopicAlreadyExists(topic, "it was created and deleted while this create ran; try again") from None
+        if found.record.topic_id == record.topic_id:  # our attempt landed (a retry after a failure in transit)
+            record = found.record
+        else:
+            return _existing(topic, found.record, if_not_exists)
+    initialize_partitions(coordination, root, record, range(partitions))
+    log.info("created topic %s (%d partition(s), id %s)", topic, partitions, record.topic_id)
+    return record
+
+
+def _existing(topic: str, record: TopicRecord, if_not_exists: bool) -> TopicRecord:
+    if record.deleting:
+        raise TopicAlreadyExists(topic, "it is being deleted; create it again when the delete is done")
+    if not if_not_exists:
+        raise TopicAlreadyExists(topic, f"{record.partitions} partition(s)")
+    return record
+
+
+def _legacy_partitions(coordination: Coordination, root: str, topic: str) -> list[int]:
+    """Partitions of ``topic`` whose ``meta/control`` has no ``topic_id`` (written before topic
+    records existed)."""
+    found = topic_partitions(coordination, root, topic)
+    keys = [PartitionKeys(root, TopicPartition(topic, p)) for p in found]
+    return [p for p, state in zip(found, read_controls(coordination, keys)) if state is not None and state.record.topic_id is None]
+
+
+def initialize_partitions(coordination: Coordination, root: str, record: TopicRecord, partitions: Iterable[int]) -> None:
+    """Initialize each partition with the record's ``topic_id`` (PROTOCOL.md 4.1). A partition
+    whose ``meta/control`` names another ``topic_id`` is a leftover of an earlier topic of this
+    name: its keys go first. One without a ``topic_id`` is adopted."""
+    keys = [PartitionKeys(root, TopicPartition(record.topic, p)) for p in partitions]
+    for k, state in zip(keys, read_controls(coordination, keys)):
+        if state is not None and state.record.topic_id not in (None, record.topic_id):
+            log.warning("%s: meta/control belongs to an earlier topic of this name (topic_id %s, not %s); deleting "
+                        "its keys before initializing it", k.tp, state.record.topic_id, record.topic_id)
+            coordination.delete_range(*k.subtree, k.partition_key)
+        if state is None or state.record.topic_id != record.topic_id:
+            initialize_partition(coordination, k, record.topic_id)
+
+
+# --- alter -------------------------------------------------------------------------------------------
+
+
+def alter_topic(coordination: Coordination, root: str, topic: str, partitions: int | None = None,
+                set_config: Mapping[str, Any] | None = None, delete_config: Iterable[str] = (),
+                clock: Clock = SYSTEM) -> TopicRecord:
+    """docs/topics.md section 2, alter: CAS on the version read. ``partitions`` only grows (the
+    new ones are initialized after the CAS); ``set_config`` is checked, ``delete_config`` names
+    settings to drop back to their defaults."""
+    set_config = parse_config(set_config or {})
+    delete_config = list(delete_config)
+    for name in delete_config:
+        if name not in TOPIC_CONFIGS:
+            raise InvalidTopicConfig(f"unknown topic setting {name!r}; known: {', '.join(TOPIC_CONFIGS)}")
+    for attempt in range(_MAX_ATTEMPTS):
+        found = read_topic(coordination, root, topic)
+        if found is None:
+            raise TopicNotFound(topic)
+        record = found.record
+        if record.deleting:
+            raise TopicBeingDeleted(topic)
+        count = record.partitions
+        if partitions is not None:
+            if partitions < record.partitions:
+                raise InvalidTopicConfig(f"topic {topic!r} has {record.partitions} partitions; the count only "
+                                         f"grows (as Kafka's), so it cannot become {partitions}")
+            count = partitions
+        settings = {k: v for k, v in {**record.config, **set_config}.items() if k not in delete_config}
+        if count == record.partitions and settings == record.config:
+            return record
+        new = record.with_changes(partitions=count, config=settings, updated_at_ms=clock.now_ms())
+        try:
+            coordination.put(topic_key(root, topic), new.to_json(), TOPICS_PARTITION_KEY, found.version)
+        except VersionConflict:
+            backoff(attempt)
+            continue
+        if count > record.partitions:
+            initialize_partitions(coordination, root, new, range(record.partitions, count))
+        return new
+    raise MaxRetriesExceeded(f"altering topic {topic!r}", _MAX_ATTEMPTS)
+
+
+# --- delete ------------------------------------------------------------------------------------------
+
+
+@dataclass
+class DeleteReport:
+    topic: str
+    partitions: int = 0
+    compacted_objects: int = 0
+    had_record: bool = True
+
+
+def delete_topic(coordination: Coordination, objects, root: str, topic: str,
+                 claim_wait_s: float = DEFAULT_CLAIM_WAIT_S, clock: Clock = SYSTEM,
+                 config: Config | None = None) -> DeleteReport:
+    """docs/topics.md section 2, delete: mark DELETING, then per partition take its compactor
+    claim (waiting up to ``claim_wait_s``), fence it, delete its keys and compacted objects;
+    last the record. Re-running it finishes an interrupted delete. ``objects``: an
+    :class:`llog.objects.ObjectStore`. A topic with partitions but no record (written before
+    topic records) is deleted too."""
+    validate_topic(topic)
+    report = DeleteReport(topic)
+    found = _mark_deleting(coordination, root, topic, clock)
+    numbers = set(topic_partitions(coordination, root, topic))
+    if found is None:
+        report.had_record = False
+        if not numbers:
+            raise TopicNotFound(topic)
+    else:
+        numbers |= set(range(found.record.partitions))
+    for p in sorted(numbers):
+        report.compacted_objects += _delete_partition(coordination, objects, PartitionKeys(root, TopicPartition(topic, p)),
+                                                      claim_wait_s, config)
+        report.partitions += 1
+    if found is not None:
+        try:
+            coordination.delete(topic_key(root, topic), TOPICS_PARTITION_KEY, expected_version=found.version)
+        except VersionConflict:
+            pass  # another delete of it finished first
+    log.info("deleted topic %s: %d partition(s), %d compacted object(s)", topic, report.partitions,
+             report.compacted_objects)
+    return report
+
+
+def _mark_deleting(coordination: Coordination, root: str, topic: str, clock: Clock) -> VersionedTopic | None:
+    for attempt in range(_MAX_ATTEMPTS):
+        found = read_topic(coordination, root, topic)
+        if found is None or found.record.deleting:
+            return found
+        new = found.record.with_changes(state=DELETING, updated_at_ms=clock.now_ms())
+        try:
+            version = coordination.put(topic_key(root, topic), new.to_json(), TOPICS_PARTITION_KEY, found.version)
+            return VersionedTopic(new, version)
+        except VersionConflict:
+            backoff(attempt)
+    raise MaxRetriesExceeded(f"marking topic {topic!r} for deletion", _MAX_ATTEMPTS)
+
+
+def _delete_partition(coordination: Coordination, objects, keys: PartitionKeys, claim_wait_s: float,
+                      config: Config | None) -> int:
+    """Steps 2 and 3 of a delete for one partition; returns the compacted objects deleted."""
+    claim = f'{{"compactor_id": "topic-delete", "claimed_at_ms": {int(time.time() * 1000)}}}'.encode()
+    waited_until = time.monotonic() + claim_wait_s
+    while True:
+        try:
+            coordination.claim(keys.compactor_claim, claim, keys.partition_key)
+            break
+        except ClaimHeld as e:
+            if time.monotonic() >= waited_until:
+                raise ClaimHeld(f"{keys.tp}: a compactor has held its claim for {claim_wait_s:.0f} s ({e}); the topic "
+                                f"stays marked for deletion: run the delete again") from None
+            time.sleep(0.5)
+    try:
+        fence(coordination, keys, config)
+    except PartitionNotInitialized:
+        pass  # only some keys of it are left (an earlier delete got halfway)
+    coordination.delete_range(*keys.subtree, keys.partition_key)  # the claim goes with them
+    bucket = objects.config.s3_bucket
+    doomed = [s3_uri(bucket, info.key) for info in objects.list(keys.compacted_prefix)]
+    if doomed:
+        objects.delete_many(doomed)
+    return len(doomed)
+
+
+# --- what writers check ----------------------------------------------------------------------------
+
+
+class TopicCache:
+    """Topic records as a writer (or a Spark task placing keyed rows) needs them: cached for
+    :data:`CACHE_TTL_S`, read again when they do not answer (a partition past the count, a
+    ``topic_id`` that differs), and created on first use when ``auto_create`` and
+    ``LLOG_AUTO_CREATE_TOPICS`` allow (docs/topics.md section 2). Thread-safe."""
+
+    def __init__(self, coordination: Coordination, config: Config, clock: Clock = SYSTEM, auto_create: bool = True):
+        self.coordination = coordination
+        self.config = config
+        self.clock = clock
+        self.auto_create = auto_create and config.auto_create_topics
+        self._records: dict[str, tuple[float, TopicRecord | None]] = {}
+        self._lock = threading.Lock()
+
+    def get(self, topic: str, fresh: bool = False) -> TopicRecord | None:
+        """The topic's record (None: it has none), from the cache unless ``fresh`` or stale."""
+        now = time.monotonic()
+        with self._lock:
+            cached = self._records.get(topic)
+        if cached is not None and not fresh and now - cached[0] < CACHE_TTL_S:
+            return cached[1]
+        found = read_topic(self.coordination, self.config.root_prefix, topic)
+        record = found.record if found is not None else None
+        with self._lock:
+            self._records[topic] = (now, record)
+        return record
+
+    def require(self, topic: str, create_partitions: int | None = None, fresh: bool = False) -> TopicRecord | None:
+        """The topic's record for a write: created if missing and allowed (with
+        ``create_partitions``, default ``LLOG_DEFAULT_PARTITIONS``, and at least the partitions
+        it already has); None for a topic without a record that is not created (written before
+        topic records: no count to check). Raises :class:`TopicBeingDeleted`."""
+        record = self.get(topic, fresh)
+        if record is None and self.auto_create:
+            record = self._create(topic, create_partitions or self.config.default_partitions)
+        if record is not None and record.deleting:
+            record = self.get(topic, fresh=True)  # the delete may be done
+            if record is not None and record.deleting:
+                raise TopicBeingDeleted(topic)
+            if record is None and self.auto_create:
+                record = self._create(topic, create_partitions or self.config.default_partitions)
+        return record
+
+    def _create(self, topic: str, partitions: int) -> TopicRecord:
+        legacy = _legacy_partitions(self.coordination, self.config.root_prefix, topic)
+        count = max(partitions, max(legacy) + 1) if legacy else partitions
+        try:
+            record = create_topic(self.coordination, self.config.root_prefix, topic, count, if_not_exists=True,
+                                  clock=self.clock)
+        except TopicAlreadyExists:  # being deleted
+            raise TopicBeingDeleted(topic) from None
+        with self._lock:
+            self._records[topic] = (time.monotonic(), record)
+        return record
+
+    def check(self, topic: str, partition: int, create_partitions: int | None = None) -> TopicRecord | None:
+        """The record of a topic a write goes to, after checking the partition exists (one fresh
+        read before :class:`UnknownPartition`: the count may have grown)."""
+        record = self.require(topic, create_partitions)
+        if record is not None and partition >= record.partitions:
+            record = self.require(topic, create_partitions, fresh=True)
+            if record is not None and partition >= record.partitions:
+                raise UnknownPartition(topic, partition, record.partitions)
+        return record
+
+    def compression(self, topic: str) -> str:
+        """The compression of new bodies of ``topic`` (its record's, else the config's)."""
+        try:
+            record = self.get(topic)
+        except LlogError:
+            record = None
+        return TopicSettings.of(topic, record, self.config).compression_type
+
+    def forget(self, topic: str) -> None:
+        with self._lock:
+            self._records.pop(topic, None)
