@@ -29,11 +29,12 @@ from llog.control import (
 from llog.coordination import Coordination
 from llog.errors import (
     AppendFailed, AppendOutcomeUnknown, EmptyAppend, LlogError, LogFenced, MaxRetriesExceeded,
-    PartitionNotInitialized, StaleBlob, VersionConflict,
+    PartitionNotInitialized, StaleBlob, TopicNotFound, TopicRecreated, UnknownPartition, VersionConflict,
 )
 from llog.keys import PartitionKeys, TopicPartition, shared_wal_object
 from llog.objects import ObjectStore
 from llog.records import BYTES_BATCH_V1, WAL, ControlRecord, IndexEntry, PendingAppend, SinkProgress
+from llog.topics import TopicCache
 
 log = logging.getLogger(__name__)
 
@@ -114,11 +115,15 @@ class _Slot:
 _Outcome = tuple[int, str] | None | BaseException
 
 
+#: A body's compression: one for every topic, a function of the topic, or None (the config's).
+Compression = str | Callable[[str], str] | None
+
+
 def stage(objects: ObjectStore, config: Config, groups: Sequence[AppendGroup], clock: Clock = SYSTEM,
-          compression: str | None = None) -> list[StagedSlice]:
+          compression: Compression = None) -> list[StagedSlice]:
     """:meth:`LogWriter.upload` without a writer: needs S3 only, so a Spark task stages its
     records with no Oxia connection; the driver commits the slices. ``compression``: for every
-    topic, instead of its ``compression.type``."""
+    topic (or per topic, a function), instead of the config's ``compression.type``."""
     return _stage(objects, config, _merge(groups, "stage", config.max_record_bytes), clock, compression)
 
 
@@ -139,14 +144,15 @@ def _merge(groups: Sequence[AppendGroup], what: str, max_record_bytes: int) -> _
     return merged
 
 
-def _stage(objects: ObjectStore, config: Config, merged: _Merged, clock: Clock, compression: str | None = None
+def _stage(objects: ObjectStore, config: Config, merged: _Merged, clock: Clock, compression: Compression = None
            ) -> list[StagedSlice]:
     """Section 4.2: one body per topic-partition (bytes-batch-v1 or records-v2, by its records
     and its topic's compression), packed into one LLS1 blob, PUT."""
+    of = compression if callable(compression) else (lambda topic: compression or config.compression(topic))
     bodies = []
     for tp, parts in merged.items():
         records = concat_records([r for _, r in parts])
-        bodies.append((tp.topic, tp.partition, encode_body(records, compression or config.compression(tp.topic))))
+        bodies.append((tp.topic, tp.partition, encode_body(records, of(tp.topic))))
     created_at_ms = clock.now_ms()
     pieces, _, slices = pack_shared(bodies, created_at_ms)
     wal_uri = objects.put(shared_wal_object(config.root_prefix), pieces)
@@ -155,12 +161,13 @@ def _stage(objects: ObjectStore, config: Config, merged: _Merged, clock: Clock, 
                         s.encoding) for s in slices]
 
 
-def _results(merged: _Merged, staged: Sequence[StagedSlice],
-             outcomes: Sequence[_Outcome]) -> list[AppendResult]:
+def _results(merged: _Merged, staged: Sequence[StagedSlice], outcomes: Sequence[_Outcome],
+             refused: dict[TopicPartition, BaseException] | None = None) -> list[AppendResult]:
     """Each group's :class:`AppendResult` from its partition's outcome, in group order; raises
-    as :meth:`LogWriter.append_shared` does when a partition failed."""
+    as :meth:`LogWriter.append_shared` does when a partition failed (or was ``refused`` before
+    anything was written)."""
     results: list[tuple[int, AppendResult]] = []
-    errors: dict[tuple[str, int], BaseException] = {}
+    errors: dict[tuple[str, int], BaseException] = {(tp.topic, tp.partition): e for tp, e in (refused or {}).items()}
     for (tp, arrays), s, outcome in zip(merged.items(), staged, outcomes):
         if isinstance(outcome, BaseException):
             errors[(tp.topic, tp.partition)] = outcome
@@ -181,9 +188,13 @@ def _results(merged: _Merged, staged: Sequence[StagedSlice],
 class LogWriter(ClientUser):
     """Appends records to topic-partitions. Thread-safe; reuse one per process.
 
-    With ``auto_initialize`` a partition is created on its first append (as Kafka creates
-    topics on first use); without it, appending to a partition that was never initialized raises
-    :class:`PartitionNotInitialized`.
+    Before offsets are reserved, each topic's record is checked (docs/topics.md section 2,
+    :class:`llog.topics.TopicCache`): the partition must be below the topic's count
+    (:class:`UnknownPartition`) and the topic not being deleted. With ``auto_initialize`` a topic
+    without a record is created on its first append (``LLOG_AUTO_CREATE_TOPICS``, with
+    ``LLOG_DEFAULT_PARTITIONS`` partitions, as Kafka creates topics on first use); without it, a
+    topic needs a record or, written before topic records, the partition initialized
+    (:class:`PartitionNotInitialized`).
     """
 
     def __init__(self, config: Config, coordination: Coordination | None = None,
@@ -194,13 +205,31 @@ class LogWriter(ClientUser):
         self.auto_initialize = auto_initialize
         #: The compression of every body this writer writes; None: each topic's ``compression.type``.
         self.compression = compression
+        self.topics = TopicCache(self.coordination, self.config, self.clock, auto_create=auto_initialize)
         #: By control key, the controls this writer's last clears wrote (:meth:`_remember`).
         self._known: dict[str, ControlState] = {}
         self._known_lock = threading.Lock()
 
     def initialize_partition(self, topic: str, partition: int) -> bool:
-        """Section 4.1. Returns True if this call created the partition."""
-        return initialize_partition(self.coordination, self.keys(topic, partition))
+        """Section 4.1 (with the topic record's ``topic_id`` when the topic has one). Returns
+        True if this call created the partition."""
+        record = self.topics.get(topic, fresh=True)
+        return initialize_partition(self.coordination, self.keys(topic, partition),
+                                    record.topic_id if record is not None else None)
+
+    def check_partitions(self, partitions: Sequence[TopicPartition]) -> dict[TopicPartition, LlogError]:
+        """docs/topics.md section 2: each partition's topic exists (created first if this writer
+        auto-initializes) and has it; the ones that fail, with their errors."""
+        refused: dict[TopicPartition, LlogError] = {}
+        for tp in partitions:
+            try:
+                self.topics.check(tp.topic, tp.partition)
+            except LlogError as e:
+                refused[tp] = e
+        return refused
+
+    def _compression(self) -> Compression:
+        return self.compression or self.topics.compression
 
     def append(self, topic: str, partition: int, records: Sequence[bytes | None] | pa.Array, keys=None, headers=None,
                timestamps=None) -> AppendResult:
@@ -229,11 +258,19 @@ class LogWriter(ClientUser):
         still raised here. Its exceptions are logged, never raised.
         """
         merged = _merge(groups, "append_shared", self.config.max_record_bytes)
-        staged = _stage(self.objects, self.config, merged, self.clock, self.compression)
+        refused = self.check_partitions(list(merged))
+        if refused:
+            merged = {tp: parts for tp, parts in merged.items() if tp not in refused}
+            if not merged:
+                error = next(iter(refused.values()))
+                if on_durable is not None:
+                    on_durable(error)
+                raise error
+        staged = _stage(self.objects, self.config, merged, self.clock, self._compression())
 
         def decided(outcomes: list[_Outcome]) -> None:
             try:
-                results: list[AppendResult] | Exception = _results(merged, staged, outcomes)
+                results: list[AppendResult] | Exception = _results(merged, staged, outcomes, refused)
             except Exception as e:  # noqa: BLE001 - handed over, not raised
                 results = e
             try:
@@ -243,14 +280,14 @@ class LogWriter(ClientUser):
 
         outcomes = self._commit([_Slot(self.keys(s.topic, s.partition), s) for s in staged],
                                 decided if on_durable is not None else None)
-        return _results(merged, staged, outcomes)
+        return _results(merged, staged, outcomes, refused)
 
     def upload(self, groups: Sequence[AppendGroup]) -> list[StagedSlice]:
         """Section 4.2 only: encode the groups and PUT them as one shared WAL blob. Nothing is
         written to Oxia; until :meth:`commit_staged` commits the slices, the blob is garbage.
         Groups of one topic-partition become one body, in the order given."""
         return _stage(self.objects, self.config, _merge(groups, "upload", self.config.max_record_bytes), self.clock,
-                      self.compression)
+                      self._compression())
 
     def commit_staged(self, staged: Sequence[StagedSlice], sink: SinkBatch | None = None) -> list[AppendResult | None]:
         """Sections 4.3 to 4.5 for slices :meth:`upload` staged, here or in other processes.
@@ -268,6 +305,9 @@ class LogWriter(ClientUser):
         """
         if not staged:
             return []
+        refused = self.check_partitions(sorted({TopicPartition(s.topic, s.partition) for s in staged}))
+        if refused:  # nothing is committed: the whole batch fails, naming the partition
+            raise next(iter(refused.values()))
         now = self.clock.now_ms()
         stale = [s for s in staged if now - s.created_at_ms > self.config.gc_grace_ms // 2]
         if stale:
@@ -405,11 +445,10 @@ class LogWriter(ClientUser):
             slot = slots[i]
             try:
                 if state is None:
-                    if not self.auto_initialize:
-                        raise PartitionNotInitialized(slot.keys.tp.topic, slot.keys.tp.partition)
-                    initialize_partition(self.coordination, slot.keys)
+                    self._initialize(slot.keys)
                     again.append(i)
                     continue
+                self._check_topic_id(slot.keys, state.record)
                 pending = state.record.pending
                 if pending is not None and pending.append_id == slot.append_id:
                     reserved.append((i, state))  # a CAS that failed in transit had landed
@@ -458,6 +497,35 @@ class LogWriter(ClientUser):
                     reserved.append((i, result))
             return again, stale
         return again, False
+
+    def _initialize(self, keys: PartitionKeys) -> None:
+        """A partition with no ``meta/control``: initialize it when its topic's record (read
+        fresh: the topic may have been deleted) has it, or, for a topic without a record, when
+        this writer auto-initializes (docs/topics.md section 2)."""
+        tp = keys.tp
+        record = self.topics.require(tp.topic, fresh=True)
+        if record is None:
+            if not self.auto_initialize:
+                raise PartitionNotInitialized(tp.topic, tp.partition)
+            raise TopicNotFound(tp.topic, "it has no topic record and LLOG_AUTO_CREATE_TOPICS is false")
+        if tp.partition >= record.partitions:
+            raise UnknownPartition(tp.topic, tp.partition, record.partitions)
+        initialize_partition(self.coordination, keys, record.topic_id)
+
+    def _check_topic_id(self, keys: PartitionKeys, control: ControlRecord) -> None:
+        """A partition initialized by another topic of this name than the one this writer knows:
+        read the record again (the topic may have been re-created); still another, refuse."""
+        if control.topic_id is None:
+            return  # initialized before topic records existed
+        record = self.topics.get(keys.tp.topic)
+        if record is not None and record.topic_id == control.topic_id:
+            return
+        record = self.topics.get(keys.tp.topic, fresh=True)
+        if record is None or record.topic_id != control.topic_id:
+            raise TopicRecreated(
+                f"{keys.tp} belongs to topic id {control.topic_id}, but topic {keys.tp.topic!r} is "
+                + ("gone (deleted)" if record is None else f"now id {record.topic_id}")
+                + ": it was deleted (and maybe created again) while this append ran; nothing was reserved")
 
     def _reservation(self, slot: _Slot, control: ControlRecord) -> ControlRecord | None:
         """The control a reserving CAS writes for ``slot`` (section 4.3, with the sink's progress,
