@@ -56,6 +56,8 @@ from llog.errors import ClaimHeld, CorruptRecord, InconsistentReadState, Version
 from llog.keys import PartitionKeys
 from llog.objects import ObjectStore
 from llog.reader import LogReader
+from llog.retention import apply_retention, finish_retention
+from llog.topics import TopicCache, TopicSettings
 from llog.records import (
     COMPACTED, DELETING_OLD, UPDATING_CURSOR, WAL, WRITING_COMPACTED_INDEX, CompactionCursor,
     CompactionRecord, ControlRecord, IndexEntry, LocatedEntry,
@@ -89,6 +91,12 @@ class PartitionCompaction:
     bytes: int = 0
     source_gets: int = 0
     source_entries: int = 0
+    #: Retention (docs/topics.md section 3): the log start offset after this run, and the
+    #: offsets, index entries and bytes it dropped.
+    log_start_offset: int = 1
+    retention_records: int = 0
+    retention_entries: int = 0
+    retention_bytes: int = 0
 
 
 class Compactor(ClientUser):
@@ -105,6 +113,7 @@ class Compactor(ClientUser):
         self.compactor_id = compactor_id or f"{config.client_identifier or socket.gethostname()}-{uuid.uuid4().hex[:8]}"
         self.max_offsets = max_offsets
         self.max_bytes = max_bytes
+        self.topics = TopicCache(self.coordination, config, self.clock, auto_create=False)
 
     def close(self) -> None:
         self.reader.close()
@@ -112,9 +121,19 @@ class Compactor(ClientUser):
 
     # --- one partition ------------------------------------------------------------------------
 
-    def compact_partition(self, topic: str, partition: int, deadline: float | None = None) -> PartitionCompaction:
-        """Claim the partition, recover, compact until nothing is left or ``time.monotonic()``
+    def compact_partition(self, topic: str, partition: int, deadline: float | None = None,
+                          retention: bool = False) -> PartitionCompaction:
+        """Claim the partition, recover, with ``retention`` run a retention pass
+        (docs/topics.md section 3), compact until nothing is left or ``time.monotonic()``
         passes ``deadline``, release the claim."""
+        return self._under_claim(topic, partition, deadline, retention, compact=True)
+
+    def retain_partition(self, topic: str, partition: int) -> PartitionCompaction:
+        """A retention pass alone (``llog retention``): claim, recover, retention, release."""
+        return self._under_claim(topic, partition, None, retention=True, compact=False)
+
+    def _under_claim(self, topic: str, partition: int, deadline: float | None, retention: bool,
+                     compact: bool) -> PartitionCompaction:
         keys = self.keys(topic, partition)
         done = PartitionCompaction(topic, partition)
         claim = json.dumps({"compactor_id": self.compactor_id, "claimed_at_ms": self.clock.now_ms()}).encode()
@@ -138,8 +157,16 @@ class Compactor(ClientUser):
                 else:
                     self._finish(keys, record, in_flight.version_id)
                 done.recoveries += 1
+            done.log_start_offset = finish_retention(self.coordination, keys)  # a pass that crashed midway
             failpoints.hit("compactor.after_recover")
-            while deadline is None or time.monotonic() < deadline:
+            if retention:
+                # Read fresh: retention deletes, so it never acts on a setting older than now.
+                settings = TopicSettings.of(topic, self.topics.get(topic, fresh=True), self.config)
+                kept = apply_retention(self.coordination, self.objects, keys, self.config, settings.retention_ms,
+                                       settings.retention_bytes, self.clock)
+                done.log_start_offset = kept.log_start_offset
+                done.retention_records, done.retention_entries, done.retention_bytes = kept.records, kept.entries, kept.bytes
+            while compact and (deadline is None or time.monotonic() < deadline):
                 if not self._compact_next(keys, done):
                     break
         except BaseException:
@@ -218,7 +245,7 @@ class Compactor(ClientUser):
     def _compression(self, keys: PartitionKeys, parts: list) -> str:
         """The compacted body's compression: the topic's, or if that is none the strongest of the
         run's bodies, so compacting never inflates what was written compressed."""
-        configured = self.config.compression(keys.tp.topic)
+        configured = self.topics.compression(keys.tp.topic)
         if configured != "none":
             return configured
         return max((compression for _, compression in parts), key=COMPRESSION_CODES.__getitem__, default="none")

@@ -80,23 +80,38 @@ def referenced_blobs(coordination: Coordination, root: str, partitions: Iterable
     keys = [PartitionKeys(root, tp) for tp in partitions]
     referenced: set[str] = set()
     records = coordination.get_many([(key, k.partition_key) for k in keys for key in (k.control, k.compaction)])
+    starts = []
     for k, control, compaction in zip(keys, records[0::2], records[1::2]):
-        pending = ControlRecord.from_json(control.value, control.key).pending if control is not None else None
-        if pending is not None:
-            referenced.add(pending.data_key)
+        record = ControlRecord.from_json(control.value, control.key) if control is not None else None
+        if record is not None and record.pending is not None:
+            referenced.add(record.pending.data_key)
+        starts.append(record.log_start_offset if record is not None else 1)
         if compaction is not None:
             referenced.add(CompactionRecord.from_json(compaction.value, compaction.key).data_key)
-    for k in keys:
-        covered = 0  # offsets 1..covered are covered by the entries scanned so far
+    for k, start in zip(keys, starts):
+        covered = start - 1  # offsets below the log start are gone (docs/topics.md section 3)
         for v in coordination.range_scan(k.index_prefix, k.index_end, k.partition_key):
             entry, end = IndexEntry.from_json(v.value, v.key), k.index_end_offset(v.key)
-            if end - entry.msg_count + 1 > covered + 1:
+            if end < start:
+                referenced.add(entry.data_key)  # left by a retention pass midway; still a reference
+                continue
+            first = end - entry.msg_count + 1
+            if first > covered + 1 and covered == start - 1 and _retention_moved_past(coordination, k, first):
+                covered = first - 1  # a retention pass moved the start between the reads: not a gap
+            if first > covered + 1:
                 raise InconsistentReadState(
                     f"{k.tp}: no index entry covers offsets {covered + 1}..{end - entry.msg_count}; garbage "
                     f"collection stops, since a blob that looks unreferenced may hold the only copy of them")
             covered = max(covered, end)
             referenced.add(entry.data_key)
     return referenced
+
+
+def _retention_moved_past(coordination: Coordination, keys: PartitionKeys, first: int) -> bool:
+    """Whether the log start offset, read again, is past ``first - 1``: the index starting at
+    ``first`` is a retention pass's doing, not a gap."""
+    control = coordination.get(keys.control, keys.partition_key)
+    return control is not None and ControlRecord.from_json(control.value, control.key).log_start_offset >= first
 
 
 @dataclass

@@ -184,20 +184,39 @@ class LogReader(ClientUser):
         """Last readable offset (0 for an empty partition)."""
         return read_control(self.coordination, self.keys(topic, partition)).record.high_watermark
 
+    def offsets(self, topic: str, partition: int) -> tuple[int, int]:
+        """``(log_start_offset, high_watermark)``: the readable offsets are the range between
+        them, inclusive (none when the start is past the high watermark); below the start,
+        retention removed them (docs/topics.md section 3)."""
+        record = read_control(self.coordination, self.keys(topic, partition)).record
+        return record.log_start_offset, record.high_watermark
+
     # --- resolving offsets to entries (sections 5.1 to 5.3, 5.5) -----------------------------
 
     def _control(self, keys: PartitionKeys, start: int, end: int | None,
                  state: ControlState | None = None) -> tuple[ControlState, int]:
         state = state or read_control(self.coordination, keys)
-        hw = state.record.high_watermark
+        hw, first = state.record.high_watermark, state.record.log_start_offset
         _check_offset("start offset", start)
         if end is None:
             end = hw
         elif _check_offset("end offset", end) < start:
             raise InvalidOffset(f"end offset {end} is before start offset {start}")
         if start > hw or end > hw:
-            raise OffsetOutOfRange(keys.tp.topic, keys.tp.partition, end if start <= hw else start, hw)
+            raise OffsetOutOfRange(keys.tp.topic, keys.tp.partition, end if start <= hw else start, hw, first)
+        if start < first:
+            raise OffsetOutOfRange(keys.tp.topic, keys.tp.partition, start, hw, first)
         return state, end
+
+    def _gone(self, keys: PartitionKeys, offset: int, problem: InconsistentReadState) -> LlogError:
+        """The error for offsets no entry covers: :class:`OffsetOutOfRange` when ``meta/control``,
+        read again, has a log start past ``offset`` (a retention pass dropped them after this
+        read began; docs/topics.md section 3), else ``problem`` (a gap)."""
+        record = read_control(self.coordination, keys).record
+        if offset < record.log_start_offset:
+            return OffsetOutOfRange(keys.tp.topic, keys.tp.partition, offset, record.high_watermark,
+                                    record.log_start_offset)
+        return problem
 
     def _resolve(self, keys: PartitionKeys, state: ControlState, start: int, end: int) -> list[_Slice]:
         """Cover ``start..end`` with entries: a range scan of the keys below ``end``, a ceiling
@@ -221,18 +240,18 @@ class LogReader(ClientUser):
             if located.end_offset < position:
                 continue  # already covered (an overlapping entry of a compaction midway)
             if located.start_offset > position:
-                raise InconsistentReadState(
+                raise self._gone(keys, position, InconsistentReadState(
                     f"{keys.tp}: no index entry covers offset {position} (next entry covers "
                     f"{located.start_offset}..{located.end_offset}); the high watermark is "
                     f"{state.record.high_watermark}"
-                )
+                ))
             slices.append(_Slice(located, position, min(end, located.end_offset)))
             position = min(end, located.end_offset) + 1
         if position <= end:
-            raise InconsistentReadState(
+            raise self._gone(keys, position, InconsistentReadState(
                 f"{keys.tp}: offsets {position}..{end} are below the high watermark "
                 f"{state.record.high_watermark} but no index entry or pending append covers them"
-            )
+            ))
         return slices
 
     # --- fetching and decoding (section 5.4) --------------------------------------------------
@@ -405,9 +424,9 @@ class LogReader(ClientUser):
                 outcomes[i] = PartitionNotInitialized(k.tp.topic, k.tp.partition)
                 continue
             state = ControlState(ControlRecord.from_json(control.value, k.control), control.version_id)
-            hw = state.record.high_watermark
-            if req.offset > hw + 1:
-                outcomes[i] = OffsetOutOfRange(req.topic, req.partition, req.offset, hw)
+            hw, log_start = state.record.high_watermark, state.record.log_start_offset
+            if req.offset > hw + 1 or req.offset < log_start:
+                outcomes[i] = OffsetOutOfRange(req.topic, req.partition, req.offset, hw, log_start)
                 continue
             budget = int(min(req.max_bytes, max_bytes or req.max_bytes))
             if req.offset == hw + 1 or remaining <= 0:  # caught up, or the call's budget is spent (estimated)
