@@ -8,13 +8,19 @@ Routes (the seed's contract, ``HTTP_API.txt``, plus groups, topics and the OpenA
 
 - ``GET /health``, ``GET /metrics`` (JSON), ``GET /metrics/prometheus``, ``GET /openapi.json``;
 - ``POST /produce`` (role ``write``), through the group commit (:mod:`broker_lite.batcher`):
-  200 every group committed, 409 some failed (per-partition errors), 503 + ``Retry-After`` all
-  refused for backpressure (nothing written);
+  200 every group committed, 409 some failed (per-partition errors), 404 every group names a
+  topic or partition that does not exist (a partition past the topic's count, a topic not
+  created automatically: docs/topics.md section 2), 503 + ``Retry-After`` all refused for
+  backpressure (nothing written). A topic without a record is created on its first produce
+  (``LLOG_AUTO_CREATE_TOPICS``, ``LLOG_DEFAULT_PARTITIONS``);
 - ``POST /consume`` (role ``read``, :mod:`broker_lite.consume`): 200 with per-partition results
-  (errors among them), 503 + ``Retry-After`` when too many consumes fetch or wait;
+  (errors among them, ``auto_offset_reset`` for offsets retention removed), 503 +
+  ``Retry-After`` when too many consumes fetch or wait;
 - ``POST /groups/{group}/commit`` and ``GET /groups/{group}`` (role ``read``): the consumer
   groups the Spark source commits (``llog.consumer_groups``): offsets and lag;
-- ``GET /topics``, ``GET /topics/{topic}``: partitions, high watermarks, bytes.
+- ``GET /topics``, ``GET /topics/{topic}``: each topic's record (partition count, state,
+  effective config; docs/topics.md section 1), and per partition its log start offset, high
+  watermark and bytes. Topics written before topic records are listed from their partitions.
 
 Any request: 400 for no ``Content-Length`` (a chunked body), an empty or malformed body, or a
 body not of the route's shape (the error names the field); 413 for a body over
@@ -51,8 +57,8 @@ from broker_lite.consume import ConsumeBusy, ConsumeService
 from broker_lite.metrics import PROMETHEUS_CONTENT_TYPE, BrokerMetrics, route_label
 from broker_lite.models import (
     ConsumeRequest, ErrorBody, GroupCommitRequest, GroupCommitResponse, GroupCommitted, GroupDescription,
-    GroupPartitionLag, Health, PartitionSummary, ProduceRequest, ProduceResponse, ProduceResult, TopicDescription,
-    TopicList, TopicSummary,
+    GroupPartitionLag, Health, PartitionSummary, ProduceRequest, ProduceResponse, ProduceResult, TopicConfig,
+    TopicDescription, TopicList, TopicSummary,
 )
 from llog.config import Config
 from llog.consumer_groups import commit_offsets, describe_group
@@ -60,9 +66,12 @@ from llog.describe import describe_topic
 from llog.discovery import list_topics, topic_partitions
 from llog.errors import (
     EmptyAppend, InvalidOffset, InvalidPartition, InvalidPayload, InvalidTopicName, LlogError, PartitionNotInitialized,
+    TopicBeingDeleted, TopicNotFound, UnknownPartition,
 )
-from llog.keys import TopicPartition, validate_group
+from llog.keys import TopicPartition, validate_group, validate_topic
 from llog.reader import LogReader
+from llog.records import ACTIVE, TopicRecord
+from llog.topics import TopicSettings, list_topic_records, read_topic
 from llog.writer import AppendGroup, LogWriter
 
 log = logging.getLogger(__name__)
@@ -72,6 +81,12 @@ _ENCODE = msgspec.json.Encoder()
 _DECODERS = {model: msgspec.json.Decoder(model) for model in (ProduceRequest, ConsumeRequest, GroupCommitRequest)}
 #: llog errors that mean the request itself is bad (a 400).
 _BAD_INPUT = (InvalidTopicName, InvalidPartition, InvalidPayload, EmptyAppend, InvalidOffset)
+#: llog errors that mean the request names a topic or partition that does not exist (a 404).
+_NOT_FOUND = (PartitionNotInitialized, TopicNotFound, UnknownPartition)
+#: A produce answers 404 when every group failed with one of these (docs/topics.md section 2).
+_NOTHING_THERE = frozenset(e.__name__ for e in _NOT_FOUND)
+#: The refusals a writer gives a group before reserving its offsets (``check_partitions``).
+_REFUSALS = (TopicBeingDeleted, TopicNotFound, UnknownPartition)
 BACKPRESSURE = "BackPressureRejected"
 ROLES = {"write": ("write",), "read": ("read",), "both": ("write", "read")}
 _GROUP_COMMIT = re.compile(r"^/groups/([^/]+)/commit$")
@@ -187,7 +202,7 @@ class BrokerApp:
                 raise _Refused(e.status, e.error_type, str(e), e.headers) from None
             except _BAD_INPUT as e:
                 raise _Refused(400, type(e).__name__, str(e)) from None
-            except PartitionNotInitialized as e:
+            except _NOT_FOUND as e:
                 raise _Refused(404, type(e).__name__, str(e)) from None
             except LlogError as e:  # Oxia or S3 failed after their retries: try again later, not a bug
                 raise _Refused(503, type(e).__name__, str(e), [(b"retry-after", b"1")]) from None
@@ -310,13 +325,41 @@ class BrokerApp:
         except _BAD_INPUT as e:
             self.metrics.produce_rejected()
             raise _Refused(400, type(e).__name__, str(e)) from None
+        outcomes = await self._own_refusals(groups, outcomes)
+        results = [_result(g, o) for g, o in zip(groups, outcomes)]
+        failed = [r for r in results if not r.ok]
+        if failed and len(failed) == len(results) and all(r.error_type in _NOTHING_THERE for r in failed):
+            # The client's mistake, not a conflict: nothing it names exists (docs/topics.md section 2).
+            self.metrics.produce_rejected()
+            first = failed[0]
+            more = f" (and {len(failed) - 1} more group(s): see results)" if len(failed) > 1 else ""
+            return 404, ProduceResponse(results, 0, len(failed), error_type=first.error_type,
+                                        error=first.error + more), []
         committed = [(g, o) for g, o in zip(groups, outcomes) if not isinstance(o, BaseException)]
         self.metrics.produce_accepted(sum(len(g.records) for g, _ in committed),
                                       sum(payload_bytes(g.records) for g, _ in committed),
                                       [(g.topic, g.partition) for g, _ in committed])
-        results = [_result(g, o) for g, o in zip(groups, outcomes)]
-        failed = sum(not r.ok for r in results)
-        return (409 if failed else 200), ProduceResponse(results, len(results) - failed, failed), []
+        return (409 if failed else 200), ProduceResponse(results, len(results) - len(failed), len(failed)), []
+
+    async def _own_refusals(self, groups: list[AppendGroup], outcomes: list[Outcome]) -> list[Outcome]:
+        """``outcomes`` with each group's refusal its own. When the writer refuses every group of
+        a batch before reserving (docs/topics.md section 2: no such partition, topic being
+        deleted or not found), it raises the first group's error, and the group commit hands that
+        one error to every group of the batch; each group whose error names another topic or
+        partition is checked again here (the topic cache answers, so this is cheap), on the
+        failure path only."""
+        borrowed = [i for i, (g, o) in enumerate(zip(groups, outcomes))
+                    if isinstance(o, _REFUSALS) and not _names(o, g.topic, g.partition)]
+        if not borrowed:
+            return outcomes
+        partitions = [TopicPartition(groups[i].topic, groups[i].partition) for i in borrowed]
+        refused = await asyncio.to_thread(self.writer.check_partitions, partitions)
+        outcomes = list(outcomes)
+        for i, tp in zip(borrowed, partitions):
+            outcomes[i] = refused.get(tp) or NotWritten(
+                f"{tp} was not written: every group of the batch holding it was refused, the first with "
+                f"{type(outcomes[i]).__name__}: {outcomes[i]}; its own topic-partition accepts writes now: retry")
+        return outcomes
 
     @staticmethod
     def _unavailable(groups: list[AppendGroup], error_type: str, message: str, retry_after_s: int):
@@ -375,18 +418,43 @@ class BrokerApp:
     # --- topics ---------------------------------------------------------------------------------
 
     def _topics(self) -> list[TopicSummary]:
+        """Every topic record (one scan of one shard, docs/topics.md section 1), and the topics
+        written before topic records, from their partitions, by name."""
         coordination, root = self.reader.coordination, self.config.root_prefix
-        return [TopicSummary(t, len(topic_partitions(coordination, root, t))) for t in list_topics(coordination, root)]
+        records = {r.topic: r for r in list_topic_records(coordination, root)}
+        summaries = [self._summary(topic, record.partitions, record) for topic, record in records.items()]
+        for topic in list_topics(coordination, root):
+            if topic not in records:
+                partitions = topic_partitions(coordination, root, topic)
+                if partitions:  # unless deleted since the listing
+                    summaries.append(self._summary(topic, max(partitions) + 1, None))
+        return sorted(summaries, key=lambda s: s.topic)
+
+    def _summary(self, topic: str, partitions: int, record: TopicRecord | None) -> TopicSummary:
+        return TopicSummary(topic, partitions, record.state if record is not None else ACTIVE,
+                            record.topic_id if record is not None else None, self._settings(topic, record))
+
+    def _settings(self, topic: str, record: TopicRecord | None) -> TopicConfig:
+        return msgspec.convert(TopicSettings.of(topic, record, self.config).as_kafka(), TopicConfig)
 
     def _topic(self, topic: str) -> TopicDescription:
+        """The topic's record and its initialized partitions, each with its log start offset
+        (docs/topics.md section 3)."""
         try:
-            rows = describe_topic(self.reader.coordination, self.config.root_prefix, topic, self.reader.objects)
+            validate_topic(topic)
         except InvalidTopicName as e:
             raise _Refused(400, type(e).__name__, str(e)) from None
-        if not rows:
-            raise _Refused(404, "TopicNotFound", f"topic {topic!r} has no initialized partitions")
-        return TopicDescription(topic, [PartitionSummary(r.partition, r.log_state, r.high_watermark, r.index_entries,
-                                                         r.compacted_entries, r.bytes) for r in rows])
+        coordination, root = self.reader.coordination, self.config.root_prefix
+        found = read_topic(coordination, root, topic)
+        record = found.record if found is not None else None
+        rows = describe_topic(coordination, root, topic, self.reader.objects)
+        if record is None and not rows:
+            raise _Refused(404, "TopicNotFound", f"topic {topic!r} has no topic record and no initialized partitions")
+        count = record.partitions if record is not None else max(r.partition for r in rows) + 1
+        partitions = [PartitionSummary(r.partition, r.log_state, getattr(r, "log_start_offset", 1), r.high_watermark,
+                                       r.index_entries, r.compacted_entries, r.bytes) for r in rows]
+        summary = self._summary(topic, count, record)
+        return TopicDescription(topic, partitions, count, summary.state, summary.topic_id, summary.config)
 
 
 def _records(records: list) -> pa.BinaryArray | list[bytes]:
@@ -403,6 +471,17 @@ def _records(records: list) -> pa.BinaryArray | list[bytes]:
                                                [None, pa.py_buffer(offsets), pa.py_buffer(text.encode("ascii"))])
         return pa.array(records, type=pa.string()).view(pa.binary())
     return [r.encode() if isinstance(r, str) else r.base64 for r in records]
+
+
+class NotWritten(LlogError):
+    """A group not written because the batch holding it was refused for another group's
+    reason, while its own topic-partition accepts writes (a topic created or grown meanwhile):
+    retry."""
+
+
+def _names(error: LlogError, topic: str, partition: int) -> bool:
+    """Whether a refusal (``_REFUSALS``) is about ``topic`` (and ``partition``, if it names one)."""
+    return getattr(error, "topic", None) == topic and getattr(error, "partition", partition) == partition
 
 
 def _may_see(principal: Principal, topic: str) -> bool:

@@ -15,16 +15,25 @@ A consumer is registered before each fetch, so a produce that commits while the 
 wakes it. Reader calls run in a thread pool, never on the event loop; at most
 :data:`MAX_PENDING_FETCHES` queue for it, and past that (or :data:`MAX_WAITERS` long polls) a
 request is refused with :class:`ConsumeBusy` (503, ``Retry-After``).
+
+Retention (docs/topics.md section 3): every ok result and every ``OffsetOutOfRange`` one carries
+the partition's log start offset, as Kafka's fetch response does. A fetch outside the readable
+offsets (below the log start, or past the high watermark + 1) answers that partition with
+``OffsetOutOfRange``, or, as the request's ``auto_offset_reset`` says, is read again from the log
+start (``earliest``) or the log end (``latest``); a partition reset so is read from its new offset
+for the rest of the request (a long poll waits there).
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from concurrent.futures import ThreadPoolExecutor
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
+import msgspec
 import pyarrow as pa
 
 from broker_lite.batcher import payload_bytes
@@ -33,7 +42,7 @@ from broker_lite.models import (
 )
 from broker_lite.tail_cache import TailCache, TailCacheDir
 from llog.config import Config
-from llog.errors import LlogError
+from llog.errors import LlogError, OffsetOutOfRange, PartitionNotInitialized
 from llog.keys import PartitionKeys, TopicPartition, validate_partition, validate_topic
 from llog.reader import FetchRequest, Fetched, LogReader
 from llog.records import ControlRecord
@@ -51,6 +60,12 @@ MAX_WAITERS = 10_000
 #: 16: on the local stack the broker is bound by its interpreter lock, and 16 threads contending
 #: for it served 150-170k records/s on a miss where 8 served 200-220k (4: 150-190k).
 FETCH_THREADS = 8
+#: How long a partition's log start offset, once read, lets the tail caches answer without reading
+#: it again (see :meth:`ConsumeService._cache_start`).
+LOG_START_MAX_AGE_S = 1.0
+#: Resets (``auto_offset_reset``) of one partition in one pass: a retention pass that moves the
+#: log start again between the reset and the read makes the read out of range once more.
+MAX_RESETS = 3
 
 
 class ConsumeBusy(LlogError):
@@ -101,6 +116,9 @@ class ConsumeService:
         self._by_partition: dict[TopicPartition, set[_Waiter]] = {}
         self._probe: asyncio.Task | None = None
         self._closed = False
+        #: Per partition: its log start offset (None: the partition does not exist) and the
+        #: ``time.monotonic()`` of the read it came from (taken before the read began).
+        self._log_starts: dict[TopicPartition, tuple[int | None, float]] = {}
         #: Called on the loop with each answered consume's :class:`ConsumeStats` (the metrics).
         self.observer: Callable[[ConsumeStats], None] | None = None
 
@@ -165,7 +183,8 @@ class ConsumeService:
         loop = asyncio.get_running_loop()
         deadline = loop.time() + min(request.max_wait_ms, self.max_wait_ms) / 1000
         stats = ConsumeStats()
-        results, nbytes = await self._fetch(request, stats)
+        partitions = list(request.topic_partitions)  # a reset partition's fetch_offset moves
+        results, nbytes = await self._pass(request, partitions, stats)
         if nbytes >= request.min_bytes or loop.time() >= deadline or any(not r.ok for r in results):
             return _response(results), stats
         if len(self._waiters) >= MAX_WAITERS:
@@ -175,7 +194,7 @@ class ConsumeService:
         self._start_probe()
         try:
             while True:
-                self._want(waiter, _wanted(request, results))
+                self._want(waiter, _wanted(partitions, results))
                 remaining = deadline - loop.time()
                 if remaining <= 0:
                     stats.long_poll = "timeout"
@@ -188,7 +207,7 @@ class ConsumeService:
                 waiter.event.clear()  # registered before the fetch: a commit during it wakes us again
                 if self._closed:
                     break
-                results, nbytes = await self._fetch(request, stats)
+                results, nbytes = await self._pass(request, partitions, stats)
                 if nbytes >= request.min_bytes:
                     stats.long_poll = "hit"
                     break
@@ -196,32 +215,65 @@ class ConsumeService:
             self._want(waiter, {})
             self._waiters.discard(waiter)
         if stats.long_poll == "timeout":  # what arrived in the last moment is still returned
-            results, _ = await self._fetch(request, stats)
+            results, _ = await self._pass(request, partitions, stats)
         return _response(results), stats
 
-    async def _fetch(self, request: ConsumeRequest, stats: ConsumeStats) -> tuple[list[ConsumeResult], int]:
-        """One pass: the tail cache for each partition it holds, the reader for the rest (one
-        call, so shared blobs are fetched once); byte budgets applied in request order."""
-        results: list[tuple[ConsumeResult, int] | None] = [None] * len(request.topic_partitions)
+    async def _pass(self, request: ConsumeRequest, partitions: list[ConsumePartition],
+                    stats: ConsumeStats) -> tuple[list[ConsumeResult], int]:
+        """One pass over the request's ``partitions``: fetch each, then reset the ones out of range
+        as ``auto_offset_reset`` says (their new offsets replace theirs in ``partitions``) and
+        fetch those again, with what is left of the request's bytes."""
+        answered = await self._fetch(partitions, request.max_bytes, stats)
+        for _ in range(MAX_RESETS):
+            moved = {i: offset for i, (r, _) in enumerate(answered)
+                     if (offset := _reset_offset(request.auto_offset_reset, r)) is not None}
+            if not moved:
+                break
+            for i, offset in moved.items():
+                partitions[i] = msgspec.structs.replace(partitions[i], fetch_offset=offset)
+            spent = sum(n for i, (_, n) in enumerate(answered) if i not in moved)
+            again = await self._fetch([partitions[i] for i in moved], request.max_bytes - spent, stats)
+            for i, result in zip(moved, again):
+                answered[i] = result
+        results = [r for r, _ in answered]
+        nbytes = sum(n for _, n in answered)
+        # The answer is the last pass: its counts replace an earlier pass's (a long poll's).
+        stats.partitions = len(results)
+        stats.errors = sum(not r.ok for r in results)
+        stats.records = sum(r.record_count or 0 for r in results)
+        stats.bytes = nbytes
+        stats.peak_bytes = max(stats.peak_bytes, nbytes)
+        return results, nbytes
+
+    async def _fetch(self, partitions: list[ConsumePartition], max_bytes: int,
+                     stats: ConsumeStats) -> list[tuple[ConsumeResult, int]]:
+        """Each partition's result and its record bytes: the tail cache for each partition it
+        holds (and may answer, :meth:`_cache_start`), the reader for the rest (one call, so
+        shared blobs are fetched once); byte budgets applied in request order."""
+        results: list[tuple[ConsumeResult, int] | None] = [None] * len(partitions)
         misses: list[int] = []
-        remaining = request.max_bytes
-        for i, p in enumerate(request.topic_partitions):
-            tp = TopicPartition(p.topic, p.partition)
+        remaining = max_bytes
+        tps = [TopicPartition(p.topic, p.partition) for p in partitions]
+        if self.cache.enabled:  # the partitions the cache may hold at their offsets
+            await self._know_log_starts([tp for tp, p in zip(tps, partitions)
+                                         if (tail := self.cache.tail(tp)) is not None and p.fetch_offset <= tail])
+        for i, (tp, p) in enumerate(zip(tps, partitions)):
             if remaining <= 0:
                 misses.append(i)  # the reader answers with the high watermark and no records
                 continue
-            hit = self.cache.get(tp, p.fetch_offset, min(p.partition_max_bytes, remaining)) if self.cache.enabled else None
+            log_start = self._cache_start(tp, p.fetch_offset) if self.cache.enabled else None
+            hit = (self.cache.get(tp, p.fetch_offset, min(p.partition_max_bytes, remaining))
+                   if log_start is not None else None)
             if hit is None:
                 misses.append(i)
                 stats.cache_misses += self.cache.enabled
                 continue
             stats.cache_hits += 1
-            results[i] = _from_values(p, hit.first, hit.values, hit.tail)
+            results[i] = _from_values(p, hit.first, hit.values, hit.tail, log_start)
             remaining -= results[i][1]
         if misses:
-            wanted = [request.topic_partitions[i] for i in misses]
-            if self._pending_fetches >= MAX_PENDING_FETCHES:
-                raise ConsumeBusy(f"{self._pending_fetches} fetches are waiting for Oxia and S3, the most this broker queues")
+            wanted = [partitions[i] for i in misses]
+            self._admit_fetch()
             self._pending_fetches += 1
             try:
                 fetched, shared_hits = await asyncio.get_running_loop().run_in_executor(
@@ -232,44 +284,134 @@ class ConsumeService:
                 results[i] = result
             stats.cache_hits += shared_hits
             stats.cache_misses -= min(shared_hits, stats.cache_misses)
-        nbytes = sum(n for _, n in results)
-        results = [r for r, _ in results]
-        # The answer is the last pass: its counts replace an earlier pass's (a long poll's).
-        stats.partitions = len(results)
-        stats.errors = sum(not r.ok for r in results)
-        stats.records = sum(r.record_count or 0 for r in results)
-        stats.bytes = nbytes
-        stats.peak_bytes = max(stats.peak_bytes, nbytes)
-        return results, nbytes
+        return results
+
+    def _admit_fetch(self) -> None:
+        if self._pending_fetches >= MAX_PENDING_FETCHES:
+            raise ConsumeBusy(f"{self._pending_fetches} fetches are waiting for Oxia and S3, the most this broker queues")
+
+    # --- log start offsets (docs/topics.md section 3) -------------------------------------------
+
+    def _cache_start(self, tp: TopicPartition, offset: int) -> int | None:
+        """The log start offset of ``tp`` when a tail cache (this process's or the shared
+        directory) may answer it at ``offset``, else None: only when the partition's log start
+        offset was read within :data:`LOG_START_MAX_AGE_S` and ``offset`` is not below it.
+
+        A cache holds records this broker produced, and offsets are immutable, so a cached
+        record below the log start is still the right record of its offset; but retention
+        removed it from the log (an idle partition's tail can outlive it: retention drops
+        entries older than ``retention.ms``, whatever a cache holds). Answering with it would
+        make the answer depend on which broker a consumer asks, and on what its cache still
+        holds: one broker returns records another calls out of range, and a consumer never
+        learns that it lost data. The spec (section 3) and Kafka both say out of range, so the
+        cache answers only at or above a log start it knows; the log start it knows may be up to
+        :data:`LOG_START_MAX_AGE_S` old (a retention pass in that window looks as if it ran that
+        much later), which costs a hot partition one multi-key Oxia read a second. The same
+        read also keeps a deleted topic's cached records from being served (no ``meta/control``:
+        the reader answers ``PartitionNotInitialized``)."""
+        known = self._known_start(tp)
+        return known if known is not None and offset >= known else None
+
+    def _known_start(self, tp: TopicPartition) -> int | None:
+        """``tp``'s log start offset as read within :data:`LOG_START_MAX_AGE_S` (None: not read
+        then, or no such partition)."""
+        known = self._log_starts.get(tp)
+        if known is None or time.monotonic() - known[1] > LOG_START_MAX_AGE_S:
+            return None
+        return known[0]
+
+    async def _know_log_starts(self, partitions: list[TopicPartition]) -> None:
+        """Read the log start offsets of ``partitions`` whose known one is too old for
+        :meth:`_cache_start` (one multi-key Oxia read, in the pool)."""
+        stale = self._stale(partitions)
+        if stale:
+            self._admit_fetch()
+            self._pending_fetches += 1
+            try:
+                await asyncio.get_running_loop().run_in_executor(self._pool, self._read_controls, stale)
+            finally:
+                self._pending_fetches -= 1
+
+    def _stale(self, partitions: Sequence[TopicPartition]) -> list[TopicPartition]:
+        now = time.monotonic()
+        return list(dict.fromkeys(tp for tp in partitions if tp not in self._log_starts
+                                  or now - self._log_starts[tp][1] > LOG_START_MAX_AGE_S))
+
+    def _learn(self, tp: TopicPartition, log_start: int | None, at: float) -> None:
+        """``tp``'s log start offset (None: no such partition) as a read that began at ``at``
+        found it; an older read finishing later does not replace it."""
+        known = self._log_starts.get(tp)
+        if known is None or known[1] <= at:
+            self._log_starts[tp] = (log_start, at)
+
+    def _read_controls(self, partitions: list[TopicPartition]) -> dict[TopicPartition, ControlRecord]:
+        """In a pool thread: the partitions' ``meta/control`` records (one multi-key read), their
+        log starts learned; the partitions that exist."""
+        at = time.monotonic()
+        keys = [PartitionKeys(self.root, tp) for tp in partitions]
+        found = self.reader.coordination.get_many([(k.control, k.partition_key) for k in keys])
+        controls = {tp: ControlRecord.from_json(v.value, k.control)
+                    for tp, k, v in zip(partitions, keys, found) if v is not None}
+        for tp in partitions:
+            self._learn(tp, controls[tp].log_start_offset if tp in controls else None, at)
+        return controls
 
     def _read(self, partitions: list[ConsumePartition], max_bytes: int) -> tuple[list[tuple[ConsumeResult, int]], int]:
-        """In a pool thread: the shared tail cache directory first (if any), then Oxia and S3 for
-        the rest, building the results here, off the loop. Also returns the directory's hits."""
+        """In a pool thread: the shared tail cache directory first (if any, where it may answer),
+        then Oxia and S3 for the rest, building the results here, off the loop. Also returns the
+        directory's hits."""
         out: list[tuple[ConsumeResult, int] | None] = [None] * len(partitions)
         remaining, hits = max_bytes, 0
         if self.shared is not None:
+            stale = self._stale([TopicPartition(p.topic, p.partition) for p in partitions])
+            if stale:
+                self._read_controls(stale)
             for i, p in enumerate(partitions):
-                hit = self._shared_get(p, min(p.partition_max_bytes, remaining)) if remaining > 0 else None
+                log_start = self._cache_start(TopicPartition(p.topic, p.partition), p.fetch_offset)
+                if remaining <= 0 or log_start is None:
+                    continue
+                hit = self._shared_get(p, min(p.partition_max_bytes, remaining))
                 if hit is not None:
-                    out[i] = _from_values(p, hit.first, hit.values, hit.tail)
+                    out[i] = _from_values(p, hit.first, hit.values, hit.tail, log_start)
                     remaining -= out[i][1]
                     hits += 1
         rest = [i for i, r in enumerate(out) if r is None]
         if rest:
             requests = [FetchRequest(partitions[i].topic, partitions[i].partition, partitions[i].fetch_offset,
                                      partitions[i].partition_max_bytes) for i in rest]
-            for i, outcome in zip(rest, self.reader.fetch(requests, max_bytes=max(remaining, 0))):
-                p = partitions[i]
-                if isinstance(outcome, Fetched) and any(_has_more_than_values(b) for b in outcome.batches):
-                    out[i] = _from_batches(p, outcome)
-                elif isinstance(outcome, Fetched):
-                    columns = [b.column(1) for b in outcome.batches]
-                    values = pa.concat_arrays(columns) if len(columns) > 1 else columns[0] if columns else []
-                    out[i] = _from_values(p, p.fetch_offset, values, outcome.high_watermark)
-                else:
-                    out[i] = (ConsumeResult(p.topic, p.partition, False, error_type=type(outcome).__name__,
-                                            error=str(outcome)), 0)
+            at = time.monotonic()
+            outcomes = self.reader.fetch(requests, max_bytes=max(remaining, 0))
+            starts = self._log_starts_of(rest, partitions, outcomes, at)
+            for i, outcome in zip(rest, outcomes):
+                out[i] = _from_outcome(partitions[i], outcome, starts.get(i))
         return out, hits
+
+    def _log_starts_of(self, indexes: list[int], partitions: list[ConsumePartition], outcomes: list,
+                       at: float) -> dict[int, int]:
+        """Per fetched partition (by index), its log start offset, learned: as the fetch read it
+        (``Fetched.log_start_offset``, ``OffsetOutOfRange.log_start_offset``), else (a reader
+        whose ``Fetched`` does not carry it) as known within :data:`LOG_START_MAX_AGE_S` or as a
+        read of ``meta/control`` after the fetch finds it."""
+        starts: dict[int, int] = {}
+        unknown: list[int] = []
+        for i, outcome in zip(indexes, outcomes):
+            tp = TopicPartition(partitions[i].topic, partitions[i].partition)
+            start = getattr(outcome, "log_start_offset", None)
+            if isinstance(outcome, PartitionNotInitialized):
+                self._learn(tp, None, at)
+            elif start is not None:
+                starts[i] = start
+                self._learn(tp, start, at)
+            elif isinstance(outcome, Fetched):
+                if (known := self._known_start(tp)) is not None and known <= outcome.offset:
+                    starts[i] = known
+                else:
+                    unknown.append(i)
+        if unknown:
+            tps = [TopicPartition(partitions[i].topic, partitions[i].partition) for i in unknown]
+            controls = self._read_controls(tps)
+            starts.update({i: controls[tp].log_start_offset for i, tp in zip(unknown, tps) if tp in controls})
+        return starts
 
     def _shared_get(self, p: ConsumePartition, max_bytes: int):
         try:
@@ -303,10 +445,8 @@ class ConsumeService:
                     waiter.event.set()
 
     def _high_watermarks(self, partitions: list[TopicPartition]) -> dict[TopicPartition, int]:
-        keys = [PartitionKeys(self.root, tp) for tp in partitions]
-        found = self.reader.coordination.get_many([(k.control, k.partition_key) for k in keys])
-        return {tp: ControlRecord.from_json(v.value, k.control).high_watermark
-                for tp, k, v in zip(partitions, keys, found) if v is not None}
+        """The partitions' high watermarks (their log starts learned on the way)."""
+        return {tp: control.high_watermark for tp, control in self._read_controls(partitions).items()}
 
     async def close(self) -> None:
         """Wake every waiter (they answer with what they have) and stop the pool."""
@@ -320,17 +460,39 @@ class ConsumeService:
         await asyncio.to_thread(self._files.shutdown, wait=True)
 
 
-def _wanted(request: ConsumeRequest, results: list[ConsumeResult]) -> dict[TopicPartition, int]:
+def _wanted(partitions: list[ConsumePartition], results: list[ConsumeResult]) -> dict[TopicPartition, int]:
     """Per requested partition without an error: the offset after what the last pass returned."""
-    return {TopicPartition(p.topic, p.partition): r.next_fetch_offset
-            for p, r in zip(request.topic_partitions, results) if r.ok}
+    return {TopicPartition(p.topic, p.partition): r.next_fetch_offset for p, r in zip(partitions, results) if r.ok}
+
+
+def _reset_offset(policy: str, result: ConsumeResult) -> int | None:
+    """Where ``auto_offset_reset`` moves a partition answered out of range (None: it stays):
+    ``earliest`` to the log start, ``latest`` to the log end (the high watermark + 1)."""
+    if result.ok or result.error_type != OffsetOutOfRange.__name__ or policy == "none":
+        return None
+    return result.log_start_offset if policy == "earliest" else result.high_watermark + 1
+
+
+def _from_outcome(p: ConsumePartition, outcome: Fetched | LlogError, log_start: int | None) -> tuple[ConsumeResult, int]:
+    """The result of the reader's outcome for ``p``, and its record bytes."""
+    if isinstance(outcome, Fetched) and any(_has_more_than_values(b) for b in outcome.batches):
+        return _from_batches(p, outcome, log_start)
+    if isinstance(outcome, Fetched):
+        columns = [b.column(1) for b in outcome.batches]
+        values = pa.concat_arrays(columns) if len(columns) > 1 else columns[0] if columns else []
+        return _from_values(p, p.fetch_offset, values, outcome.high_watermark, log_start)
+    if isinstance(outcome, OffsetOutOfRange):  # where the readable offsets are: a client can reset
+        return ConsumeResult(p.topic, p.partition, False, high_watermark=outcome.high_watermark,
+                             log_start_offset=outcome.log_start_offset, error_type=type(outcome).__name__,
+                             error=str(outcome)), 0
+    return ConsumeResult(p.topic, p.partition, False, error_type=type(outcome).__name__, error=str(outcome)), 0
 
 
 def _from_values(p: ConsumePartition, first: int, values: list[bytes] | pa.BinaryArray,
-                 high_watermark: int) -> tuple[ConsumeResult, int]:
+                 high_watermark: int, log_start: int | None) -> tuple[ConsumeResult, int]:
     """The result of records ``first..`` (``values``), and their bytes."""
     if not len(values):
-        return ConsumeResult(p.topic, p.partition, True, high_watermark=high_watermark,
+        return ConsumeResult(p.topic, p.partition, True, high_watermark=high_watermark, log_start_offset=log_start,
                              next_fetch_offset=p.fetch_offset, record_count=0, records=[]), 0
     records = None
     if isinstance(values, pa.Array):  # from Oxia and S3: UTF-8 checked by Arrow for all at once
@@ -351,9 +513,9 @@ def _from_values(p: ConsumePartition, first: int, values: list[bytes] | pa.Binar
             except UnicodeDecodeError:
                 records.append(ConsumedRecord(offset, base64=value))
     last = first + len(values) - 1
-    return ConsumeResult(p.topic, p.partition, True, high_watermark=max(high_watermark, last), start_offset=first,
-                         end_offset=last, next_fetch_offset=last + 1, record_count=len(values),
-                         records=records), size
+    return ConsumeResult(p.topic, p.partition, True, high_watermark=max(high_watermark, last),
+                         log_start_offset=log_start, start_offset=first, end_offset=last, next_fetch_offset=last + 1,
+                         record_count=len(values), records=records), size
 
 
 def _has_more_than_values(batch: pa.RecordBatch) -> bool:
@@ -371,7 +533,7 @@ def _text_or_base64(value: bytes | None) -> tuple[str | None, bytes | None]:
         return None, value
 
 
-def _from_batches(p: ConsumePartition, fetched: Fetched) -> tuple[ConsumeResult, int]:
+def _from_batches(p: ConsumePartition, fetched: Fetched, log_start: int | None) -> tuple[ConsumeResult, int]:
     """The result of fetched records that carry more than a value (records-v2), record by record."""
     records, size = [], 0
     for batch in fetched.batches:
@@ -385,8 +547,8 @@ def _from_batches(p: ConsumePartition, fetched: Fetched) -> tuple[ConsumeResult,
                 None if hs is None else [ConsumedHeader(h["key"], *_text_or_base64(h["value"])) for h in hs], ts))
     last = p.fetch_offset + len(records) - 1
     return ConsumeResult(p.topic, p.partition, True, high_watermark=max(fetched.high_watermark, last),
-                         start_offset=p.fetch_offset, end_offset=last, next_fetch_offset=last + 1,
-                         record_count=len(records), records=records), size
+                         log_start_offset=log_start, start_offset=p.fetch_offset, end_offset=last,
+                         next_fetch_offset=last + 1, record_count=len(records), records=records), size
 
 
 def _response(results: list[ConsumeResult]) -> ConsumeResponse:

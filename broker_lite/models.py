@@ -5,7 +5,7 @@ and validates requests and encodes responses (the seed's HTTP contract,
 
 from __future__ import annotations
 
-from typing import Annotated
+from typing import Annotated, Literal
 
 import msgspec
 
@@ -52,6 +52,10 @@ class ProduceResponse(msgspec.Struct, omit_defaults=True):
     error_count: int
     #: With 503: when to try again (also the ``Retry-After`` header, in whole seconds).
     retry_after_ms: int | None = None
+    #: With 404 (every group names a topic or partition that does not exist): the first group's
+    #: error, as an :class:`ErrorBody` would carry it (each group's is in ``results``).
+    error_type: str | None = None
+    error: str | None = None
 
 
 class Health(msgspec.Struct):
@@ -86,6 +90,10 @@ class ConsumePartition(msgspec.Struct, forbid_unknown_fields=True):
     partition_max_bytes: Annotated[int, msgspec.Meta(gt=0)] = DEFAULT_PARTITION_MAX_BYTES
 
 
+#: What a fetch outside a partition's readable offsets does (Kafka's ``auto.offset.reset``).
+OffsetReset = Literal["none", "earliest", "latest"]
+
+
 class ConsumeRequest(msgspec.Struct, forbid_unknown_fields=True):
     topic_partitions: Annotated[list[ConsumePartition], msgspec.Meta(min_length=1)]
     #: Long poll: wait up to this long (capped by the broker) for ``min_bytes`` of records.
@@ -93,6 +101,13 @@ class ConsumeRequest(msgspec.Struct, forbid_unknown_fields=True):
     min_bytes: Annotated[int, msgspec.Meta(ge=0)] = 1
     #: Record bytes to return for the whole request at most (the first record always).
     max_bytes: Annotated[int, msgspec.Meta(gt=0)] = DEFAULT_MAX_BYTES
+    #: A ``fetch_offset`` below the partition's log start (removed by retention, docs/topics.md
+    #: section 3) or past its high watermark + 1: ``none`` answers the partition with
+    #: ``OffsetOutOfRange`` (its ``log_start_offset`` and ``high_watermark`` say where to go);
+    #: ``earliest`` reads from the log start instead, ``latest`` from the log end (no records,
+    #: ``next_fetch_offset`` the high watermark + 1). The result's ``start_offset`` and
+    #: ``next_fetch_offset`` show where it read.
+    auto_offset_reset: OffsetReset = "none"
 
 
 class ConsumedHeader(msgspec.Struct, omit_defaults=True):
@@ -126,6 +141,9 @@ class ConsumeResult(msgspec.Struct, omit_defaults=True):
     partition: int
     ok: bool
     high_watermark: int | None = None
+    #: The first offset still in the log (docs/topics.md section 3; Kafka's fetch response has
+    #: it): on every ok result, and on an ``OffsetOutOfRange`` one, so a client can reset.
+    log_start_offset: int | None = None
     start_offset: int | None = None
     end_offset: int | None = None
     next_fetch_offset: int | None = None
@@ -189,9 +207,29 @@ class GroupDescription(msgspec.Struct):
 
 # --- topics ----------------------------------------------------------------------------------
 
+class TopicConfig(msgspec.Struct):
+    """A topic's effective settings (docs/topics.md section 1, Kafka's names): its record's, else
+    the defaults."""
+
+    cleanup_policy: str = msgspec.field(name="cleanup.policy")
+    compression_type: str = msgspec.field(name="compression.type")
+    #: Per partition; -1: no limit.
+    retention_bytes: int = msgspec.field(name="retention.bytes")
+    #: -1: records are kept forever.
+    retention_ms: int = msgspec.field(name="retention.ms")
+
+
 class TopicSummary(msgspec.Struct):
     topic: str
+    #: The topic record's partition count (partitions ``0..partitions-1``); for a topic written
+    #: before topic records, its highest initialized partition + 1.
     partitions: int
+    #: ``ACTIVE``, or ``DELETING`` while a delete runs.
+    state: str
+    #: New at every create (docs/topics.md section 1); null for a topic written before topic
+    #: records, which has no record until its next write gives it one.
+    topic_id: str | None
+    config: TopicConfig
 
 
 class TopicList(msgspec.Struct):
@@ -201,6 +239,9 @@ class TopicList(msgspec.Struct):
 class PartitionSummary(msgspec.Struct):
     partition: int
     log_state: str
+    #: The first offset still in the log: ``log_start_offset..high_watermark`` are readable,
+    #: the offsets below were removed by retention (docs/topics.md section 3).
+    log_start_offset: int
     high_watermark: int
     index_entries: int
     compacted_entries: int
@@ -210,4 +251,11 @@ class PartitionSummary(msgspec.Struct):
 
 class TopicDescription(msgspec.Struct):
     topic: str
+    #: Its initialized partitions (one below ``partition_count`` may be missing for a moment
+    #: after a create that crashed midway: the next write initializes it).
     partitions: list[PartitionSummary]
+    #: As :class:`TopicSummary`'s ``partitions``, ``state`` and ``topic_id``.
+    partition_count: int
+    state: str
+    topic_id: str | None
+    config: TopicConfig

@@ -89,6 +89,12 @@ def _error(status: int, description: str, retry_after: bool = False) -> Answer:
     return Answer(status, description, models.ErrorBody, retry_after=retry_after)
 
 
+def _any_of(*models_: type) -> dict[str, Any]:
+    """A body that is one of ``models_`` (``anyOf``: a ProduceResponse with its error fields
+    also has an ErrorBody's)."""
+    return {"anyOf": [{"$ref": REF_TEMPLATE.format(name=m.__name__)} for m in models_]}
+
+
 _BAD_BODY = _error(400, "No Content-Length (a chunked body), an empty or malformed body, a body that does not "
                         "match the request shape, or a topic outside llog's naming rule; the error names the field.")
 _TOO_LARGE = _error(413, "Content-Length over LLOG_BROKER_MAX_REQUEST_BYTES; refused before the body is read.")
@@ -110,10 +116,20 @@ ROUTES: tuple[Route, ...] = (
           request=models.ProduceRequest,
           example={"topic_partitions": [{"topic": "orders", "partition": 0, "records": ["alpha", {"base64": "AAE="}]}]},
           description="Every topic-partition group of the request is committed with the others in one group "
-                      "commit; the answer comes once its records are durable. Served by --role write and both.",
+                      "commit; the answer comes once its records are durable. A topic without a topic record is "
+                      "created on its first produce with LLOG_DEFAULT_PARTITIONS partitions (unless "
+                      "LLOG_AUTO_CREATE_TOPICS is false); a group for a partition at or past its topic's partition "
+                      "count fails with UnknownPartition, one for a topic being deleted with TopicBeingDeleted. "
+                      "Served by --role write and both.",
           answers=(
               Answer(200, "Every group committed, each with its offsets.", models.ProduceResponse),
-              Answer(409, "At least one group failed (each result says why); the others committed.",
+              Answer(404, "Every group names a topic or partition that does not exist (UnknownPartition: past the "
+                          "topic's partition count; TopicNotFound: no topic record and auto-creation is off): a "
+                          "ProduceResponse with each group's error, and the first as error_type and error; nothing "
+                          "written. Or, as an ErrorBody, no such path or a role that does not serve it.",
+                     schema=_any_of(models.ProduceResponse, models.ErrorBody)),
+              Answer(409, "At least one group failed (each result says why: LogFenced, TopicBeingDeleted, "
+                          "UnknownPartition...); the others committed.",
                      models.ProduceResponse),
               Answer(503, "Refused for backpressure or while shutting down: nothing written; retry after "
                           "Retry-After seconds (also retry_after_ms).", models.ProduceResponse, retry_after=True),
@@ -122,7 +138,10 @@ ROUTES: tuple[Route, ...] = (
           request=models.ConsumeRequest,
           example={"topic_partitions": [{"topic": "orders", "partition": 0, "fetch_offset": 1}], "max_wait_ms": 250},
           description="Stateless: the client carries its offsets (next_fetch_offset). Long-polls up to "
-                      "max_wait_ms for min_bytes. Served by --role read and both.",
+                      "max_wait_ms for min_bytes. Every ok result, and an OffsetOutOfRange one, carries the "
+                      "partition's log_start_offset (offsets below it were removed by retention); a fetch_offset "
+                      "out of range answers OffsetOutOfRange, or with auto_offset_reset earliest or latest reads "
+                      "from the log start or the log end instead. Served by --role read and both.",
           answers=(
               Answer(200, "Each requested topic-partition's records (maybe none), or why not.",
                      models.ConsumeResponse),
@@ -142,11 +161,17 @@ ROUTES: tuple[Route, ...] = (
               Answer(200, "The group's committed offsets and lag per partition.", models.GroupDescription),
               _BAD_NAME)),
     Route("listTopics", "get", "/topics", "List topics", "topics",
-          description="With auth on, only the topics the key may produce to or consume from (all with admin).",
-          answers=(Answer(200, "Every topic with its partition count.", models.TopicList),)),
-    Route("describeTopic", "get", "/topics/{topic}", "Describe a topic's partitions", "topics", params=("topic",),
+          description="Every topic record, and every topic written before topic records (listed from its "
+                      "partitions, topic_id null). With auth on, only the topics the key may produce to or consume "
+                      "from (all with admin).",
+          answers=(Answer(200, "Every topic with its partition count, state and effective config.",
+                          models.TopicList),)),
+    Route("describeTopic", "get", "/topics/{topic}", "Describe a topic and its partitions", "topics",
+          params=("topic",),
           description="With auth on, the key needs produce or consume on the topic (or admin).", answers=(
-        Answer(200, "Each partition's state, high watermark and index entries.", models.TopicDescription),
+        Answer(200, "The topic's record (partition count, state, effective config) and each initialized "
+                    "partition's state, log start offset, high watermark, index entries and bytes.",
+               models.TopicDescription),
         _BAD_NAME)),
 )
 

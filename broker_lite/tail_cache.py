@@ -6,9 +6,11 @@ anything a reader of Oxia and S3 could not see: such a reader reads the reservat
 readable tail), as a *run*: a batch's consecutive offsets in one partition. A
 lookup at an offset inside a run returns records from there, on through the runs that follow it
 without a gap (another writer's offsets in between are not here: the lookup stops at the gap and
-the consumer's next fetch misses and goes to the reader). Offsets are immutable, so a cached
-record is never stale; only the high watermark a hit reports can be behind one that another
-writer moved.
+the consumer's next fetch misses and goes to the reader). Offsets are immutable while a topic
+lives, so a cached record is never stale; only the high watermark a hit reports can be behind one
+that another writer moved. A topic deleted and created again (docs/topics.md) starts at offset 1
+again: a run that overlaps cached offsets means exactly that, and the partition's older runs are
+dropped before it is added.
 
 Bounded by ``LLOG_TAIL_CACHE_MAX_BYTES`` (record bytes plus a per-record overhead); the oldest
 runs are evicted first. ``0`` turns the cache off. Used from the event loop only: no locks.
@@ -104,8 +106,10 @@ class TailCache:
             return
         runs, firsts = self._runs.setdefault(tp, []), self._firsts.setdefault(tp, [])
         at = bisect.bisect_left(firsts, first)
-        if at < len(firsts) and firsts[at] == first:
-            return  # already here (the same commit answered twice cannot happen; be safe)
+        if (at < len(firsts) and firsts[at] <= _last(run)) or (at and _last(runs[at - 1]) >= first):
+            # Offsets this cache holds were committed again: the topic was re-created.
+            self.forget(tp)
+            runs, firsts, at = self._runs.setdefault(tp, []), self._firsts.setdefault(tp, []), 0
         runs.insert(at, run)
         firsts.insert(at, first)
         self._age.append((tp.topic, tp.partition, first))
@@ -113,11 +117,19 @@ class TailCache:
         while self.bytes > self.max_bytes:
             self._evict()
 
+    def forget(self, tp: TopicPartition) -> None:
+        """Drop every run of ``tp`` (their age entries are skipped when they come up)."""
+        for run in self._runs.pop(tp, []):
+            self.bytes -= _cost(run)
+        self._firsts.pop(tp, None)
+
     def _evict(self) -> None:
         topic, partition, first = self._age.popleft()
         tp = TopicPartition(topic, partition)
-        runs, firsts = self._runs[tp], self._firsts[tp]
-        at = 0 if firsts[0] == first else bisect.bisect_left(firsts, first)
+        runs, firsts = self._runs.get(tp), self._firsts.get(tp)
+        at = -1 if not firsts else 0 if firsts[0] == first else bisect.bisect_left(firsts, first)
+        if at < 0 or at == len(firsts) or firsts[at] != first:
+            return  # forgotten (its topic was re-created)
         self.bytes -= _cost(runs[at])
         del runs[at], firsts[at]
         if not runs:
@@ -191,7 +203,11 @@ class TailCacheDir:
             return
         directory = self._dir(tp)
         directory.mkdir(parents=True, exist_ok=True)
-        path = directory / f"{first:020d}-{first + len(values) - 1:020d}.llb"
+        last = first + len(values) - 1
+        for run_first, run_last, name in self._spans(tp, first):  # the topic was re-created (TailCache)
+            if run_first <= last and run_last >= first:
+                (directory / name).unlink(missing_ok=True)
+        path = directory / f"{first:020d}-{last:020d}.llb"
         partial = directory / f".{path.name}.{os.getpid()}.{threading.get_ident()}"
         with open(partial, "wb") as f:
             for piece in body.pieces:

@@ -142,7 +142,7 @@ def test_each_partition_gets_its_own_error_and_the_request_still_answers_200(bro
     produce(broker, "errs", 0, ["a", "b"])
     response = consume(broker, [{"topic": "errs", "partition": 0, "fetch_offset": 3},
                                 {"topic": "errs", "partition": 0, "fetch_offset": 9},
-                                {"topic": "errs", "partition": 5, "fetch_offset": 1},
+                                {"topic": "errs", "partition": 50, "fetch_offset": 1},  # past the count
                                 {"topic": "errs", "partition": 0, "fetch_offset": 1}])
     assert response.status_code == 200
     caught_up, past, missing, ok = response.json()["results"]
@@ -285,7 +285,7 @@ def test_groups_commit_forward_and_describe_lag(broker):
 
     past = httpx.post(f"{broker}/groups/readers/commit", json={"offsets": [{"topic": "grp", "partition": 1, "offset": 6}]})
     assert past.status_code == 400 and "log end" in past.json()["error"]
-    unknown = httpx.post(f"{broker}/groups/readers/commit", json={"offsets": [{"topic": "grp", "partition": 9, "offset": 1}]})
+    unknown = httpx.post(f"{broker}/groups/readers/commit", json={"offsets": [{"topic": "grp", "partition": 99, "offset": 1}]})
     assert unknown.status_code == 404
     assert httpx.get(f"{broker}/groups/no-such-group").json() == {"group": "no-such-group", "partitions": [], "total_lag": 0}
 
@@ -293,11 +293,13 @@ def test_groups_commit_forward_and_describe_lag(broker):
 def test_topics_list_and_describe(broker):
     produce(broker, "listed", 0, ["a" * 100] * 3)
     produce(broker, "listed", 2, ["b"])
-    topics = httpx.get(f"{broker}/topics").json()["topics"]
-    assert {"topic": "listed", "partitions": 2} in topics
+    topics = {t["topic"]: t for t in httpx.get(f"{broker}/topics").json()["topics"]}
+    # Created on first use with the broker's LLOG_DEFAULT_PARTITIONS (the tests' 16).
+    assert (topics["listed"]["partitions"], topics["listed"]["state"]) == (16, "ACTIVE")
     described = httpx.get(f"{broker}/topics/listed").json()
     assert described["topic"] == "listed"
-    assert [(p["partition"], p["high_watermark"], p["log_state"]) for p in described["partitions"]] == [(0, 3, "OPEN"), (2, 1, "OPEN")]
+    marks = [(p["partition"], p["high_watermark"], p["log_state"]) for p in described["partitions"]]
+    assert marks[:3] == [(0, 3, "OPEN"), (1, 0, "OPEN"), (2, 1, "OPEN")] and len(marks) == 16
     assert described["partitions"][0]["bytes"] > 300
     assert httpx.get(f"{broker}/topics/nothing-here").status_code == 404
 

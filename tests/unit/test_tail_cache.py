@@ -83,3 +83,30 @@ def test_the_directory_cache_finds_runs_written_after_it_listed_and_misses_delet
     for run in (tmp_path / "root" / "t" / "0").glob("*.llb"):
         run.unlink()
     assert reader.get(TP, 2, 10**6) is None and reader.get(TP, 12, 10**6) is None
+
+
+def test_a_re_created_topic_replaces_the_old_runs():
+    """docs/topics.md: a topic deleted and created again starts at offset 1; a run overlapping
+    cached offsets drops the partition's old runs, so the old records are never served."""
+    cache = TailCache(10**6)
+    cache.add(TP, 1, values(5))
+    cache.add(TP, 6, values(5, 6))
+    new = [b"new-%d" % i for i in range(3)]
+    cache.add(TP, 1, new)
+    hit = cache.get(TP, 1, 10**6)
+    assert (hit.values, hit.tail) == (new, 3)
+    assert cache.get(TP, 6, 10**6) is None
+    assert cache.bytes == sum(map(len, new)) + RECORD_OVERHEAD * 3
+    for i in range(200):  # evicting past the forgotten runs' age entries works
+        cache.add(TopicPartition("u", 0), 1 + 10 * i, values(10, 1 + 10 * i, 500))
+    assert cache.bytes <= cache.max_bytes
+
+
+def test_the_directory_cache_drops_overlapping_runs_of_a_re_created_topic(tmp_path):
+    from broker_lite.tail_cache import TailCacheDir
+
+    shared = TailCacheDir(tmp_path, "llog", 10**6)
+    shared.add(TP, 1, values(5))
+    shared.add(TP, 1, [b"again"])
+    hit = shared.get(TP, 1, 10**6)
+    assert (hit.values, hit.tail) == ([b"again"], 1)
