@@ -65,7 +65,7 @@ class PartitionNotInitialized(LlogError):
         self.topic, self.partition = topic, partition
         super().__init__(
             f"{topic}[{partition}] is not initialized: no meta/control record "
-            "(write to it first, or call initialize_partition)"
+            "(its topic does not exist or was deleted: `llog topics create`, or write to it with auto-creation on)"
         )
 
 

@@ -40,7 +40,7 @@ from llog.control import ControlState, read_control
 from llog.coordination import Coordination
 from llog.errors import (
     CorruptBatch, InconsistentReadState, InvalidOffset, LlogError, ObjectNotFound, OffsetOutOfRange,
-    PartitionNotInitialized,
+    PartitionNotInitialized, TopicRecreated,
 )
 from llog.keys import PartitionKeys
 from llog.objects import ObjectStore
@@ -117,6 +117,9 @@ class PartitionBatches:
     end: int
     high_watermark: int
     batches: list[pa.RecordBatch]
+    #: The ``topic_id`` in the partition's ``meta/control`` when the range was resolved
+    #: (docs/topics.md section 1; None: initialized before topic records).
+    topic_id: str | None = None
 
     @property
     def count(self) -> int:
@@ -147,6 +150,8 @@ class Fetched:
     offset: int
     high_watermark: int
     batches: list[pa.RecordBatch]
+    #: The partition's first readable offset when the fetch read ``meta/control``.
+    log_start_offset: int = 1
 
     @property
     def count(self) -> int:
@@ -314,7 +319,8 @@ class LogReader(ClientUser):
                     compressions[id(s)] = body_compression(body) if s.located.entry.encoding == RECORDS_V2 else "none"
         return decoded, missing
 
-    def _batches(self, items: Sequence[tuple[str, int, _Slice]]) -> list[list[pa.RecordBatch]]:
+    def _batches(self, items: Sequence[tuple[str, int, _Slice]],
+                 topic_ids: dict[tuple[str, int], str | None] | None = None) -> list[list[pa.RecordBatch]]:
         """The record batches of each ``(topic, partition, slice)``, in offset order, fetching
         each blob once per round. The slices of a blob found missing are resolved again and
         fetched in the next round, at most :data:`MISSING_ROUNDS` times (module doc)."""
@@ -324,8 +330,11 @@ class LogReader(ClientUser):
             gone = [(i, s) for i, part in enumerate(parts) for s, batch in part if batch is None and id(s) not in decoded]
             if gone and round_ == MISSING_ROUNDS:
                 raise missing
-            again = iter(self._resolve_many([ReadRequest(items[i][0], items[i][1], s.lo, s.hi) for i, s in gone])
-                         if gone else ())
+            resolved = self._resolve_many([ReadRequest(items[i][0], items[i][1], s.lo, s.hi) for i, s in gone]) \
+                if gone else []
+            for (i, _), (state, _, _) in zip(gone, resolved):
+                _same_topic(items[i][0], items[i][1], topic_ids, state)
+            again = iter(resolved)
             for i, part in enumerate(parts):
                 parts[i] = []
                 for s, batch in part:
@@ -382,11 +391,12 @@ class LogReader(ClientUser):
         """
         requests = list(requests)
         resolved = self._resolve_many(requests)
+        topic_ids = {(req.topic, req.partition): state.record.topic_id for req, (state, _, _) in zip(requests, resolved)}
         batches = iter(self._batches([(req.topic, req.partition, s)
-                                      for req, (_, _, slices) in zip(requests, resolved) for s in slices]))
+                                      for req, (_, _, slices) in zip(requests, resolved) for s in slices], topic_ids))
         return [
             PartitionBatches(req.topic, req.partition, req.start, end, state.record.high_watermark,
-                             [batch for _ in slices for batch in next(batches)])
+                             [batch for _ in slices for batch in next(batches)], state.record.topic_id)
             for req, (state, end, slices) in zip(requests, resolved)
         ]
 
@@ -418,19 +428,22 @@ class LogReader(ClientUser):
         )
         outcomes: list[Fetched | LlogError | None] = [None] * len(requests)
         plans: dict[int, tuple[int, int, list[_Slice]]] = {}  # request -> (high watermark, budget, slices)
+        starts: dict[int, int] = {}  # request -> log start offset
+        topic_ids: dict[tuple[str, int], str | None] = {}  # partition -> topic_id when this fetch began
         remaining = max_bytes if max_bytes is not None else float("inf")
         for i, (req, k, control, first) in enumerate(zip(requests, keys, found[:len(keys)], found[len(keys):])):
             if control is None:
                 outcomes[i] = PartitionNotInitialized(k.tp.topic, k.tp.partition)
                 continue
             state = ControlState(ControlRecord.from_json(control.value, k.control), control.version_id)
+            topic_ids[(req.topic, req.partition)] = state.record.topic_id
             hw, log_start = state.record.high_watermark, state.record.log_start_offset
             if req.offset > hw + 1 or req.offset < log_start:
                 outcomes[i] = OffsetOutOfRange(req.topic, req.partition, req.offset, hw, log_start)
                 continue
             budget = int(min(req.max_bytes, max_bytes or req.max_bytes))
             if req.offset == hw + 1 or remaining <= 0:  # caught up, or the call's budget is spent (estimated)
-                outcomes[i] = Fetched(req.topic, req.partition, req.offset, hw, [])
+                outcomes[i] = Fetched(req.topic, req.partition, req.offset, hw, [], log_start)
                 continue
             try:
                 slices = self._plan(k, state, req.offset, budget,
@@ -439,6 +452,7 @@ class LogReader(ClientUser):
                 outcomes[i] = e
                 continue
             plans[i] = (hw, budget, slices)
+            starts[i] = log_start
             remaining -= sum(_estimate(s) for s in slices)
 
         whole = [(i, s) for i, (_, budget, slices) in plans.items() for s in slices if not _partial(s, budget)]
@@ -446,13 +460,15 @@ class LogReader(ClientUser):
         got: dict[int, list[pa.RecordBatch]] = {id(s): [] for _, (_, _, slices) in plans.items() for s in slices}
         failed: dict[int, LlogError] = {}
         try:
-            for (_, s), batches in zip(whole, self._batches([(requests[i].topic, requests[i].partition, s) for i, s in whole])):
+            for (_, s), batches in zip(whole, self._batches([(requests[i].topic, requests[i].partition, s) for i, s in whole],
+                                                               topic_ids)):
                 got[id(s)] = batches
         except LlogError:  # find whose: each partition on its own
             for i in {i for i, _ in whole}:
                 mine = [s for j, s in whole if j == i]
                 try:
-                    for s, batches in zip(mine, self._batches([(requests[i].topic, requests[i].partition, s) for s in mine])):
+                    for s, batches in zip(mine, self._batches([(requests[i].topic, requests[i].partition, s) for s in mine],
+                                                                      topic_ids)):
                         got[id(s)] = batches
                 except LlogError as e:
                     failed[i] = e
@@ -474,7 +490,7 @@ class LogReader(ClientUser):
                 outcomes[i] = failed[i]
                 continue
             batches = _trim(_contiguous(slices, got), int(min(requests[i].max_bytes, remaining)))
-            outcomes[i] = Fetched(requests[i].topic, requests[i].partition, requests[i].offset, hw, batches)
+            outcomes[i] = Fetched(requests[i].topic, requests[i].partition, requests[i].offset, hw, batches, starts[i])
             remaining -= outcomes[i].nbytes
         return outcomes
 
@@ -543,7 +559,8 @@ class LogReader(ClientUser):
         with ``on_missing``, ``on_missing(first_offset, last_offset, error)`` is called per slice
         instead, and the slice is skipped if it returns.
         """
-        _, _, slices = self._resolve_many([request])[0]
+        state, _, slices = self._resolve_many([request])[0]
+        topic_ids = {(request.topic, request.partition): state.record.topic_id}
         chunks = _chunks(slices, chunk_bytes)
 
         def submit(chunk: list[_Slice]) -> tuple[list[_Slice], list[tuple[list[_Slice], Future]]]:
@@ -561,7 +578,7 @@ class LogReader(ClientUser):
                 except ObjectNotFound:
                     for s in group:  # compacted and collected since it was resolved?
                         try:
-                            ready[id(s)] = self._reread(request.topic, request.partition, s.lo, s.hi)
+                            ready[id(s)] = self._reread(request.topic, request.partition, s.lo, s.hi, topic_ids)
                         except ObjectNotFound as missing:
                             if on_missing is None:
                                 raise
@@ -572,12 +589,14 @@ class LogReader(ClientUser):
             for s in chunk:
                 yield from ready.pop(id(s), ())
 
-    def _reread(self, topic: str, partition: int, lo: int, hi: int) -> list[pa.RecordBatch]:
+    def _reread(self, topic: str, partition: int, lo: int, hi: int,
+                topic_ids: dict[tuple[str, int], str | None] | None = None) -> list[pa.RecordBatch]:
         """Offsets ``lo..hi`` resolved and fetched again: after a blob turned out to be gone,
         which happens when compaction swapped its entries for a compacted one and garbage
         collection deleted it after this reader resolved them."""
-        _, _, slices = self._resolve_many([ReadRequest(topic, partition, lo, hi)])[0]
-        return [batch for part in self._batches([(topic, partition, s) for s in slices]) for batch in part]
+        state, _, slices = self._resolve_many([ReadRequest(topic, partition, lo, hi)])[0]
+        _same_topic(topic, partition, topic_ids, state)
+        return [batch for part in self._batches([(topic, partition, s) for s in slices], topic_ids) for batch in part]
 
     def entry_values(self, entries: Sequence[LocatedEntry]) -> list[tuple[Records, str]]:
         """Every record of each entry, CRC checked, fetching each blob once (one range GET
@@ -602,6 +621,14 @@ class LogReader(ClientUser):
         keys = self.keys(topic, partition)
         state, _ = self._control(keys, offset, offset)
         s, = self._resolve(keys, state, offset, offset)
+        try:
+            return self._read_one(topic, partition, offset, s)
+        except ObjectNotFound:  # compacted or dropped by retention, and collected, since it was resolved
+            result = self.read_batches([ReadRequest(topic, partition, offset, offset)])[0]
+            _same_topic(topic, partition, {(topic, partition): state.record.topic_id}, result)
+            return next(_records(topic, partition, result.batches))
+
+    def _read_one(self, topic: str, partition: int, offset: int, s: _Slice) -> Record:
         entry = s.located.entry
         if entry.byte_offset is not None or entry.encoding != BYTES_BATCH_V1:  # records-v2 is read whole
             return next(_records(topic, partition, [self._to_batch(s, self._fetch([s])[id(s)])]))
@@ -620,12 +647,29 @@ class LogReader(ClientUser):
             end = self.high_watermark(topic, partition)
             if _check_offset("start offset", start) > end:
                 return
-        position = start
+        position, topic_ids = start, None
         while position <= end:
             upto = min(end, position + window - 1)
             result = self.read_batches([ReadRequest(topic, partition, position, upto)])[0]
+            if topic_ids is None:  # the first window's topic: every later window must be of it
+                topic_ids = {(topic, partition): result.topic_id}
+            _same_topic(topic, partition, topic_ids, result)
             yield from _records(topic, partition, result.batches)
             position = upto + 1
+
+
+def _same_topic(topic: str, partition: int, topic_ids: dict[tuple[str, int], str | None] | None,
+                now: ControlState | PartitionBatches) -> None:
+    """Raise :class:`TopicRecreated` when the partition's ``topic_id`` differs from the one this
+    read began with (``topic_ids``): the topic was deleted and created again meanwhile, and what
+    the offsets resolve to now are another topic's records (docs/topics.md section 2)."""
+    if topic_ids is None or (topic, partition) not in topic_ids:
+        return
+    found = now.topic_id if isinstance(now, PartitionBatches) else now.record.topic_id
+    began = topic_ids[(topic, partition)]
+    if found != began:
+        raise TopicRecreated(f"{topic}[{partition}] was deleted and created again while this read ran (topic id "
+                             f"{began}, now {found}): the records it was reading are gone")
 
 
 def _chunks(slices: Sequence[_Slice], chunk_bytes: int) -> list[list[_Slice]]:

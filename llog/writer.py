@@ -261,8 +261,9 @@ class LogWriter(ClientUser):
         refused = self.check_partitions(list(merged))
         if refused:
             merged = {tp: parts for tp, parts in merged.items() if tp not in refused}
-            if not merged:
-                error = next(iter(refused.values()))
+            if not merged:  # each partition's own error (one partition: that error itself)
+                error = next(iter(refused.values())) if len(refused) == 1 else AppendFailed(
+                    [], {(tp.topic, tp.partition): e for tp, e in refused.items()})
                 if on_durable is not None:
                     on_durable(error)
                 raise error
@@ -305,15 +306,15 @@ class LogWriter(ClientUser):
         """
         if not staged:
             return []
-        refused = self.check_partitions(sorted({TopicPartition(s.topic, s.partition) for s in staged}))
-        if refused:  # nothing is committed: the whole batch fails, naming the partition
-            raise next(iter(refused.values()))
         now = self.clock.now_ms()
         stale = [s for s in staged if now - s.created_at_ms > self.config.gc_grace_ms // 2]
         if stale:
             raise StaleBlob(f"{len(stale)} staged slice(s), first in {stale[0].wal_uri}, were uploaded more than "
                             f"{self.config.gc_grace_ms // 2} ms ago (half of LLOG_GC_GRACE_MS); upload the records "
                             f"again")
+        refused = self.check_partitions(sorted({TopicPartition(s.topic, s.partition) for s in staged}))
+        if refused:  # nothing is committed: the whole batch fails, naming the partition
+            raise next(iter(refused.values()))
         by_partition: dict[TopicPartition, list[int]] = {}
         for i, s in enumerate(staged):
             by_partition.setdefault(TopicPartition(s.topic, s.partition), []).append(i)

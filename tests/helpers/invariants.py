@@ -39,13 +39,16 @@ def check_partition(coordination: Coordination, root: str, topic: str, partition
     cursor = CompactionCursor.from_json(cursor_value.value).offset
     entries = [LocatedEntry(keys.index_end_offset(v.key), IndexEntry.from_json(v.value, v.key))
                for v in coordination.range_scan(keys.index_prefix, keys.index_end, keys.partition_key)]
-    hw = control.high_watermark
+    hw, start = control.high_watermark, control.log_start_offset
 
-    # Monotonic bounds: 1 <= cursor <= sequence_counter.
-    assert 1 <= cursor <= control.sequence_counter, f"{keys.tp}: cursor {cursor} outside 1..{control.sequence_counter}"
+    # Monotonic bounds: 1 <= S <= high watermark + 1 and S <= cursor <= sequence_counter, with S
+    # the log start offset (1 until retention moves it; docs/topics.md section 4).
+    assert 1 <= start <= hw + 1, f"{keys.tp}: log start offset {start} outside 1..{hw + 1}"
+    assert start <= cursor <= control.sequence_counter, (
+        f"{keys.tp}: cursor {cursor} outside {start}..{control.sequence_counter}")
 
-    # No duplicates / no overlap, and no gaps: entries tile 1..n exactly, in key order.
-    expected_start = 1
+    # No duplicates / no overlap, and no gaps: entries tile S..n exactly, in key order.
+    expected_start = start
     for e in entries:
         assert e.entry.msg_count >= 1, f"{keys.tp}: entry at {e.end_offset} has msg_count {e.entry.msg_count}"
         assert e.start_offset == expected_start, (
@@ -76,7 +79,7 @@ def check_partition(coordination: Coordination, root: str, topic: str, partition
             f"(which ends at {covered})"
         )
         covered = pending.end_offset
-    assert covered == hw, f"{keys.tp}: index and pending cover 1..{covered} but the high watermark is {hw}"
+    assert covered == hw, f"{keys.tp}: index and pending cover {start}..{covered} but the high watermark is {hw}"
     return Snapshot(keys.tp, control.sequence_counter, cursor, entries, pending)
 
 

@@ -1,0 +1,472 @@
+"""Topics as objects (docs/topics.md sections 1, 2 and 4) on real Oxia and SeaweedFS: create,
+list, describe, alter and delete; auto-creation by writers; writers that disagree on the
+partition count; delete and re-create; a delete that is interrupted and finished; partitions
+written before topic records, adopted."""
+
+from __future__ import annotations
+
+import uuid
+from concurrent.futures import ThreadPoolExecutor
+
+import pytest
+
+from llog.clock import SYSTEM
+from llog.compactor import Compactor
+from llog.consumer_groups import commit_offsets, committed_offsets
+from llog.control import initialize_partition, read_control, update_control
+from llog.discovery import list_topics, topic_partitions
+from llog.errors import (
+    AppendFailed, ClaimHeld, InvalidTopicConfig, ObjectNotFound, PartitionNotInitialized, TopicAlreadyExists,
+    TopicBeingDeleted, TopicNotFound, TopicRecreated, UnknownPartition,
+)
+from llog.keys import TopicPartition
+from llog.records import ACTIVE, DELETING
+from llog.topics import (
+    TopicSettings, _mark_deleting, alter_topic, create_topic, delete_topic, list_topic_records, parse_config,
+    parse_config_pairs, read_topic,
+)
+from llog.writer import AppendGroup, LogWriter
+from tests.helpers.clocks import past_the_lag
+from tests.helpers.retention import compacted_objects, index_entries, keys_left, partition_keys
+
+
+def _values(reader, topic: str, partition: int) -> list[bytes]:
+    start, hw = reader.offsets(topic, partition)
+    return [r.value for r in reader.read_range(topic, partition, start)] if hw >= start else []
+
+
+def _controls(writer, config, topic: str, partitions: range):
+    return [read_control(writer.coordination, partition_keys(config.root_prefix, topic, p)).record for p in partitions]
+
+
+# --- create, list, describe, alter, delete -----------------------------------------------------------
+
+
+def test_create_list_describe_alter_and_delete(config, writer):
+    c, root = writer.coordination, config.root_prefix
+    created = create_topic(c, root, "orders", 2, parse_config_pairs(["retention.ms=1000"]))
+    assert (created.topic, created.partitions, created.config, created.state) \
+        == ("orders", 2, {"retention.ms": 1000}, ACTIVE)
+    uuid.UUID(created.topic_id)
+    assert created.created_at_ms == created.updated_at_ms > 0
+
+    described = read_topic(c, root, "orders")
+    assert described.record == created and isinstance(described.version, int)
+    assert [(r.topic_id, r.log_start_offset, r.high_watermark) for r in _controls(writer, config, "orders", range(2))] \
+        == [(created.topic_id, 1, 0)] * 2
+    settings = TopicSettings.of("orders", created, config)
+    assert (settings.retention_ms, settings.retention_bytes, settings.cleanup_policy) \
+        == (1000, config.retention_bytes, "delete")
+
+    with pytest.raises(TopicAlreadyExists, match="'orders' already exists .*2 partition"):
+        create_topic(c, root, "orders", 5)
+    assert create_topic(c, root, "orders", 5, if_not_exists=True) == created  # as it is: not 5 partitions
+    assert read_topic(c, root, "orders").version == described.version
+
+    create_topic(c, root, "audit", 1)
+    assert [(r.topic, r.partitions) for r in list_topic_records(c, root)] == [("audit", 1), ("orders", 2)]
+
+    grown = alter_topic(c, root, "orders", partitions=4)
+    assert grown.partitions == 4 and grown.topic_id == created.topic_id and grown.updated_at_ms >= created.updated_at_ms
+    assert [(r.topic_id, r.sequence_counter) for r in _controls(writer, config, "orders", range(4))] \
+        == [(created.topic_id, 1)] * 4  # the new partitions are initialized, with the record's topic_id
+    assert topic_partitions(c, root, "orders") == [0, 1, 2, 3]
+    version = read_topic(c, root, "orders").version
+    with pytest.raises(InvalidTopicConfig, match="has 4 partitions; the count only grows"):
+        alter_topic(c, root, "orders", partitions=3)
+    assert read_topic(c, root, "orders").version == version
+
+    changed = alter_topic(c, root, "orders", set_config={"retention.bytes": "2048", "compression.type": "zstd"})
+    assert changed.config == {"retention.ms": 1000, "retention.bytes": 2048, "compression.type": "zstd"}
+    dropped = alter_topic(c, root, "orders", delete_config=["retention.ms"])
+    assert dropped.config == {"retention.bytes": 2048, "compression.type": "zstd"}
+    assert TopicSettings.of("orders", dropped, config).retention_ms == config.retention_ms  # back to the default
+    assert read_topic(c, root, "orders").record == dropped
+    assert alter_topic(c, root, "orders", partitions=4) == dropped  # nothing to change: no write
+    assert read_topic(c, root, "orders").record.updated_at_ms == dropped.updated_at_ms
+
+    report = delete_topic(c, writer.objects, root, "orders")
+    assert (report.partitions, report.had_record) == (4, True)
+    assert read_topic(c, root, "orders") is None
+    assert [r.topic for r in list_topic_records(c, root)] == ["audit"]
+    assert topic_partitions(c, root, "orders") == []
+    with pytest.raises(TopicNotFound):
+        alter_topic(c, root, "orders", partitions=5)
+
+
+@pytest.mark.parametrize("settings, named", [
+    ({"retention.ms": "soon"}, "retention.ms='soon'"),
+    ({"retention.ms": -2}, "retention.ms=-2"),
+    ({"retention.bytes": True}, "retention.bytes=True"),
+    ({"cleanup.policy": "compact"}, "cleanup.policy='compact'"),
+    ({"compression.type": "gzip"}, "compression.type='gzip'"),
+    ({"segment.ms": 1000}, "'segment.ms'"),
+])
+def test_bad_settings_are_refused_naming_them_and_nothing_is_written(config, writer, settings, named):
+    c, root = writer.coordination, config.root_prefix
+    with pytest.raises(InvalidTopicConfig, match=named.replace(".", r"\.")):
+        create_topic(c, root, "bad", 1, settings)
+    assert read_topic(c, root, "bad") is None and topic_partitions(c, root, "bad") == []
+
+    create_topic(c, root, "good", 1)
+    before = read_topic(c, root, "good")
+    with pytest.raises(InvalidTopicConfig, match=named.replace(".", r"\.")):
+        alter_topic(c, root, "good", set_config=settings)
+    assert read_topic(c, root, "good") == before
+
+
+def test_bad_config_pairs_partition_counts_and_deleted_names_are_refused(config, writer):
+    c, root = writer.coordination, config.root_prefix
+    with pytest.raises(InvalidTopicConfig, match="'retention.ms' must look like name=value"):
+        parse_config_pairs(["retention.ms"])
+    assert parse_config_pairs(["retention.bytes = 10", "cleanup.policy=delete"]) == {
+        "retention.bytes": 10, "cleanup.policy": "delete"}
+    assert parse_config({"retention.ms": "-1"}) == {"retention.ms": -1}
+    for partitions in (0, -1, True, "2"):
+        with pytest.raises(InvalidTopicConfig, match="partitions must be an integer >= 1"):
+            create_topic(c, root, "bad", partitions)
+    assert read_topic(c, root, "bad") is None and topic_partitions(c, root, "bad") == []
+    create_topic(c, root, "good", 1, {"retention.ms": 5})
+    before = read_topic(c, root, "good")
+    with pytest.raises(InvalidTopicConfig, match="unknown topic setting 'retention'"):
+        alter_topic(c, root, "good", delete_config=["retention"])
+    assert read_topic(c, root, "good") == before
+
+
+# --- writers: auto-creation, the partition count --------------------------------------------------------
+
+
+def test_a_writer_creates_a_missing_topic_with_the_default_partition_count(config, reader):
+    with LogWriter(config.replace(default_partitions=3), auto_initialize=True) as writer:
+        c, root = writer.coordination, config.root_prefix
+        result = writer.append("fresh", 0, [b"a", b"b"])
+        assert (result.start_offset, result.end_offset) == (1, 2)
+        record = read_topic(c, root, "fresh").record
+        assert (record.partitions, record.config, record.state) == (3, {}, ACTIVE)
+        assert [r.topic_id for r in _controls(writer, config, "fresh", range(3))] == [record.topic_id] * 3
+        before = {p: keys_left(c, partition_keys(root, "fresh", p)) for p in range(3)}
+
+        unknown = r"fresh\[3\] does not exist: topic 'fresh' has 3 partition\(s\), 0\.\.2"
+        with pytest.raises(UnknownPartition, match=unknown) as e:
+            writer.append("fresh", 3, [b"nope"])
+        assert (e.value.partition, e.value.partitions) == (3, 3)
+        # Nothing reserved: partition 3 has no key at all, the others are as they were.
+        assert keys_left(c, partition_keys(root, "fresh", 3)) == []
+        assert {p: keys_left(c, partition_keys(root, "fresh", p)) for p in range(3)} == before
+        assert reader.offsets("fresh", 0) == (1, 2)
+
+        # In a shared append only the unknown partition fails; the others commit.
+        with pytest.raises(AppendFailed) as failed:
+            writer.append_shared([AppendGroup("fresh", 1, [b"c"]), AppendGroup("fresh", 5, [b"x"])])
+        assert [(r.partition, r.start_offset) for r in failed.value.results] == [(1, 1)]
+        assert isinstance(failed.value.errors[("fresh", 5)], UnknownPartition)
+        assert keys_left(c, partition_keys(root, "fresh", 5)) == []
+        assert read_topic(c, root, "fresh").record.partitions == 3
+    assert _values(reader, "fresh", 0) == [b"a", b"b"] and _values(reader, "fresh", 1) == [b"c"]
+
+
+def test_without_auto_creation_a_missing_topic_is_not_found_and_not_created(config):
+    root = config.root_prefix
+    with LogWriter(config.replace(auto_create_topics=False), auto_initialize=True) as writer:
+        with pytest.raises(TopicNotFound, match="'missing' does not exist"):
+            writer.append("missing", 0, [b"x"])
+        assert read_topic(writer.coordination, root, "missing") is None
+        assert topic_partitions(writer.coordination, root, "missing") == []
+        create_topic(writer.coordination, root, "made", 1)  # an existing one is written to
+        assert writer.append("made", 0, [b"y"]).start_offset == 1
+    with LogWriter(config) as writer:  # not auto-initializing: as before topic records
+        with pytest.raises(PartitionNotInitialized):
+            writer.append("missing", 0, [b"x"])
+        assert read_topic(writer.coordination, root, "missing") is None
+
+
+def test_writers_that_disagree_on_the_partition_count_follow_the_record(config, writer, reader):
+    c, root = writer.coordination, config.root_prefix
+    create_topic(c, root, "pc", 2)
+    assert writer.append("pc", 1, [b"a"]).start_offset == 1
+    with LogWriter(config.replace(default_partitions=4), auto_initialize=True) as other:
+        with pytest.raises(UnknownPartition) as e:
+            other.append("pc", 3, [b"lost"])
+        assert e.value.partitions == 2
+        assert read_topic(c, root, "pc").record.partitions == 2  # its default does not grow the topic
+        assert topic_partitions(c, root, "pc") == [0, 1]
+
+        alter_topic(c, root, "pc", partitions=4)
+        # Its cached record said 2 partitions: it reads the record again before refusing.
+        assert other.append("pc", 3, [b"now"]).start_offset == 1
+        assert writer.append("pc", 3, [b"too"]).start_offset == 2
+    assert _values(reader, "pc", 3) == [b"now", b"too"]
+    assert _values(reader, "pc", 1) == [b"a"]
+
+
+# --- delete and re-create ----------------------------------------------------------------------------------
+
+
+def test_a_deleted_and_recreated_topic_starts_empty(config, writer, reader):
+    c, root = writer.coordination, config.root_prefix
+    old = create_topic(c, root, "re", 2)
+    with LogWriter(config, auto_initialize=True) as stale:  # alive across the delete and re-create
+        for i in range(4):
+            writer.append_shared([AppendGroup("re", 0, [f"old-{i}".encode()] * 3), AppendGroup("re", 1, [b"old"])])
+        stale.append("re", 0, [b"old-stale"])  # caches the old record and control
+        assert reader.offsets("re", 0) == (1, 13)
+        commit_offsets(c, root, "g", {TopicPartition("re", 0): 5, TopicPartition("re", 1): 2})
+        with Compactor(config, clock=past_the_lag(), max_offsets=6) as compactor:
+            assert compactor.compact_partition("re", 0).compactions >= 1
+        objects = writer.objects
+        compacted = compacted_objects(objects, partition_keys(root, "re", 0))
+        assert compacted
+        report = delete_topic(c, objects, root, "re")
+        assert (report.partitions, report.compacted_objects) == (2, len(compacted))
+        assert read_topic(c, root, "re") is None
+        for p in range(2):
+            keys = partition_keys(root, "re", p)
+            assert keys_left(c, keys) == [], f"keys of re[{p}] left after the delete"
+            assert compacted_objects(objects, keys) == {}
+        assert "re" not in list_topics(c, root)
+
+        new = create_topic(c, root, "re", 2)
+        assert new.topic_id != old.topic_id
+        for p, control in enumerate(_controls(writer, config, "re", range(2))):  # docs/topics.md section 4
+            assert (control.topic_id, control.sequence_counter, control.log_start_offset) == (new.topic_id, 1, 1)
+            assert index_entries(c, partition_keys(root, "re", p)) == []
+        assert committed_offsets(c, root, "g", [TopicPartition("re", p) for p in range(2)]) == {}
+
+        assert writer.append("re", 0, [b"new-1"]).start_offset == 1
+        # The stale writer's cached record and control name the old topic: it reads them again
+        # and its append lands in the new topic, after the new record.
+        landed = stale.append("re", 0, [b"new-2"])
+        assert (landed.start_offset, landed.end_offset) == (2, 2)
+    assert reader.offsets("re", 0) == (1, 2)
+    assert _values(reader, "re", 0) == [b"new-1", b"new-2"]
+    assert read_control(c, partition_keys(root, "re", 0)).record.topic_id == new.topic_id
+    assert reader.offsets("re", 1) == (1, 0)
+
+
+def _recreate_at_fetch(hooks, writer, config, topic: str, fire_at: int = 1):
+    """A hook for ``reader.before_fetch``: at its ``fire_at``-th hit, the topic is deleted,
+    created again and written with nine new records (offsets 1..9 again)."""
+    hits = []
+
+    def hook():
+        hits.append(1)
+        if len(hits) < fire_at:
+            return
+        del hooks["reader.before_fetch"]
+        c, root = writer.coordination, config.root_prefix
+        delete_topic(c, writer.objects, root, topic)
+        create_topic(c, root, topic, 1)
+        writer.append(topic, 0, [f"new-{i}".encode() for i in range(1, 10)])
+    return hook
+
+
+def _one_topic(values: list[bytes]) -> bool:
+    """Whether the values read all come from one incarnation of the topic (``old-*`` or ``new-*``)."""
+    return len({v.split(b"-")[0] for v in values}) <= 1
+
+
+_GONE = (PartitionNotInitialized, ObjectNotFound, TopicRecreated)
+
+
+def test_a_read_midway_through_a_delete_and_recreate_never_mixes_the_two_topics(config, writer, reader, hooks):
+    c, root = writer.coordination, config.root_prefix
+    create_topic(c, root, "mix", 1)
+    writer.append("mix", 0, [f"old-{i}".encode() for i in range(1, 4)])
+    writer.append("mix", 0, [f"old-{i}".encode() for i in range(4, 7)])
+    with LogWriter(config, clock=past_the_lag()) as later:  # too young to compact: stays a WAL entry
+        later.append("mix", 0, [f"old-{i}".encode() for i in range(7, 10)])
+    with Compactor(config, writer.coordination, writer.objects, clock=past_the_lag()) as compactor:
+        assert compactor.compact_partition("mix", 0).records == 6  # 1..6 in a compacted object the delete removes
+    hooks["reader.before_fetch"] = _recreate_at_fetch(hooks, writer, config, "mix")
+    try:
+        values = [r.value for r in reader.read_range("mix", 0, 1)]
+    except _GONE:
+        values = []
+    assert "reader.before_fetch" not in hooks  # the delete and re-create ran midway
+    assert _one_topic(values), values
+
+
+def test_iter_from_across_a_delete_and_recreate_never_mixes_the_two_topics(config, writer, reader, hooks):
+    c, root = writer.coordination, config.root_prefix
+    create_topic(c, root, "mix", 1)
+    writer.append("mix", 0, [f"old-{i}".encode() for i in range(1, 10)])
+    hooks["reader.before_fetch"] = _recreate_at_fetch(hooks, writer, config, "mix")
+    values = []
+    try:
+        for record in reader.iter_from("mix", 0, 1, window=3):
+            values.append(record.value)
+    except _GONE:
+        pass
+    assert "reader.before_fetch" not in hooks
+    assert _one_topic(values), values
+
+
+def test_a_topic_being_deleted_refuses_writes_and_a_second_delete_finishes_it(config, writer):
+    c, root = writer.coordination, config.root_prefix
+    create_topic(c, root, "del", 2)
+    writer.append_shared([AppendGroup("del", 0, [b"a"]), AppendGroup("del", 1, [b"b"])])  # caches it ACTIVE
+
+    marked = _mark_deleting(c, root, "del", SYSTEM)  # step 1 of a delete, then the deleter stops
+    assert marked.record.state == DELETING and read_topic(c, root, "del").record.state == DELETING
+    with LogWriter(config, auto_initialize=True) as fresh:
+        with pytest.raises(TopicBeingDeleted, match="'del' is being deleted"):
+            fresh.append("del", 0, [b"refused"])
+    with pytest.raises(TopicAlreadyExists, match="being deleted"):
+        create_topic(c, root, "del", 2)
+    with pytest.raises(TopicAlreadyExists, match="being deleted"):
+        create_topic(c, root, "del", 2, if_not_exists=True)
+    with pytest.raises(TopicBeingDeleted):
+        alter_topic(c, root, "del", partitions=3)
+    assert read_control(c, partition_keys(root, "del", 0)).record.high_watermark == 1
+
+    # A compactor holds partition 1's claim: the delete does partition 0, then gives up on 1.
+    k1 = partition_keys(root, "del", 1)
+    claim = c.claim(k1.compactor_claim, b'{"compactor_id": "test", "claimed_at_ms": 0}', k1.partition_key)
+    objects = writer.objects
+    with pytest.raises(ClaimHeld, match="run the delete again"):
+        delete_topic(c, objects, root, "del", claim_wait_s=0)
+    assert keys_left(c, partition_keys(root, "del", 0)) == []
+    assert read_topic(c, root, "del").record.state == DELETING
+    # Writers are refused: partition 0 is not initialized again (the writer reads the record
+    # afresh and finds it DELETING), and then 1 is not written either.
+    for partition in (0, 1):
+        with pytest.raises(TopicBeingDeleted):
+            writer.append("del", partition, [b"refused"])
+    assert keys_left(c, partition_keys(root, "del", 0)) == []
+    assert read_control(c, k1).record.high_watermark == 1
+
+    c.release(k1.compactor_claim, k1.partition_key, claim)
+    report = delete_topic(c, objects, root, "del")
+    assert report.partitions == 2
+    assert read_topic(c, root, "del") is None
+    assert all(keys_left(c, partition_keys(root, "del", p)) == [] for p in range(2))
+    recreated = create_topic(c, root, "del", 1)
+    assert recreated.state == ACTIVE
+    assert writer.append("del", 0, [b"again"]).start_offset == 1
+
+
+def test_a_writer_with_the_record_cached_active_writes_until_the_delete_fences(config, writer, reader):
+    """Writers trust a cached record for ``CACHE_TTL_S`` (docs/topics.md section 2: re-read when
+    it does not answer): between a delete's step 1 and its fence, a writer that cached the topic
+    ACTIVE still appends; the fence (step 2) is what stops it, and the delete removes it all."""
+    c, root = writer.coordination, config.root_prefix
+    create_topic(c, root, "late", 1)
+    writer.append("late", 0, [b"a"])
+    _mark_deleting(c, root, "late", SYSTEM)
+    assert writer.append("late", 0, [b"b"]).start_offset == 2
+    delete_topic(c, writer.objects, root, "late")
+    assert keys_left(c, partition_keys(root, "late", 0)) == [] and read_topic(c, root, "late") is None
+    # Its next append finds the partition gone, reads the record again and, auto-initializing,
+    # creates the topic anew: the old records are not visible.
+    assert writer.append("late", 0, [b"c"]).start_offset == 1
+    assert _values(reader, "late", 0) == [b"c"]
+
+
+# --- partitions written before topic records -------------------------------------------------------------
+
+
+def test_a_legacy_topic_is_adopted_by_its_first_auto_creating_write(config, reader):
+    root = config.root_prefix
+    with LogWriter(config) as legacy:  # no topic records: partitions initialized by hand (4.1)
+        for p in range(2):
+            initialize_partition(legacy.coordination, partition_keys(root, "legacy", p))
+        legacy.append("legacy", 0, [b"a", b"b", b"c"])
+        legacy.append("legacy", 1, [b"d"])
+        assert read_topic(legacy.coordination, root, "legacy") is None
+    with LogWriter(config.replace(default_partitions=1), auto_initialize=True) as writer:
+        c = writer.coordination
+        assert writer.append("legacy", 0, [b"e"]).start_offset == 4  # its old offsets are kept
+        record = read_topic(c, root, "legacy").record
+        assert record.partitions == 2  # covers partitions 0 and 1, above the default of 1
+        assert [r.topic_id for r in _controls(writer, config, "legacy", range(2))] == [None, None]  # adopted as is
+        assert writer.append("legacy", 1, [b"f"]).start_offset == 2
+        with pytest.raises(UnknownPartition):
+            writer.append("legacy", 2, [b"x"])
+    assert _values(reader, "legacy", 0) == [b"a", b"b", b"c", b"e"]
+    assert _values(reader, "legacy", 1) == [b"d", b"f"]
+
+
+def test_creating_a_legacy_topic_with_too_few_partitions_is_refused(config, writer):
+    c, root = writer.coordination, config.root_prefix
+    for p in range(3):
+        initialize_partition(c, partition_keys(root, "old", p))
+    with pytest.raises(InvalidTopicConfig, match="already has partitions 0..2"):
+        create_topic(c, root, "old", 2)
+    assert read_topic(c, root, "old") is None
+    assert create_topic(c, root, "old", 3).partitions == 3
+
+
+def test_a_legacy_topic_without_a_record_is_deleted_too(config, writer):
+    c, root = writer.coordination, config.root_prefix
+    initialize_partition(c, partition_keys(root, "bare", 0))
+    with LogWriter(config) as legacy:
+        legacy.append("bare", 0, [b"a"])
+    report = delete_topic(c, writer.objects, root, "bare")
+    assert (report.partitions, report.had_record) == (1, False)
+    assert keys_left(c, partition_keys(root, "bare", 0)) == []
+    with pytest.raises(TopicNotFound, match="'bare' does not exist"):
+        delete_topic(c, writer.objects, root, "bare")
+
+
+# --- leftovers of an earlier topic of the same name ------------------------------------------------------
+
+
+def test_create_clears_a_leftover_partition_of_an_earlier_topic(config, writer, reader):
+    """A partition initialized with an earlier topic's ``topic_id`` (a writer that initialized it
+    while that topic was being deleted) is emptied and initialized again by the create."""
+    c, root = writer.coordination, config.root_prefix
+    keys = partition_keys(root, "left", 0)
+    initialize_partition(c, keys, "an-earlier-topic-id")
+    commit_offsets(c, root, "g", {TopicPartition("left", 0): 1})
+    record = create_topic(c, root, "left", 1)
+    control = read_control(c, keys).record
+    assert (control.topic_id, control.sequence_counter) == (record.topic_id, 1)
+    assert committed_offsets(c, root, "g", [TopicPartition("left", 0)]) == {}
+    assert writer.append("left", 0, [b"new"]).start_offset == 1
+    assert _values(reader, "left", 0) == [b"new"]
+
+
+def test_a_partition_owned_by_another_topic_id_refuses_the_append(config, writer):
+    """The writer's record and the partition's ``meta/control`` name different topics (the topic
+    was deleted and created again while the append ran): ``TopicRecreated``, nothing reserved.
+    The foreign ``topic_id`` is written by the control CAS the protocol uses (a stand-in for
+    the race, which has no failpoint)."""
+    c, root = writer.coordination, config.root_prefix
+    create_topic(c, root, "owned", 1)
+    writer.append("owned", 0, [b"a"])
+    keys = partition_keys(root, "owned", 0)
+    update_control(c, keys, lambda control: control.with_extra(topic_id="another-topic-id"), "test", config)
+    with pytest.raises(TopicRecreated, match="belongs to topic id another-topic-id.*nothing was reserved"):
+        writer.append("owned", 0, [b"b"])
+    assert read_control(c, keys).record.high_watermark == 1
+    assert [e.end_offset for e in index_entries(c, keys)] == [1]
+
+
+def test_delete_removes_partitions_past_the_count_too(config, writer):
+    c, root = writer.coordination, config.root_prefix
+    create_topic(c, root, "extra", 1)
+    initialize_partition(c, partition_keys(root, "extra", 3), "an-earlier-topic-id")  # a leftover past the count
+    report = delete_topic(c, writer.objects, root, "extra")
+    assert report.partitions == 2
+    assert keys_left(c, partition_keys(root, "extra", 3)) == [] and topic_partitions(c, root, "extra") == []
+
+
+def test_racing_creates_make_one_topic(config, writer):
+    c, root = writer.coordination, config.root_prefix
+    with ThreadPoolExecutor(8) as pool:
+        records = list(pool.map(lambda _: create_topic(c, root, "race", 3, if_not_exists=True), range(8)))
+    assert len({r.topic_id for r in records}) == 1
+    assert read_topic(c, root, "race").record.topic_id == records[0].topic_id
+    assert [r.topic_id for r in _controls(writer, config, "race", range(3))] == [records[0].topic_id] * 3
+    with ThreadPoolExecutor(4) as pool:
+        outcomes = list(pool.map(lambda _: _create_or_error(c, root, "race2"), range(4)))
+    assert sum(isinstance(o, TopicAlreadyExists) for o in outcomes) == 3
+    winner, = [o for o in outcomes if not isinstance(o, Exception)]
+    assert winner.topic_id == read_topic(c, root, "race2").record.topic_id
+
+
+def _create_or_error(c, root, topic):
+    try:
+        return create_topic(c, root, topic, 1)
+    except TopicAlreadyExists as e:
+        return e
