@@ -1,12 +1,15 @@
-"""The compaction job: compact partitions (PROTOCOL.md section 6), then collect the blobs
-nothing references any more (section 9), as one Spark job. Meant to run on a schedule (every 5
-minutes in ``databricks.yml``).
+"""The compaction job: apply retention and compact partitions (docs/topics.md section 3,
+PROTOCOL.md section 6), then collect the blobs nothing references any more (section 9), as one
+Spark job. Meant to run on a schedule (every 5 minutes in ``databricks.yml``).
 
 The driver discovers the partitions (every one, or those of ``--topics`` / ``--topic-pattern``),
 shuffles them into groups of ``--partitions-per-task`` and runs one Spark task per group. A task
 builds one :class:`llog.compactor.Compactor` from the driver's config and, for each partition of
-its group, reads the blobs the partition references (for GC), then compacts it run after run
-until nothing is left or ``--max-runtime`` (from the job's start) has passed. The driver then
+its group, reads the blobs the partition references (for GC), then, holding the partition's
+compactor claim, runs its retention pass (drops whole index entries older than the topic's
+``retention.ms`` or beyond its ``retention.bytes``, never younger than the grace period) and
+compacts it run after run until nothing is left or ``--max-runtime`` (from the job's start) has
+passed. The driver then
 deletes the blobs under ``R/wal-shared/`` that no partition referenced and that were older than
 the grace period when the job began, and the partitions' compacted blobs that nothing references
 (orphans of crashed compactions) and that were as old (:mod:`llog.gc` says why that order is
@@ -68,6 +71,8 @@ class JobOptions:
     #: Seconds from the job's start after which no partition starts another compaction.
     max_runtime_s: float | None = None
     gc: bool = True
+    #: Run each compacted partition's retention pass first (docs/topics.md section 3).
+    retention: bool = True
     #: GC grace period; None: the config's ``gc_grace_ms`` (never less).
     grace_ms: int | None = None
     partitions_per_task: int = DEFAULT_PARTITIONS_PER_TASK
@@ -106,6 +111,11 @@ class CompactionReport:
     bytes: int = 0
     skipped_claimed: int = 0
     recoveries: int = 0
+    #: Retention: records (offsets), index entries and body bytes dropped, and from how many partitions.
+    retention_records: int = 0
+    retention_entries: int = 0
+    retention_bytes: int = 0
+    partitions_retained: int = 0
     partitions_failed: int = 0
     #: ``"topic[partition]: error"`` for each partition whose compaction failed.
     errors: list[str] = field(default_factory=list)
@@ -127,7 +137,9 @@ class CompactionReport:
         lines = [f"compaction_job: {self.partitions_seen} partition(s) seen, {self.partitions_compacted} compacted in "
                  f"{self.compactions} compaction(s): {self.records:,} record(s), {self.bytes:,} bytes rewritten; "
                  f"{self.skipped_claimed} skipped (claimed elsewhere), {self.recoveries} recovery(ies), "
-                 f"{self.partitions_failed} failed"]
+                 f"{self.partitions_failed} failed",
+                 f"compaction_job: retention dropped {self.retention_records:,} record(s) ({self.retention_entries} "
+                 f"index entries, {self.retention_bytes:,} bytes) from {self.partitions_retained} partition(s)"]
         lines += [f"  failed: {e}" for e in self.errors]
         if self.gc is not None:
             lines.append(f"compaction_job: GC over {self.gc_partitions} partition(s): {self.gc.listed} blob(s) "
@@ -140,9 +152,10 @@ class CompactionReport:
 # --- the tasks ----------------------------------------------------------------------------------
 
 def compact_group(config: Config, group: Sequence[tuple[str, int, bool, bool]], max_offsets: int,
-                  deadline_epoch: float | None) -> dict:
+                  deadline_epoch: float | None, retention: bool = True) -> dict:
     """One task's work: for each ``(topic, partition, compact, scan)``, read the partition's
-    references if ``scan`` (all of them first), then compact it if ``compact``. Returns the
+    references if ``scan`` (all of them first), then (``retention``: apply its retention and)
+    compact it if ``compact``. Returns the
     compactions (a failed one as ``{"topic", "partition", "error"}``) and the references. A failed
     reference scan raises: GC must not run without it."""
     # The deadline crosses machines as wall-clock time; compact_partition wants monotonic time.
@@ -156,19 +169,19 @@ def compact_group(config: Config, group: Sequence[tuple[str, int, bool, bool]], 
         for topic, partition, compact, _ in group:
             if compact:
                 try:
-                    done = compactor.compact_partition(topic, partition, deadline)
+                    done = compactor.compact_partition(topic, partition, deadline, retention=retention)
                     compactions.append(dataclasses.asdict(done))
                 except LlogError as e:
                     compactions.append({"topic": topic, "partition": partition, "error": f"{type(e).__name__}: {e}"})
     return {"compactions": compactions, "referenced": sorted(referenced)}
 
 
-def _task(settings: dict[str, str], max_offsets: int, deadline_epoch: float | None,
+def _task(settings: dict[str, str], max_offsets: int, deadline_epoch: float | None, retention: bool,
           groups: Iterable[list]) -> Iterator[dict]:
     """A Spark task (``mapPartitions``): its slice holds one group."""
     config = Config.load(settings)
     for group in groups:
-        yield compact_group(config, group, max_offsets, deadline_epoch)
+        yield compact_group(config, group, max_offsets, deadline_epoch, retention)
 
 
 # --- the driver ---------------------------------------------------------------------------------
@@ -217,7 +230,8 @@ def run(spark, options: JobOptions, config: Config) -> CompactionReport:
         sc.setJobDescription(f"llog compaction: {sum(map(len, groups))} partition(s) in {len(groups)} task(s)")
         try:
             results = (sc.parallelize(groups, len(groups))
-                       .mapPartitions(partial(_task, config.to_options(), options.max_offsets, deadline_epoch))
+                       .mapPartitions(partial(_task, config.to_options(), options.max_offsets, deadline_epoch,
+                                              options.retention))
                        .collect())
         finally:
             sc.setJobDescription(None)
@@ -231,8 +245,10 @@ def run(spark, options: JobOptions, config: Config) -> CompactionReport:
                 report.errors.append(f"{done['topic']}[{done['partition']}]: {done['error']}")
                 continue
             report.partitions_compacted += int(done["compactions"] > 0)
+            report.partitions_retained += int(done["retention_records"] > 0)
             report.skipped_claimed += done["skipped_claimed"]
-            for name in ("compactions", "records", "bytes", "recoveries"):
+            for name in ("compactions", "records", "bytes", "recoveries", "retention_records", "retention_entries",
+                         "retention_bytes"):
                 setattr(report, name, getattr(report, name) + done[name])
     if options.gc:
         scanned = [TopicPartition(topic, partition) for group in groups for topic, partition, _, scan in group if scan]
@@ -277,6 +293,9 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--max-runtime", type=positive(float), default=None, metavar="SECONDS",
                         help="after this many seconds from the start, no partition starts another compaction "
                              "(default: no limit); keep it below the schedule's interval")
+    parser.add_argument("--retention", action=argparse.BooleanOptionalAction, default=True,
+                        help="before compacting a partition, drop its records past the topic's retention.ms / "
+                             "retention.bytes (default: --retention)")
     parser.add_argument("--gc", action=argparse.BooleanOptionalAction, default=True,
                         help="after compacting, delete blobs no partition references (default: --gc)")
     parser.add_argument("--grace-ms", type=positive(int), default=None,
@@ -299,6 +318,7 @@ def options_from_args(parser: argparse.ArgumentParser, args: argparse.Namespace,
     try:
         options = JobOptions(topics=_topic_list(args.topics or ""), topic_pattern=args.topic_pattern,
                              max_offsets=args.max_offsets, max_runtime_s=args.max_runtime, gc=args.gc,
+                             retention=args.retention,
                              grace_ms=args.grace_ms, partitions_per_task=args.partitions_per_task)
         if args.topics is not None and not options.topics:
             raise ValueError("--topics names no topic")

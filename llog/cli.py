@@ -1,5 +1,6 @@
-"""The ``llog`` command: local stack, describe, consumer groups, fence/unfence, produce and consume,
-and one-shot compaction and garbage collection (no Spark).
+"""The ``llog`` command: local stack, topics (create, list, describe, alter, delete), describe,
+consumer groups, fence/unfence, produce and consume, and one-shot compaction, retention and
+garbage collection (no Spark).
 
 Connection settings come from the environment or the local stack's settings file
 (:mod:`llog.config`).
@@ -84,7 +85,8 @@ def _consume(args) -> int:
     from llog.reader import LogReader
 
     with LogReader(Config.load()) as reader:
-        for record in reader.iter_from(args.topic, args.partition, args.offset, args.to):
+        offset = args.offset if args.offset is not None else reader.offsets(args.topic, args.partition)[0]
+        for record in reader.iter_from(args.topic, args.partition, offset, args.to):
             fields = [_text(record.value)]  # as Kafka's console consumer: "null" for a tombstone or no key
             if args.print_keys:
                 fields.insert(0, _text(record.key))
@@ -142,6 +144,132 @@ def _gc(args) -> int:
     return 0
 
 
+# --- topics ------------------------------------------------------------------------------------
+
+
+def _topics_create(args) -> int:
+    from llog.topics import create_topic, parse_config_pairs
+
+    config = Config.load()
+    settings = parse_config_pairs(args.config or [])
+    with Coordination(config) as coordination:
+        record = create_topic(coordination, config.root_prefix, args.topic,
+                              args.partitions or config.default_partitions, settings, args.if_not_exists)
+    print(json.dumps(_topic_json(record, config), indent=2) if args.json else
+          f"Created topic {record.topic} ({record.partitions} partition(s), id {record.topic_id})")
+    return 0
+
+
+def _topics_list(args) -> int:
+    from llog.discovery import list_topics
+    from llog.topics import list_topic_records
+
+    config = Config.load()
+    with Coordination(config) as coordination:
+        records = list_topic_records(coordination, config.root_prefix)
+        legacy = sorted(set(list_topics(coordination, config.root_prefix)) - {r.topic for r in records})
+    if args.json:
+        print(json.dumps([_topic_json(r, config) for r in records]
+                         + [{"topic": t, "state": "NO_RECORD"} for t in legacy], indent=2))
+        return 0
+    rows = [("TOPIC", "PARTITIONS", "STATE", "CONFIG")]
+    rows += [(r.topic, str(r.partitions), r.state, ",".join(f"{k}={v}" for k, v in sorted(r.config.items())) or "-")
+             for r in records]
+    rows += [(t, "?", "NO_RECORD", "written before topic records; `llog topics create` adopts it") for t in legacy]
+    print(_table(rows))
+    return 0
+
+
+def _topics_describe(args) -> int:
+    from llog.describe import describe_topics, format_topic_descriptions, format_topic_descriptions_json
+    from llog.objects import ObjectStore
+
+    config = Config.load()
+    objects = ObjectStore(config)
+    try:
+        with Coordination(config) as coordination:
+            described = describe_topics(coordination, objects, config.root_prefix, args.topic or None, config)
+    finally:
+        objects.close()
+    if args.json:
+        print(format_topic_descriptions_json(described))
+    else:
+        print(format_topic_descriptions(described))
+    return 0
+
+
+def _topics_alter(args) -> int:
+    from llog.topics import alter_topic, parse_config_pairs
+
+    config = Config.load()
+    if args.partitions is None and not args.config and not args.delete_config:
+        print("llog: error: topics alter: give --partitions, --config or --delete-config", file=sys.stderr)
+        return 2
+    with Coordination(config) as coordination:
+        record = alter_topic(coordination, config.root_prefix, args.topic, args.partitions,
+                             parse_config_pairs(args.config or []), args.delete_config or [])
+    print(json.dumps(_topic_json(record, config), indent=2) if args.json else
+          f"Topic {record.topic}: {record.partitions} partition(s), config "
+          + (",".join(f"{k}={v}" for k, v in sorted(record.config.items())) or "(defaults)"))
+    return 0
+
+
+def _topics_delete(args) -> int:
+    from llog.errors import TopicNotFound
+    from llog.objects import ObjectStore
+    from llog.topics import delete_topic
+
+    config = Config.load()
+    objects = ObjectStore(config)
+    try:
+        with Coordination(config) as coordination:
+            report = delete_topic(coordination, objects, config.root_prefix, args.topic, args.claim_wait, config=config)
+    except TopicNotFound:
+        if not args.if_exists:
+            raise
+        print(f"topic {args.topic!r} does not exist: nothing to delete")
+        return 0
+    finally:
+        objects.close()
+    print(json.dumps(dataclasses.asdict(report), indent=2) if args.json else
+          f"Deleted topic {report.topic}: {report.partitions} partition(s) and {report.compacted_objects} compacted "
+          f"object(s); its WAL blobs go with the next garbage collection")
+    return 0
+
+
+def _topic_json(record, config: Config) -> dict:
+    from llog.topics import TopicSettings
+
+    return {**dataclasses.asdict(record), "effective_config": TopicSettings.of(record.topic, record, config).as_kafka()}
+
+
+def _retention(args) -> int:
+    from llog.compactor import Compactor
+    from llog.discovery import list_topics, topic_partitions
+
+    config = Config.load()
+    rows = []
+    with Compactor(config) as compactor:
+        for topic in args.topic or list_topics(compactor.coordination, config.root_prefix):
+            for partition in topic_partitions(compactor.coordination, config.root_prefix, topic):
+                rows.append(compactor.retain_partition(topic, partition))
+    if args.json:
+        print(json.dumps([dataclasses.asdict(r) for r in rows], indent=2))
+        return 0
+    table = [("TOPIC", "PARTITION", "LOG_START", "DROPPED_RECORDS", "DROPPED_ENTRIES", "DROPPED_BYTES")]
+    table += [(r.topic, str(r.partition), "skipped (claimed)" if r.skipped_claimed else str(r.log_start_offset),
+               str(r.retention_records), str(r.retention_entries), str(r.retention_bytes)) for r in rows]
+    print(_table(table))
+    print(f"retention: {sum(r.retention_records for r in rows):,} record(s) dropped from {len(rows)} partition(s); "
+          f"their blobs go with the next garbage collection")
+    return 0
+
+
+def _table(rows: list[tuple[str, ...]]) -> str:
+    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
+    return "\n".join("  ".join(cell.ljust(w) for cell, w in zip(row, widths)).rstrip() for row in rows)
+
+
 def positive(kind):
     """An argparse type: a positive ``int``, or a positive finite ``float`` (argparse names the
     argument in the error)."""
@@ -160,6 +288,44 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="llog", description="llog: a leaderless log on Oxia and S3.")
     sub = parser.add_subparsers(dest="command", required=True)
     local_stack.add_stack_command(sub)
+
+    topics = sub.add_parser("topics", help="create, list, describe, alter and delete topics (docs/topics.md)"
+                            ).add_subparsers(dest="topics_command", required=True)
+    p = topics.add_parser("create", help="create a topic (its record and partitions)")
+    p.add_argument("topic")
+    p.add_argument("--partitions", type=positive(int), default=None, help="default: LLOG_DEFAULT_PARTITIONS")
+    p.add_argument("--config", action="append", metavar="NAME=VALUE",
+                   help="retention.ms, retention.bytes, cleanup.policy, compression.type (repeatable)")
+    p.add_argument("--if-not-exists", action="store_true", help="an existing topic is not an error")
+    p.add_argument("--json", action="store_true", help="print JSON")
+    p.set_defaults(func=_topics_create)
+    p = topics.add_parser("list", help="every topic, with its partition count and config")
+    p.add_argument("--json", action="store_true", help="print JSON")
+    p.set_defaults(func=_topics_list)
+    p = topics.add_parser("describe", help="per partition: log start and end, records, bytes in S3; monthly cost")
+    p.add_argument("topic", nargs="*", help="default: every topic")
+    p.add_argument("--json", action="store_true", help="print JSON")
+    p.set_defaults(func=_topics_describe)
+    p = topics.add_parser("alter", help="add partitions (never fewer), set or delete settings")
+    p.add_argument("topic")
+    p.add_argument("--partitions", type=positive(int), default=None, help="the new count (only grows)")
+    p.add_argument("--config", action="append", metavar="NAME=VALUE", help="set a setting (repeatable)")
+    p.add_argument("--delete-config", action="append", metavar="NAME", help="back to the default (repeatable)")
+    p.add_argument("--json", action="store_true", help="print JSON")
+    p.set_defaults(func=_topics_alter)
+    p = topics.add_parser("delete", help="fence the topic's partitions, remove its keys and compacted objects")
+    p.add_argument("topic")
+    p.add_argument("--if-exists", action="store_true", help="a missing topic is not an error")
+    p.add_argument("--claim-wait", type=positive(float), default=60.0, metavar="SECONDS",
+                   help="how long to wait per partition for a running compaction (default 60)")
+    p.add_argument("--json", action="store_true", help="print JSON")
+    p.set_defaults(func=_topics_delete)
+
+    p = sub.add_parser("retention", help="drop records past each topic's retention.ms / retention.bytes now "
+                                         "(the compaction job does it on its schedule)")
+    p.add_argument("--topic", action="append", help="only this topic (repeatable; default: every topic)")
+    p.add_argument("--json", action="store_true", help="print JSON")
+    p.set_defaults(func=_retention)
 
     p = sub.add_parser("describe", help="per partition: state, high watermark, index, cursor, pending")
     p.add_argument("topic")
@@ -198,7 +364,7 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("consume", help="print records from an offset to the high watermark")
     p.add_argument("topic")
     p.add_argument("-p", "--partition", type=int, default=0)
-    p.add_argument("--offset", type=int, default=1, help="first offset (default 1)")
+    p.add_argument("--offset", type=int, default=None, help="first offset (default: the log start offset, earliest)")
     p.add_argument("--to", type=int, default=None, help="last offset (default: the high watermark)")
     p.add_argument("--print-offsets", action="store_true")
     p.add_argument("--print-keys", action="store_true", help="print each record's key before its value")

@@ -42,11 +42,12 @@ def commit_offsets(coordination: Coordination, root: str, group: str,
 
 def reset_offsets(coordination: Coordination, root: str, group: str, to: str,
                   topics: Iterable[str] | None = None, dry_run: bool = False) -> dict[TopicPartition, int]:
-    """Move ``group`` to ``to`` (backwards too): ``earliest`` (offset 1), ``latest`` (the log-end
-    offset, high watermark + 1: nothing left to read), or JSON ``{"topic": {"partition":
-    offset}}`` with -2 for earliest and -1 for latest (Kafka's form). Earliest and latest apply
-    to the partitions the group has committed (of ``topics``); JSON names its partitions, which
-    must exist. Offsets must lie in ``1..high watermark + 1``. Returns the offsets set (or, with
+    """Move ``group`` to ``to`` (backwards too): ``earliest`` (the log start offset, the first
+    offset retention kept; docs/topics.md section 3), ``latest`` (the log-end offset, high
+    watermark + 1: nothing left to read), or JSON ``{"topic": {"partition": offset}}`` with -2
+    for earliest and -1 for latest (Kafka's form). Earliest and latest apply to the partitions
+    the group has committed (of ``topics``); JSON names its partitions, which must exist.
+    Offsets must lie in ``log start..high watermark + 1``. Returns the offsets set (or, with
     ``dry_run``, that would be set)."""
     validate_group(group)
     if to in ("earliest", "latest"):
@@ -63,13 +64,15 @@ def reset_offsets(coordination: Coordination, root: str, group: str, to: str,
         if topics is not None:
             keep = set(topics)
             wanted = {tp: o for tp, o in wanted.items() if tp.topic in keep}
-    ends = _log_ends(coordination, root, list(wanted))
+    bounds = _log_bounds(coordination, root, list(wanted))
     targets = {}
     for tp, offset in wanted.items():
-        target = 1 if offset == EARLIEST else ends[tp] if offset == LATEST else offset
-        if not 1 <= target <= ends[tp]:
-            raise InvalidOffset(f"{tp}: offset {offset} is outside 1..{ends[tp]} (the log-end offset: "
-                                f"the next to be written)")
+        start, end = bounds[tp]
+        target = start if offset == EARLIEST else end if offset == LATEST else offset
+        if not start <= target <= end:
+            raise InvalidOffset(f"{tp}: offset {offset} is outside {start}..{end} (the log start offset, below "
+                                f"which retention removed the records, to the log-end offset, the next to be "
+                                f"written)")
         targets[tp] = target
     if dry_run:
         return targets
@@ -102,15 +105,18 @@ def _parse_reset(raw: str) -> dict[TopicPartition, int]:
     return out
 
 
-def _log_ends(coordination: Coordination, root: str, partitions: list[TopicPartition]) -> dict[TopicPartition, int]:
-    """Each partition's log-end offset (high watermark + 1); a clear error for one that does not exist."""
+def _log_bounds(coordination: Coordination, root: str, partitions: list[TopicPartition]
+                ) -> dict[TopicPartition, tuple[int, int]]:
+    """Each partition's log start offset and log-end offset (high watermark + 1); a clear error
+    for one that does not exist."""
     keys = [PartitionKeys(root, tp) for tp in partitions]
-    ends = {}
+    bounds = {}
     for tp, k, control in zip(partitions, keys, coordination.get_many([(k.control, k.partition_key) for k in keys])):
         if control is None:
             raise PartitionNotInitialized(tp.topic, tp.partition)
-        ends[tp] = ControlRecord.from_json(control.value, k.control).high_watermark + 1
-    return ends
+        record = ControlRecord.from_json(control.value, k.control)
+        bounds[tp] = (record.log_start_offset, record.high_watermark + 1)
+    return bounds
 
 
 def _cas_offsets(coordination: Coordination, root: str, group: str, offsets: Mapping[TopicPartition, int],
@@ -165,12 +171,15 @@ class PartitionLag:
     committed_offset: int
     committed_at_ms: int
     high_watermark: int
+    #: The partition's log start offset: a committed offset below it points at records
+    #: retention removed (docs/topics.md section 3).
+    log_start_offset: int = 1
 
     @property
     def lag(self) -> int:
-        """Records at or after the committed offset (offsets are 1-based; the committed offset
-        is the next to read)."""
-        return max(0, self.high_watermark - self.committed_offset + 1)
+        """Records still in the log that the group has not read: from the committed offset (the
+        next to read; offsets are 1-based), or from the log start if that is later."""
+        return max(0, self.high_watermark - max(self.committed_offset, self.log_start_offset) + 1)
 
 
 def describe_group(coordination: Coordination, root: str, group: str,
@@ -186,8 +195,9 @@ def describe_group(coordination: Coordination, root: str, group: str,
     for (tp, offset), k, control in zip(committed.items(), keys, controls):
         if control is None:
             raise CorruptRecord(f"{k.consumer_group(group)} exists but {k.control} does not")
-        hw = ControlRecord.from_json(control.value, k.control).high_watermark
-        rows.append(PartitionLag(tp.topic, tp.partition, offset.offset, offset.committed_at_ms, hw))
+        record = ControlRecord.from_json(control.value, k.control)
+        rows.append(PartitionLag(tp.topic, tp.partition, offset.offset, offset.committed_at_ms, record.high_watermark,
+                                 record.log_start_offset))
     return rows
 
 
@@ -206,9 +216,10 @@ def format_offsets(group: str, offsets: Mapping[TopicPartition, int], dry_run: b
 def format_group(group: str, rows: list[PartitionLag]) -> str:
     if not rows:
         return f"group {group!r} has no committed offsets"
-    header = ("TOPIC", "PARTITION", "COMMITTED_OFFSET", "HIGH_WATERMARK", "LAG")
-    table = [header] + [(r.topic, str(r.partition), str(r.committed_offset), str(r.high_watermark), str(r.lag))
-                        for r in rows]
+    header = ("TOPIC", "PARTITION", "COMMITTED_OFFSET", "LOG_START", "HIGH_WATERMARK", "LAG")
+    table = [header] + [(r.topic, str(r.partition), str(r.committed_offset)
+                         + (" (below log start)" if r.committed_offset < r.log_start_offset else ""),
+                         str(r.log_start_offset), str(r.high_watermark), str(r.lag)) for r in rows]
     widths = [max(len(row[i]) for row in table) for i in range(len(header))]
     lines = [f"group {group}: {len(rows)} partition(s), total lag {sum(r.lag for r in rows)}"]
     lines += ["  ".join(cell.ljust(w) for cell, w in zip(row, widths)).rstrip() for row in table]

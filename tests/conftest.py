@@ -36,10 +36,16 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Config:
         down(stack_dir, purge=True)
 
 
+#: Partitions of a topic a test creates by writing to it: tests write to partitions 0..15 of the
+#: topics they make up (as a test Kafka cluster raises ``num.partitions``); tests of the default
+#: (1, docs/topics.md) set ``default_partitions`` themselves.
+TEST_DEFAULT_PARTITIONS = 16
+
+
 @pytest.fixture
 def config(stack: Config) -> Config:
     """The stack's config with a root prefix of its own, so tests do not see each other's data."""
-    return stack.replace(root_prefix=f"t{uuid4().hex[:12]}")
+    return stack.replace(root_prefix=f"t{uuid4().hex[:12]}", default_partitions=TEST_DEFAULT_PARTITIONS)
 
 
 @pytest.fixture

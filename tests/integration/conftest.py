@@ -8,6 +8,7 @@ import pytest
 
 from llog.reader import LogReader
 from llog.writer import LogWriter
+from tests.conftest import TEST_DEFAULT_PARTITIONS
 from tests.helpers.broker_process import run_broker
 
 
@@ -26,7 +27,7 @@ def reader(config):
 @pytest.fixture(scope="module")
 def module_config(stack):
     """One root prefix for the tests of a module that share a broker (each uses its own topics)."""
-    return stack.replace(root_prefix=f"t{uuid4().hex[:12]}")
+    return stack.replace(root_prefix=f"t{uuid4().hex[:12]}", default_partitions=TEST_DEFAULT_PARTITIONS)
 
 
 @pytest.fixture(scope="module")

@@ -62,7 +62,7 @@ def test_append_to_uninitialized_partition_without_auto_initialize(config):
 def test_bad_reads(writer, reader):
     writer.append("t", 0, [b"a", b"b", b"c"])
     with pytest.raises(PartitionNotInitialized):
-        reader.read_offset("t", 1, 1)
+        reader.read_offset("t", 99, 1)  # past the topic's partitions: never initialized
     with pytest.raises(OffsetOutOfRange, match=r"offset 4 of t\[0\] is out of range: readable offsets are 1..3"):
         reader.read_offset("t", 0, 4)
     with pytest.raises(OffsetOutOfRange):

@@ -7,24 +7,30 @@ import json
 import pytest
 
 from llog.cli import main
+from llog.control import initialize_partition
 from llog.describe import describe_topic
-from llog.discovery import topic_partitions
+from llog.discovery import list_topics, topic_partitions
+from llog.topics import create_topic
 from llog.fence import fence
 from llog.config import Config
-from llog.writer import AppendGroup, LogWriter
+from llog.writer import LogWriter
 
 
 def test_discovery_finds_exactly_the_topics_partitions(config, writer):
     # "10" sorts between "1" and "2"; "orders2" and "order" share a prefix with "orders".
-    writer.append_shared([AppendGroup("orders", p, [b"x"] * (p + 1)) for p in (0, 1, 2, 10, 21)]
-                         + [AppendGroup("orders2", 3, [b"y"]), AppendGroup("order", 4, [b"z"])])
-    writer.initialize_partition("orders", 7)  # initialized, never written
+    # Partitions initialized one by one (as before topic records), so some numbers are missing.
+    for topic, partition in [("orders", p) for p in (0, 1, 2, 7, 10, 21)] + [("orders2", 3), ("order", 4)]:
+        initialize_partition(writer.coordination, writer.keys(topic, partition))
+    # A topic record sorts among the per-partition keys; a topic named "topics" is still found.
+    create_topic(writer.coordination, config.root_prefix, "topics", 2)
     assert topic_partitions(writer.coordination, config.root_prefix, "orders") == [0, 1, 2, 7, 10, 21]
     assert topic_partitions(writer.coordination, config.root_prefix, "orders2") == [3]
     assert topic_partitions(writer.coordination, config.root_prefix, "nothing") == []
+    assert list_topics(writer.coordination, config.root_prefix) == ["order", "orders", "orders2", "topics"]
 
 
 def test_describe_reports_state_high_watermark_entries_cursor(config, writer):
+    create_topic(writer.coordination, config.root_prefix, "t", 2)
     for _ in range(3):
         writer.append("t", 0, [b"a", b"b"])
     writer.append("t", 1, [b"c"])
@@ -45,6 +51,7 @@ def cli_env(config, monkeypatch):
 def test_cli_produce_consume_describe_fence(cli_env, tmp_path, capsys):
     lines = tmp_path / "lines.txt"
     lines.write_text("first\nsecond\nthird\n")
+    assert main(["topics", "create", "events", "--partitions", "3"]) == 0
     assert main(["produce", "events", "-p", "2", "--file", str(lines)]) == 0
     assert "wrote 3 record(s) at offsets 1..3" in capsys.readouterr().out
 
@@ -56,8 +63,8 @@ def test_cli_produce_consume_describe_fence(cli_env, tmp_path, capsys):
     assert capsys.readouterr().out == "null\tthird\nk\tv\ngone\tnull\n"
 
     assert main(["describe", "events", "--json"]) == 0
-    [row] = json.loads(capsys.readouterr().out)
-    assert (row["partition"], row["high_watermark"], row["index_entries"]) == (2, 5, 2)
+    rows = json.loads(capsys.readouterr().out)
+    assert [(r["partition"], r["high_watermark"], r["index_entries"]) for r in rows] == [(0, 0, 0), (1, 0, 0), (2, 5, 2)]
 
     assert main(["fence", "events", "2"]) == 0
     assert main(["produce", "events", "-p", "2", "--file", str(lines)]) == 1
@@ -70,3 +77,38 @@ def test_cli_reports_bad_input_clearly(cli_env, capsys):
     assert "invalid topic name 'no/such'" in capsys.readouterr().err
     assert main(["consume", "absent", "-p", "0"]) == 1
     assert "absent[0] is not initialized" in capsys.readouterr().err
+
+
+def test_cli_topics_create_list_describe_alter_retention_delete(cli_env, config, capsys):
+    assert main(["topics", "create", "orders", "--partitions", "2", "--config", "retention.ms=3600000",
+                 "--config", "compression.type=zstd"]) == 0
+    assert "Created topic orders (2 partition(s)" in capsys.readouterr().out
+    assert main(["topics", "create", "orders"]) == 1
+    assert "topic 'orders' already exists" in capsys.readouterr().err
+    assert main(["topics", "create", "orders", "--if-not-exists"]) == 0
+    assert main(["topics", "create", "bad", "--config", "retention.ms=soon"]) == 1
+    assert "retention.ms='soon' must be an integer >= -1" in capsys.readouterr().err
+    capsys.readouterr()
+
+    assert main(["topics", "list", "--json"]) == 0
+    [listed] = json.loads(capsys.readouterr().out)
+    assert (listed["topic"], listed["partitions"], listed["config"]) == ("orders", 2, {"retention.ms": 3600000,
+                                                                                     "compression.type": "zstd"})
+    assert listed["effective_config"]["retention.bytes"] == -1
+
+    assert main(["topics", "alter", "orders", "--partitions", "4", "--delete-config", "compression.type"]) == 0
+    assert "orders: 4 partition(s), config retention.ms=3600000" in capsys.readouterr().out
+    assert main(["topics", "alter", "orders", "--partitions", "3"]) == 1
+    assert "cannot become 3" in capsys.readouterr().err
+
+    assert main(["topics", "describe", "orders"]) == 0
+    out = capsys.readouterr().out
+    assert "partitions=4" in out and "retention.ms=3600000" in out and "est. monthly cost" in out
+    assert main(["retention", "--topic", "orders", "--json"]) == 0
+    assert [r["log_start_offset"] for r in json.loads(capsys.readouterr().out)] == [1, 1, 1, 1]
+
+    assert main(["topics", "delete", "orders"]) == 0
+    assert "Deleted topic orders: 4 partition(s)" in capsys.readouterr().out
+    assert main(["topics", "delete", "orders"]) == 1
+    assert "topic 'orders' does not exist" in capsys.readouterr().err
+    assert main(["topics", "delete", "orders", "--if-exists"]) == 0

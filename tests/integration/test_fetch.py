@@ -65,7 +65,7 @@ def test_every_blob_is_fetched_once_for_all_partitions_in_a_call(writer, reader)
 def test_each_partition_gets_its_own_outcome(writer, reader):
     writer.append("mixed", 0, [b"a", b"b"])
     got = reader.fetch([FetchRequest("mixed", 0, 3, 100), FetchRequest("mixed", 0, 5, 100),
-                        FetchRequest("mixed", 7, 1, 100), FetchRequest("mixed", 0, 2, 100)])
+                        FetchRequest("mixed", 70, 1, 100), FetchRequest("mixed", 0, 2, 100)])
     assert isinstance(got[0], Fetched) and got[0].count == 0 and got[0].high_watermark == 2  # caught up
     assert isinstance(got[1], OffsetOutOfRange) and got[1].high_watermark == 2
     assert isinstance(got[2], PartitionNotInitialized)
