@@ -17,45 +17,56 @@ import pyarrow as pa
 from llog.config import Config
 from llog.errors import ObjectNotFound, OffsetOutOfRange, PartitionNotInitialized
 from llog.process_clients import log_reader
-from llog.reader import ReadRequest
-from llog_source.planning import LlogSplit, data_loss
+from llog.reader import STREAM_CHUNK_BYTES, ReadRequest
+from llog_source.planning import LlogSplit, data_loss, removed_by_retention
 from llog_source.schema import (
     ARROW_HEADERS_TYPE, ARROW_SCHEMA, ARROW_SCHEMA_WITH_HEADERS, CREATE_TIME, LOG_APPEND_TIME,
 )
 
 
-def read_split(split: LlogSplit, config: Config, fail_on_data_loss: bool, include_headers: bool = False
-               ) -> Iterator[pa.RecordBatch]:
+def read_split(split: LlogSplit, config: Config, fail_on_data_loss: bool, include_headers: bool = False,
+               chunk_bytes: int = STREAM_CHUNK_BYTES) -> Iterator[pa.RecordBatch]:
+    """The records of ``split``, in offset order (``chunk_bytes``: record bodies fetched per
+    step, :meth:`~llog.reader.LogReader.stream_batches`).
+
+    Offsets that can no longer be read are data loss (``data_loss``: fail naming them, or with
+    ``failOnDataLoss=false`` warn and go on): a blob that is gone, a partition that no longer
+    exists, an end past the high watermark (the topic was recreated), and offsets below the log
+    start offset (docs/topics.md section 3): retention moved it after the batch was planned, at
+    the start of the read or midway. The read then goes on from the log start; each retry starts
+    past the last one (the log start only moves forward) or ends sooner, so it ends.
+    """
     reader = log_reader(config)
     where = f"{split.topic}[{split.partition}]"
 
     def missing(first: int, last: int, error: ObjectNotFound) -> None:
         data_loss(fail_on_data_loss, f"offsets {first}..{last} of {where}: {error}", "skipping them")
 
-    def batches(end: int) -> Iterator[pa.RecordBatch]:
-        # Resolution (and its errors) happens before the first batch is produced.
-        return reader.stream_batches(ReadRequest(split.topic, split.partition, split.start, end), on_missing=missing)
-
-    try:
-        stream = batches(split.end)
-        first = next(stream, None)
-    except PartitionNotInitialized:
-        data_loss(fail_on_data_loss, f"partition {where} no longer exists, so offsets {split.start}..{split.end} "
-                                     "cannot be read", "skipping them")
-        return
-    except OffsetOutOfRange as e:
-        data_loss(fail_on_data_loss, f"offsets {max(split.start, e.high_watermark + 1)}..{split.end} of {where} are "
-                                     f"past its high watermark {e.high_watermark} (was the topic recreated?)",
-                  "skipping them")
-        if e.high_watermark < split.start:
+    position, end = split.start, split.end  # the next offset to return, the last one
+    while position <= end:
+        try:
+            for batch in reader.stream_batches(ReadRequest(split.topic, split.partition, position, end),
+                                               chunk_bytes=chunk_bytes, on_missing=missing):
+                if batch.num_rows:
+                    position = batch.column(0)[batch.num_rows - 1].as_py() + 1
+                    yield spark_batch(split.topic, split.partition, batch, include_headers)
             return
-        stream = batches(e.high_watermark)
-        first = next(stream, None)
-    if first is None:
-        return
-    yield spark_batch(split.topic, split.partition, first, include_headers)
-    for batch in stream:
-        yield spark_batch(split.topic, split.partition, batch, include_headers)
+        except PartitionNotInitialized:
+            data_loss(fail_on_data_loss, f"partition {where} no longer exists, so offsets {position}..{end} "
+                                         "cannot be read", "skipping them")
+            return
+        except OffsetOutOfRange as e:
+            if e.below_start and e.log_start_offset > position:
+                going_on = "skipping them" if e.log_start_offset > end else f"going on from offset {e.log_start_offset}"
+                data_loss(fail_on_data_loss, removed_by_retention(where, position, e.log_start_offset, end), going_on)
+                position = e.log_start_offset
+            elif not e.below_start and e.high_watermark < end:
+                data_loss(fail_on_data_loss, f"offsets {max(position, e.high_watermark + 1)}..{end} of {where} are "
+                                             f"past its high watermark {e.high_watermark} (was the topic recreated?)",
+                          "skipping them")
+                end = e.high_watermark
+            else:  # neither moves the read on: not this read's to skip
+                raise
 
 
 def spark_batch(topic: str, partition: int, batch: pa.RecordBatch, include_headers: bool = False) -> pa.RecordBatch:

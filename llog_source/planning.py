@@ -3,14 +3,17 @@ micro-batch takes, and how a batch splits into Spark tasks. Reads Oxia only, nev
 
 Offsets here are Kafka-style positions: the *next* offset to read. A partition with high
 watermark ``hw`` is at position ``hw + 1``; an empty one at 1 (llog offsets start at 1).
+``earliest`` is a partition's log start offset (docs/topics.md section 3): retention removes the
+offsets below it, and a query positioned there has lost them (``failOnDataLoss``).
 """
 
 from __future__ import annotations
 
 import math
 import sys
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
+from typing import NamedTuple
 
 from pyspark.sql.datasource import InputPartition
 
@@ -38,22 +41,62 @@ class LlogSplit(InputPartition):
         return self.end - self.start + 1
 
 
-def high_watermarks(coordination: Coordination, root: str, subscription: Subscription) -> dict[TopicPartition, int]:
-    """The initialized partitions the subscription covers now, with their high watermarks: one
-    skip scan per topic (two per pattern), then one multi-key read of every ``meta/control``."""
+class PartitionOffsets(NamedTuple):
+    """What a partition's ``meta/control`` says about its readable offsets now: ``log_start_offset
+    ..high_watermark`` (docs/topics.md section 3)."""
+
+    log_start_offset: int
+    high_watermark: int
+
+    @property
+    def earliest(self) -> int:
+        """The position of ``earliest``: the log start offset."""
+        return self.log_start_offset
+
+    @property
+    def latest(self) -> int:
+        """The position of ``latest``: the next offset to be written."""
+        return self.high_watermark + 1
+
+
+Found = Mapping[TopicPartition, PartitionOffsets]
+
+
+def partition_offsets(coordination: Coordination, root: str, partitions: Iterable[TopicPartition]
+                      ) -> dict[TopicPartition, PartitionOffsets]:
+    """The log start offset and high watermark of each initialized partition of ``partitions``
+    (one without a ``meta/control`` is left out): one multi-key read of every ``meta/control``."""
+    partitions = list(partitions)
+    keys = [PartitionKeys(root, tp) for tp in partitions]
+    controls = coordination.get_many([(k.control, k.partition_key) for k in keys])
+    out = {}
+    for tp, c in zip(partitions, controls):
+        if c is not None:
+            control = ControlRecord.from_json(c.value, c.key)
+            out[tp] = PartitionOffsets(control.log_start_offset, control.high_watermark)
+    return out
+
+
+def subscription_offsets(coordination: Coordination, root: str, subscription: Subscription
+                         ) -> dict[TopicPartition, PartitionOffsets]:
+    """The initialized partitions the subscription covers now, with their offsets: one skip
+    scan per topic (two per pattern), then :func:`partition_offsets`."""
     if subscription.assigned:
         candidates = list(subscription.assigned)
     else:
         topics = ([t for t in list_topics(coordination, root) if subscription.matches(t)]
                   if subscription.pattern is not None else subscription.topics)
         candidates = [TopicPartition(t, p) for t in topics for p in topic_partitions(coordination, root, t)]
-    keys = [PartitionKeys(root, tp) for tp in candidates]
-    controls = coordination.get_many([(k.control, k.partition_key) for k in keys])
-    return {tp: ControlRecord.from_json(c.value, c.key).high_watermark
-            for tp, c in zip(candidates, controls) if c is not None}
+    return partition_offsets(coordination, root, candidates)
 
 
-def check_subscription(subscription: Subscription, found: Mapping[TopicPartition, int]) -> None:
+def _offsets(found: Mapping[TopicPartition, PartitionOffsets | int]) -> dict[TopicPartition, PartitionOffsets]:
+    """``found`` as :class:`PartitionOffsets`; a bare int (how the planner's unit tests give a
+    partition) is a high watermark whose log start is 1, a partition retention never moved."""
+    return {tp: o if isinstance(o, PartitionOffsets) else PartitionOffsets(1, o) for tp, o in found.items()}
+
+
+def check_subscription(subscription: Subscription, found: Found) -> None:
     """Named topics and assigned partitions must exist when a read starts (a pattern may match
     nothing yet)."""
     if subscription.assigned:
@@ -65,13 +108,16 @@ def check_subscription(subscription: Subscription, found: Mapping[TopicPartition
             raise InvalidSourceOption(f"topics: unknown topic {topic!r} (it has no initialized partition)")
 
 
-def resolve_positions(name: str, spec: OffsetSpec, found: Mapping[TopicPartition, int],
-                      fail_on_data_loss: bool) -> Positions:
-    """Positions for ``startingOffsets`` / ``endingOffsets`` against the partitions found."""
+def resolve_positions(name: str, spec: OffsetSpec, found: Found, fail_on_data_loss: bool) -> Positions:
+    """Positions for ``startingOffsets`` / ``endingOffsets`` against the partitions found:
+    ``earliest`` (-2) is each partition's log start offset, ``latest`` (-1) its high watermark
+    + 1. An offset past the end, or below the log start (removed by retention), is data loss:
+    it fails, or (``failOnDataLoss=false``) is moved to the end or the log start."""
+    found = _offsets(found)
     if spec == "earliest":
-        return {tp: 1 for tp in found}
+        return {tp: o.earliest for tp, o in found.items()}
     if spec == "latest":
-        return {tp: hw + 1 for tp, hw in found.items()}
+        return {tp: o.latest for tp, o in found.items()}
     unknown = [str(tp) for tp in spec if tp not in found]
     if unknown:
         raise InvalidSourceOption(f"{name} names unknown partition(s) {', '.join(unknown)}")
@@ -81,20 +127,33 @@ def resolve_positions(name: str, spec: OffsetSpec, found: Mapping[TopicPartition
                                   f"give every partition of the subscription an offset (-2 earliest, -1 latest)")
     out = {}
     for tp, offset in spec.items():
-        latest = found[tp] + 1
+        earliest, latest = found[tp].earliest, found[tp].latest
         if offset == EARLIEST:
-            offset = 1
+            offset = earliest
         elif offset == LATEST or offset > latest:
             if offset != LATEST:
                 data_loss(fail_on_data_loss, f"{name}: offset {offset} of {tp} is past its end (the next offset "
                                              f"to be written is {latest})", "starting from its end instead")
             offset = latest
+        elif offset < earliest:
+            data_loss(fail_on_data_loss, f"{name}: {removed_by_retention(tp, offset, earliest)}",
+                      f"starting from offset {earliest} instead")
+            offset = earliest
         out[tp] = offset
     return out
 
 
 class DataLossError(LlogError):
     """Offsets the query must read can no longer be read (``failOnDataLoss=true``)."""
+
+
+def removed_by_retention(partition: TopicPartition | str, first: int, log_start_offset: int,
+                         last: int | None = None) -> str:
+    """The problem of offsets from ``first`` (to ``last``, at most) below a partition's log start
+    offset."""
+    last = log_start_offset - 1 if last is None else min(last, log_start_offset - 1)
+    return (f"offsets {first}..{last} of {partition} were removed by retention (its log start offset is "
+            f"{log_start_offset})")
 
 
 def data_loss(fail: bool, problem: str, instead: str) -> None:
@@ -105,28 +164,36 @@ def data_loss(fail: bool, problem: str, instead: str) -> None:
     print(f"llog source: WARNING: {problem}; {instead} (failOnDataLoss=false)", file=sys.stderr, flush=True)
 
 
-def advance(start: Positions, found: Mapping[TopicPartition, int], fail_on_data_loss: bool,
+def advance(start: Positions, found: Found, fail_on_data_loss: bool,
             target: Positions | None = None) -> tuple[Positions, Positions]:
     """Reconcile the last batch's end with the partitions found now: ``(start, latest)``.
 
-    New partitions start at 1 (earliest). A partition that vanished, or whose end moved back
-    (the topic was recreated), is data loss. ``target`` (``availableNow``) caps ``latest`` and
+    New partitions start at their log start offset (earliest). A partition that vanished, whose
+    end moved back (the topic was recreated: it is read again from its log start), or whose
+    position is below its log start (retention removed offsets the query had not read: it goes
+    on from the log start) is data loss. ``target`` (``availableNow``) caps ``latest`` and
     excludes partitions that appeared after it was taken.
     """
+    found = _offsets(found)
     start = dict(start)
     for tp in [tp for tp in start if tp not in found]:
         data_loss(fail_on_data_loss, f"partition {tp} no longer exists", "dropping it from the query")
         del start[tp]
     latest = {}
-    for tp, hw in found.items():
+    for tp, offsets in found.items():
         if target is not None and tp not in target:
             continue
-        position = start.setdefault(tp, 1)
-        if position > hw + 1:
-            data_loss(fail_on_data_loss, f"{tp} was at offset {position} but its high watermark is now {hw}",
-                      "reading it again from offset 1")
-            start[tp] = 1
-        latest[tp] = hw + 1 if target is None else min(hw + 1, target[tp])
+        position = start.setdefault(tp, offsets.earliest)
+        if position > offsets.latest:
+            data_loss(fail_on_data_loss,
+                      f"{tp} was at offset {position} but its high watermark is now {offsets.high_watermark}",
+                      f"reading it again from offset {offsets.earliest}")
+            start[tp] = offsets.earliest
+        elif position < offsets.earliest:
+            data_loss(fail_on_data_loss, removed_by_retention(tp, position, offsets.earliest),
+                      f"going on from offset {offsets.earliest}")
+            start[tp] = offsets.earliest
+        latest[tp] = offsets.latest if target is None else min(offsets.latest, target[tp])
         latest[tp] = max(latest[tp], start[tp])
     return start, latest
 

@@ -26,8 +26,8 @@ from llog_source.lag import report_batch
 from llog_source.options import InvalidSourceOption, SourceOptions
 from llog_source.partition_reader import read_split
 from llog_source.planning import (
-    LlogSplit, Positions, advance, check_subscription, from_spark, high_watermarks, plan_splits, rate_limit,
-    resolve_positions, to_spark,
+    LlogSplit, PartitionOffsets, Positions, advance, check_subscription, from_spark, partition_offsets, plan_splits,
+    rate_limit, resolve_positions, subscription_offsets, to_spark,
 )
 from llog_source.schema import source_schema
 
@@ -38,10 +38,16 @@ class _Planner:
     def __init__(self, options: SourceOptions):
         self.options = options
 
-    def found(self) -> dict[TopicPartition, int]:
-        """The subscription's partitions and their high watermarks, now."""
+    def found(self) -> dict[TopicPartition, PartitionOffsets]:
+        """The subscription's partitions and their log start offsets and high watermarks, now."""
         config = self.options.config
-        return high_watermarks(log_reader(config).coordination, config.root_prefix, self.options.subscription)
+        return subscription_offsets(log_reader(config).coordination, config.root_prefix, self.options.subscription)
+
+    def log_starts(self, partitions: list[TopicPartition]) -> dict[TopicPartition, int]:
+        """The log start offsets of ``partitions`` now (earliest; 1 for one that no longer exists)."""
+        config = self.options.config
+        found = partition_offsets(log_reader(config).coordination, config.root_prefix, partitions)
+        return {tp: found[tp].earliest if tp in found else 1 for tp in partitions}
 
     def splits(self, start: Positions, end: Positions) -> list[LlogSplit]:
         config = self.options.config
@@ -69,7 +75,7 @@ class LlogStreamReader(_Planner, DataSourceStreamReader, SupportsTriggerAvailabl
                                           self.options.fail_on_data_loss))
 
     def prepareForTriggerAvailableNow(self) -> None:  # noqa: N802
-        self._target = {tp: hw + 1 for tp, hw in self.found().items()}
+        self._target = {tp: offsets.latest for tp, offsets in self.found().items()}
 
     def getDefaultReadLimit(self) -> ReadLimit:  # noqa: N802
         limit = self.options.max_offsets_per_trigger
@@ -93,9 +99,14 @@ class LlogStreamReader(_Planner, DataSourceStreamReader, SupportsTriggerAvailabl
         return to_spark(self._latest) if self._latest is not None else None
 
     def partitions(self, start: dict, end: dict) -> list[LlogSplit]:
+        """Splits for ``start..end``. Spark's ``start`` is the previous batch's end: a partition
+        discovered since starts at its log start offset, as does one whose end moved back (read
+        again, failOnDataLoss=false); both as :func:`advance` planned them when the batch's end
+        was taken. A position below the log start is left to the tasks: they fail naming the
+        removed offsets, or skip them (``read_split``), as ``advance`` did on the driver."""
         begin, finish = from_spark(start), from_spark(end)
-        # A partition whose end moved back (failOnDataLoss=false) is read again from 1.
-        begin = {tp: (n if n <= finish.get(tp, n) else 1) for tp, n in begin.items()}
+        anew = [tp for tp in finish if tp not in begin or begin[tp] > finish[tp]]
+        begin.update(self.log_starts(anew) if anew else {})
         return self.splits(begin, finish)
 
     def commit(self, end: dict) -> None:

@@ -18,6 +18,7 @@ from llog.coordination import Coordination
 from llog.keys import PartitionKeys, TopicPartition
 from llog.objects import ObjectStore
 from llog.records import ControlRecord, IndexEntry
+from llog.topics import alter_topic, create_topic
 from llog_source.lag import offsets_behind_latest
 from tests.helpers import writer_process
 from jobs.local_spark import local_spark
@@ -41,7 +42,9 @@ def _read(spark, config, **options):
 
 
 def _fill(writer, topic: str, partitions: int, appends: int, records: int) -> dict[int, list[bytes]]:
-    """``appends`` appends of ``records`` records to each partition; the values per partition."""
+    """``appends`` appends of ``records`` records to each partition of ``topic`` (created with
+    ``partitions`` partitions if new); the values per partition."""
+    create_topic(writer.coordination, writer.config.root_prefix, topic, partitions, if_not_exists=True)
     values = {p: [] for p in range(partitions)}
     for a in range(appends):
         for p in range(partitions):
@@ -211,6 +214,7 @@ def test_pattern_discovers_new_topics_and_partitions_from_earliest(spark, config
     try:
         _wait_for(lambda: query.recentProgress, query)
         new_topic = _fill(writer, "disc.b", 1, 1, 7)[0]
+        alter_topic(writer.coordination, config.root_prefix, "disc.a", partitions=4)  # partitions 1..3 are new
         writer.append("disc.a", 3, [b"p3-1", b"p3-2"])
         _wait_for(lambda: len(sink.rows()) >= 9, query)
     finally:
@@ -243,7 +247,7 @@ def test_group_commits_and_lag_goes_to_zero(spark, config, writer, tmp_path):
     assert out.returncode == 0, out.stderr
     assert "total lag 0" in out.stdout
     assert [line.split() for line in out.stdout.splitlines()[2:]] == [
-        ["grouped", "0", "301", "300", "0"], ["grouped", "1", "301", "300", "0"]]
+        ["grouped", "0", "301", "1", "300", "0"], ["grouped", "1", "301", "1", "300", "0"]]
 
 
 def test_reads_see_a_pending_append(spark, config, writer):
