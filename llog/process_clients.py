@@ -13,11 +13,13 @@ from collections.abc import Callable
 from typing import Generic, TypeVar
 
 from llog.config import Config
+from llog.coordination import Coordination
 from llog.objects import ObjectStore
 from llog.reader import LogReader
+from llog.topics import TopicCache
 from llog.writer import LogWriter
 
-C = TypeVar("C", ObjectStore, LogWriter, LogReader)
+C = TypeVar("C", ObjectStore, LogWriter, LogReader, Coordination)
 
 
 class _PerConfig(Generic[C]):
@@ -43,6 +45,9 @@ class _PerConfig(Generic[C]):
 _stores = _PerConfig(ObjectStore)
 _writers = _PerConfig(lambda config: LogWriter(config, auto_initialize=True))
 _readers = _PerConfig(LogReader)
+_coordinations = _PerConfig(Coordination)
+_topic_caches: dict[Config, TopicCache] = {}
+_topic_caches_lock = threading.Lock()
 
 
 def object_store(config: Config) -> ObjectStore:
@@ -61,8 +66,22 @@ def log_reader(config: Config) -> LogReader:
     return _readers.get(config)
 
 
+def topic_cache(config: Config) -> TopicCache:
+    """Topic records for a Spark task that places rows by a topic's partition count or
+    compresses by its ``compression.type`` (docs/topics.md; creates a missing topic when
+    ``LLOG_AUTO_CREATE_TOPICS`` allows), on an Oxia client of its own."""
+    with _topic_caches_lock:
+        cache = _topic_caches.get(config)
+        if cache is None:
+            cache = _topic_caches[config] = TopicCache(_coordinations.get(config), config)
+        return cache
+
+
 def close_all() -> None:
     """Close every kept client (at exit, or when their stack goes away)."""
+    with _topic_caches_lock:
+        _topic_caches.clear()
+    _coordinations.close()
     _readers.close()
     _writers.close()
     _stores.close()

@@ -20,6 +20,9 @@ from dataclasses import dataclass
 
 from llog import failpoints
 from llog.config import Config
+from llog.errors import PartitionCountMismatch
+from llog.records import TopicRecord
+from llog.topics import TopicCache
 from llog.writer import SinkBatch
 from llog.process_clients import log_writer
 from llog_sink.task_writer import SinkCommitMessage
@@ -51,8 +54,41 @@ class BatchCommit:
                 f"{self.cas_conflicts} CAS conflict(s); slowest task staged for {self.stage_s_max:.3f} s")
 
 
-def commit_batch(config: Config, messages: Sequence[SinkCommitMessage | None], batch_id: int) -> BatchCommit:
-    """Commit the slices of ``messages`` (see module doc) and report what was done."""
+def sink_partition_count(record: TopicRecord | None, topic: str, partitions: int | None, default: int) -> int:
+    """The partition count a sink places ``topic``'s rows by: its record's; for a topic without
+    one, the ``partitions`` option, else ``LLOG_DEFAULT_PARTITIONS`` (it is created with that
+    count when the first batch commits). A ``partitions`` option that disagrees with the topic
+    is refused (:class:`PartitionCountMismatch`): its keyed rows would land elsewhere than other
+    writers' (docs/topics.md section 2)."""
+    if record is None:
+        return partitions or default
+    if partitions is not None and partitions != record.partitions:
+        raise PartitionCountMismatch(
+            f"the sink's option partitions={partitions} disagrees with topic {topic!r}, which has "
+            f"{record.partitions} partition(s): keyed rows would go to other partitions than other writers' "
+            f"(drop the option to use the topic's count, or `llog topics alter {topic} --partitions "
+            f"{partitions}` to grow the topic)")
+    return record.partitions
+
+
+def check_partition_count(topics: TopicCache, topic: str, partitions: int) -> None:
+    """At commit: ``topic`` (created with ``partitions`` if missing and allowed) has the count the
+    batch's rows were placed by; else :class:`PartitionCountMismatch` (the topic was created with
+    another count meanwhile, or grew: restart the query to place rows by the new count)."""
+    record = topics.require(topic, create_partitions=partitions)
+    if record is not None and record.partitions != partitions:
+        raise PartitionCountMismatch(
+            f"this batch placed the rows of topic {topic!r} by {partitions} partition(s), but the topic now has "
+            f"{record.partitions} (created by another writer meanwhile, or altered): nothing of the batch is "
+            f"committed; restart the query to place rows by the topic's count")
+
+
+def commit_batch(config: Config, messages: Sequence[SinkCommitMessage | None], batch_id: int,
+                 partitions: int | None = None) -> BatchCommit:
+    """Commit the slices of ``messages`` (see module doc) and report what was done. With
+    ``partitions`` (the count the rows were placed by), every topic written must have that many
+    partitions, and is created with them if missing (:func:`check_partition_count`), checked
+    before anything is committed."""
     started = time.perf_counter()
     ordered = sorted((m for m in messages if m is not None), key=lambda m: m.task_id)
     slices = [s for m in ordered for s in m.slices]
@@ -61,6 +97,9 @@ def commit_batch(config: Config, messages: Sequence[SinkCommitMessage | None], b
         raise ValueError(f"one batch carries commit messages of several sinks: {sorted(map(str, sink_ids))}")
     sink_id = next(iter(sink_ids), None)
     writer = log_writer(config)
+    if partitions is not None:
+        for topic in sorted({s.topic for s in slices}):
+            check_partition_count(writer.topics, topic, partitions)
     conflicts_before = writer.coordination.stats["cas_conflict"]
     failpoints.hit("sink.before_commit")
     results = writer.commit_staged(slices, SinkBatch(sink_id, batch_id) if sink_id else None)

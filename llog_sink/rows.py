@@ -8,9 +8,11 @@ Spark's Kafka sink, plus Kafka's record timestamp.
 - ``timestamp``: timestamp (or long, ms since the epoch), optional: the record's event time.
 - ``topic``: string column, or the ``topic`` option (the column wins).
 - ``partition``: int column. Without one, a row with a key goes where Kafka's default
-  partitioner puts it (murmur2 of the key modulo the ``partitions`` option; llog/partitioner.py),
+  partitioner puts it (murmur2 of the key modulo the topic's partition count; llog/partitioner.py),
   and every other row of a task goes to one partition per topic, chosen from the task's partition
   id, the batch id and the topic (sticky by task, and the same again when a batch is replayed).
+  The partition count is the topic record's (docs/topics.md), which the ``partitions`` option
+  must match when given; a missing topic is created with it (or ``LLOG_DEFAULT_PARTITIONS``).
 - Other columns are ignored, with one warning.
 
 Records that are a value alone are written as bytes-batch-v1; keys, headers, timestamps,
@@ -21,7 +23,7 @@ from __future__ import annotations
 
 import logging
 import zlib
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
 import numpy as np
@@ -61,7 +63,8 @@ class SinkLayout:
     topic_option: str | None
     has_topic_column: bool
     has_partition_column: bool
-    partitions: int
+    #: The partition count rows are placed by; None: each topic's own (looked up by the task).
+    partitions: int | None
     #: The record columns present (``value`` always), in :data:`RECORD_COLUMNS` order.
     record_columns: tuple[str, ...] = (VALUE,)
 
@@ -70,7 +73,7 @@ class SinkLayout:
         return KEY in self.record_columns
 
     @classmethod
-    def from_schema(cls, schema, topic_option: str | None, partitions: int) -> "SinkLayout":
+    def from_schema(cls, schema, topic_option: str | None, partitions: int | None) -> "SinkLayout":
         """Check a Spark schema (``StructType``) against the contract."""
         fields = {f.name: f.dataType for f in schema.fields}
         if VALUE not in fields:
@@ -93,7 +96,7 @@ class SinkLayout:
             raise InvalidSinkInput("no topic: give a 'topic' column or the 'topic' option")
         if topic_option and TOPIC not in fields:
             TopicPartition(topic_option, 0)  # the option's name is checked here, once
-        if partitions < 1:
+        if partitions is not None and partitions < 1:
             raise InvalidSinkInput(f"option 'partitions' must be >= 1, got {partitions}")
         ignored = sorted(set(fields) - {*RECORD_COLUMNS, TOPIC, PARTITION})
         if ignored:
@@ -101,10 +104,14 @@ class SinkLayout:
         return cls(topic_option, TOPIC in fields, PARTITION in fields, partitions,
                    tuple(c for c in RECORD_COLUMNS if c in fields))
 
-    def split(self, batch: pa.RecordBatch, task_id: int, batch_id: int) -> Iterator[tuple[TopicPartition, pa.RecordBatch]]:
+    def split(self, batch: pa.RecordBatch, task_id: int, batch_id: int,
+              partition_count: Callable[[str], int] | None = None) -> Iterator[tuple[TopicPartition, pa.RecordBatch]]:
         """The batch's records per topic-partition, in row order, as batches of the record
         columns present (value as binary); raises :class:`InvalidSinkInput` naming the column
-        and the problem."""
+        and the problem. ``partition_count``: a topic's partition count, when the layout has none."""
+        count = (lambda topic: self.partitions) if self.partitions is not None else partition_count
+        if count is None and not self.has_partition_column:
+            raise ValueError("SinkLayout.split needs partition_count: the layout has no partition count")
         records = self._records(batch)
         partitions = self._partition_column(batch)
         if self.has_topic_column:
@@ -117,10 +124,11 @@ class SinkLayout:
         else:
             groups = [(self.topic_option, records, partitions)]
         for topic, topic_records, topic_partitions in groups:
+            _partition(topic, 0)  # the name is checked before its partition count is looked up
             if topic_partitions is None and self.has_key_column:
-                topic_partitions = self._key_partitions(topic, topic_records, task_id, batch_id)
+                topic_partitions = self._key_partitions(topic, topic_records, task_id, batch_id, count(topic))
             if topic_partitions is None:
-                yield self._sticky(topic, task_id, batch_id), topic_records
+                yield self._sticky(topic, task_id, batch_id, count(topic)), topic_records
                 continue
             for partition, part in _by_partition(topic_records, topic_partitions):
                 yield _partition(topic, partition), part
@@ -130,15 +138,16 @@ class SinkLayout:
         columns[self.record_columns.index(VALUE)] = _values(columns[self.record_columns.index(VALUE)])
         return pa.RecordBatch.from_arrays(columns, names=list(self.record_columns))
 
-    def _key_partitions(self, topic: str, records: pa.RecordBatch, task_id: int, batch_id: int) -> np.ndarray:
+    def _key_partitions(self, topic: str, records: pa.RecordBatch, task_id: int, batch_id: int,
+                        partitions: int) -> np.ndarray:
         """Kafka's default partitioner for rows with a key, the sticky partition for the rest."""
         keys = records.column(self.record_columns.index(KEY))
         if keys.null_count == 0:
-            return kafka_partitions(keys, self.partitions).astype(np.int64)
-        placed = np.full(len(keys), self._sticky(topic, task_id, batch_id).partition, dtype=np.int64)
+            return kafka_partitions(keys, partitions).astype(np.int64)
+        placed = np.full(len(keys), self._sticky(topic, task_id, batch_id, partitions).partition, dtype=np.int64)
         if keys.null_count < len(keys):
             present = keys.is_valid()
-            placed[present.to_numpy(zero_copy_only=False)] = kafka_partitions(keys.filter(present), self.partitions)
+            placed[present.to_numpy(zero_copy_only=False)] = kafka_partitions(keys.filter(present), partitions)
         return placed
 
     def _partition_column(self, batch: pa.RecordBatch) -> pa.Int64Array | None:
@@ -153,8 +162,9 @@ class SinkLayout:
             raise InvalidSinkInput(f"column 'partition' holds a negative value ({lowest})")
         return partitions
 
-    def _sticky(self, topic: str, task_id: int, batch_id: int) -> TopicPartition:
-        return _partition(topic, (task_id + batch_id + zlib.crc32(topic.encode())) % self.partitions)
+    @staticmethod
+    def _sticky(topic: str, task_id: int, batch_id: int, partitions: int) -> TopicPartition:
+        return _partition(topic, (task_id + batch_id + zlib.crc32(topic.encode())) % partitions)
 
 
 def _by_partition(records: pa.RecordBatch, partitions: pa.Array | np.ndarray) -> Iterator[tuple[int, pa.RecordBatch]]:

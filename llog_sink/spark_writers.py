@@ -6,13 +6,16 @@ restarts from the same checkpoint), so replayed batches commit nothing twice. A 
 not replayed by Spark and commits without sink progress, unless the caller names a sink and a
 batch (``llog.sink.id`` / ``llog.sink.batch.id`` options, as ``foreach_batch.write_batch`` does).
 
-Options: ``topic``, ``partitions`` (default 1), ``compression`` (``zstd``, ``lz4`` or ``none``;
-default: the topic's ``compression.type``), and any ``llog.*`` setting (``llog.s3.bucket``,
+Options: ``topic``, ``partitions`` (default: the topic's partition count; a missing topic is
+created with it, else with ``LLOG_DEFAULT_PARTITIONS``, when the first batch commits; given for an
+existing topic, it must be the topic's count: docs/topics.md), ``compression`` (``zstd``, ``lz4`` or ``none``; default: the
+topic's ``compression.type``), and any ``llog.*`` setting (``llog.s3.bucket``,
 ``llog.oxia.service.address``, ...; see ``llog/config.py``).
 """
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Iterator, Mapping
 
 import pyarrow as pa
@@ -21,7 +24,8 @@ from pyspark.sql.datasource import DataSourceArrowWriter, DataSourceStreamArrowW
 from pyspark.sql.types import StructType
 
 from llog.config import COMPRESSION_TYPES, Config
-from llog_sink.commit import commit_batch
+from llog.process_clients import log_writer
+from llog_sink.commit import commit_batch, sink_partition_count
 from llog_sink.rows import InvalidSinkInput, SinkLayout
 from llog_sink.task_writer import SinkCommitMessage, write_task
 
@@ -30,7 +34,7 @@ SINK_ID_OPTION, BATCH_ID_OPTION = "llog.sink.id", "llog.sink.batch.id"
 _OWN = {"topic", "partitions", "compression", "path", SINK_ID_OPTION, BATCH_ID_OPTION}
 
 
-def _int_option(options: Mapping[str, str], name: str, default: int) -> int:
+def _int_option(options: Mapping[str, str], name: str, default: int | None) -> int | None:
     raw = options.get(name)
     if raw in (None, ""):
         return default
@@ -46,14 +50,25 @@ class _SinkSettings:
     def __init__(self, schema: StructType, options: Mapping[str, str]):
         self.config = Config.load({k: v for k, v in options.items() if k not in _OWN}).require(
             "oxia_service_address", "s3_bucket")
-        self.layout = SinkLayout.from_schema(schema, options.get("topic") or None,
-                                             _int_option(options, "partitions", 1))
+        option = _int_option(options, "partitions", None)
+        layout = SinkLayout.from_schema(schema, options.get("topic") or None, option)
+        #: The partition count every topic written must have when a batch commits (a missing topic
+        #: is created with it then): the count rows were placed by (docs/topics.md section 2).
+        self.partitions = option
         self.sink_id = options.get(SINK_ID_OPTION) or None
         self.batch_id = _int_option(options, BATCH_ID_OPTION, 0)
         self.compression = options.get("compression") or None
         if self.compression is not None and self.compression not in COMPRESSION_TYPES:
             raise InvalidSinkInput(f"option 'compression' must be one of {', '.join(COMPRESSION_TYPES)}, got "
                                    f"{self.compression!r}")
+        if not layout.has_topic_column:  # one topic: its record decides, here on the driver, once
+            topics = log_writer(self.config).topics
+            # Read, not created: a write that fails on its input creates nothing.
+            self.partitions = sink_partition_count(topics.get(layout.topic_option), layout.topic_option, option,
+                                                   self.config.default_partitions)
+            layout = dataclasses.replace(layout, partitions=self.partitions)
+            self.compression = self.compression or topics.compression(layout.topic_option)
+        self.layout = layout
 
 
 def _task_id() -> int:
@@ -75,7 +90,7 @@ class LlogStreamWriter(DataSourceStreamArrowWriter):
                           self.settings.compression)
 
     def commit(self, messages: list[SinkCommitMessage | None], batchId: int) -> None:  # noqa: N803 - Spark's name
-        commit_batch(self.settings.config, messages, batchId)
+        commit_batch(self.settings.config, messages, batchId, self.settings.partitions)
 
     def abort(self, messages: list[SinkCommitMessage | None], batchId: int) -> None:  # noqa: N803
         pass  # nothing of this batch is in Oxia; its blobs are garbage for GC
@@ -92,7 +107,7 @@ class LlogBatchWriter(DataSourceArrowWriter):
                           self.settings.sink_id, self.settings.compression)
 
     def commit(self, messages: list[SinkCommitMessage | None]) -> None:
-        commit_batch(self.settings.config, messages, self.settings.batch_id)
+        commit_batch(self.settings.config, messages, self.settings.batch_id, self.settings.partitions)
 
     def abort(self, messages: list[SinkCommitMessage | None]) -> None:
         pass

@@ -22,8 +22,9 @@ from pyspark.sql.datasource import WriterCommitMessage
 from llog.codec import binary_bytes
 from llog.config import Config
 from llog.keys import TopicPartition
+from llog.topics import TopicCache
 from llog.writer import AppendGroup, StagedSlice, stage
-from llog.process_clients import object_store
+from llog.process_clients import object_store, topic_cache
 from llog_sink.rows import HEADERS, KEY, TIMESTAMP, VALUE, SinkLayout
 
 #: Blobs a task may be uploading while it reads on.
@@ -51,9 +52,16 @@ def write_task(batches: Iterable[pa.RecordBatch], layout: SinkLayout, config: Co
     A full buffer is uploaded in the background while the next rows arrive, at most
     :data:`UPLOADS_IN_FLIGHT` blobs at a time, so Spark keeps feeding the task during PUTs.
     Slices are listed in the order their blobs were cut, whatever order the PUTs finish in.
-    ``compression``: of every body, instead of each topic's ``compression.type``.
+    ``compression``: of every body, instead of each topic's ``compression.type``. When the
+    layout has no partition count, or rows name their topic and no compression is given, the
+    task reads the topics' records from Oxia (cached per process; docs/topics.md).
     """
     started = time.perf_counter()
+    topics = topic_cache(config) if layout.partitions is None or (compression is None and layout.has_topic_column) \
+        else None
+    partition_count = (lambda topic: _partition_count(topics, topic)) if topics is not None else None
+    if compression is None and topics is not None:
+        compression = topics.compression
     message = SinkCommitMessage(task_id, sink_id)
     buffered: list[pa.RecordBatch] = []  # Spark's batches as they came, split at the flush
     buffered_bytes = 0
@@ -64,7 +72,8 @@ def write_task(batches: Iterable[pa.RecordBatch], layout: SinkLayout, config: Co
         if not buffered:
             return
         rows = buffered[0] if len(buffered) == 1 else pa.Table.from_batches(buffered).combine_chunks().to_batches()[0]
-        groups = [_group(tp, records) for tp, records in layout.split(rows, task_id, batch_id) if records.num_rows]
+        groups = [_group(tp, records) for tp, records in layout.split(rows, task_id, batch_id, partition_count)
+                  if records.num_rows]
         while len(uploads) >= UPLOADS_IN_FLIGHT:
             message.slices.extend(uploads.popleft().result())
         uploads.append(_upload_pool.submit(stage, object_store(config), config, groups, compression=compression))
@@ -90,6 +99,13 @@ def write_task(batches: Iterable[pa.RecordBatch], layout: SinkLayout, config: Co
             upload.cancel() or upload.exception()
     message.stage_s = time.perf_counter() - started
     return message
+
+
+def _partition_count(topics: TopicCache, topic: str) -> int:
+    """The topic's partition count (created first if missing and allowed); a topic written
+    before topic records, without one, counts as ``LLOG_DEFAULT_PARTITIONS``."""
+    record = topics.require(topic)
+    return record.partitions if record is not None else topics.config.default_partitions
 
 
 def _group(tp: TopicPartition, records: pa.RecordBatch) -> AppendGroup:

@@ -139,7 +139,7 @@ def test_any_rows_round_trip_with_kafkas_placement_and_order(spark, config, rows
                 assert before - CLOCK_SLACK_MS <= ts_ms <= after + CLOCK_SLACK_MS
             else:
                 assert kind == CREATE_TIME and ts_ms == event_ms
-    assert sorted(_partitions(config, topic)) == sorted(actual)
+    assert set(actual) <= set(_partitions(config, topic)) == {0, 1, 2}  # the topic was created with 3
 
 
 # --- 2. Kafka's key placement and per-key order at scale ----------------------------------------
@@ -162,7 +162,7 @@ def test_string_keys_land_where_kafka_puts_them_in_order(spark, config):
         records.sort(key=lambda r: r[1])  # by offset
         assert [v for _, _, v in records] == [i for i in range(n) if f"user-{i % 97}" == key], key
     used = {p for p, *_ in got}
-    assert sorted(_partitions(config, "users")) == sorted(used)
+    assert used <= set(_partitions(config, "users")) == set(range(partitions))
     assert len(used) > 6  # 97 keys hash over most of the 12 partitions
 
 
@@ -257,7 +257,7 @@ def _bodies(config, topic: str, partition: int) -> list[tuple[str, str | None]]:
 def test_sink_tombstones_read_back_null_and_compression_picks_the_encoding(spark, config):
     rows = [("k1", b"v1"), ("k1", None), (None, b"v3"), (None, None), ("k2", None)]
     df = spark.createDataFrame(rows, "key string, value binary").coalesce(1)
-    _write(spark, config, df, "tombs", compression="zstd")  # one partition: the order of rows
+    _write(spark, config, df, "tombs", compression="zstd", partitions=1)  # one partition: the order of rows
     got = _collect(_read(spark, config, "tombs", includeHeaders="true"))
     assert [(p, o, k, v, h) for p, o, k, v, h, _, _ in got] == [
         (0, i + 1, None if k is None else k.encode(), v, None) for i, (k, v) in enumerate(rows)]
@@ -265,10 +265,9 @@ def test_sink_tombstones_read_back_null_and_compression_picks_the_encoding(spark
     assert _bodies(config, "tombs", 0) == [(RECORDS_V2, "zstd")]
 
     values = spark.createDataFrame([(f"v{i}",) for i in range(50)], "value string").coalesce(1)
-    _write(spark, config, values, "packed", compression="zstd")
-    _write(spark, config, values, "packed", compression="lz4")
-    _write(spark, config, values, "packed", compression="none")  # value-only and uncompressed: the fast path
-    [partition] = _partitions(config, "packed")  # one task each time, one batch id each: sticky partitions
+    for compression in ("zstd", "lz4", "none"):  # none: value-only and uncompressed, the fast path
+        _write(spark, config, values, "packed", compression=compression, partitions=1)
+    [partition] = _partitions(config, "packed")
     assert _bodies(config, "packed", partition) == [(RECORDS_V2, "zstd"), (RECORDS_V2, "lz4"), (BYTES_BATCH_V1, None)]
     got = _collect(_read(spark, config, "packed"), headers=False)
     assert [v for *_, v, _, _, _ in got] == [f"v{i}".encode() for i in range(50)] * 3

@@ -9,6 +9,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pyarrow as pa
 import pytest
 from pyspark.sql import functions as F
 from pyspark.errors import PySparkException
@@ -16,6 +17,8 @@ from pyspark.errors import PySparkException
 from llog.coordination import Coordination
 from llog.discovery import topic_partitions
 from llog.objects import ObjectStore
+from llog.partitioner import kafka_partitions
+from llog.topics import create_topic, read_topic
 from llog_sink import write_batch
 from tests.helpers import driver_process
 from tests.helpers.invariants import check_partition
@@ -56,8 +59,9 @@ def test_topic_column_wins_and_binary_values_are_kept(spark, config, reader):
     rows = [("a", bytes([0, 255, i])) for i in range(5)] + [("b", b"\x00")]
     df = spark.createDataFrame(rows, "topic string, value binary").coalesce(1)
     df.write.format("llog").options(**_options(config)).option("topic", "ignored").mode("append").save()
-    assert _log(reader, "a", 0) == [bytes([0, 255, i]) for i in range(5)]
-    assert _log(reader, "b", 0) == [b"\x00"]
+    # Each topic was created on first use (the tests' 16 partitions); one task: one sticky partition each.
+    assert [v for p in _partitions(config, "a") for v in _log(reader, "a", p)] == [bytes([0, 255, i]) for i in range(5)]
+    assert [v for p in _partitions(config, "b") for v in _log(reader, "b", p)] == [b"\x00"]
     assert _partitions(config, "ignored") == []
 
 
@@ -69,7 +73,8 @@ def test_stream_sticky_partitions_and_every_record_once(spark, config, reader, t
              .trigger(availableNow=True).start())
     query.awaitTermination(180)
     assert query.exception() is None
-    partitions = _partitions(config, "events")
+    assert _partitions(config, "events") == list(range(8))  # created with the option's count
+    partitions = [p for p in range(8) if reader.high_watermark("events", p)]
     assert len(partitions) == 2  # two tasks, one partition each
     values = [v for p in partitions for v in _log(reader, "events", p)]
     assert sorted(values) == sorted(str(i).encode() for i in range(4000))
@@ -84,6 +89,54 @@ def test_foreach_batch_writes_through_the_same_engine(spark, config, reader, tmp
     assert query.exception() is None
     values = [v for p in _partitions(config, "fb") for v in _log(reader, "fb", p)]
     assert sorted(values) == sorted(str(i).encode() for i in range(500))
+
+
+def _placed_by(reader, topic: str, partitions: int) -> dict[int, list[bytes]]:
+    """Each partition's keys, after checking each key is where Kafka's partitioner puts it."""
+    placed = {}
+    for p in range(partitions):
+        keys = [r.key for r in reader.read_range(topic, p, 1)] if reader.high_watermark(topic, p) else []
+        if keys:
+            assert set(kafka_partitions(pa.array(keys, pa.binary()), partitions).tolist()) == {p}
+        placed[p] = keys
+    return placed
+
+
+def test_the_partitions_option_must_agree_with_the_topic(spark, config, reader):
+    """docs/topics.md section 2: the topic record's count decides; a writer that disagrees is refused."""
+    with Coordination(config) as coordination:
+        create_topic(coordination, config.root_prefix, "counted", 4)
+    keyed = spark.createDataFrame([(f"k{i}", f"v{i}") for i in range(200)], "key string, value string").coalesce(2)
+
+    def write(df, topic, **options):
+        df.write.format("llog").options(**_options(config)).option("topic", topic).options(**options) \
+            .mode("append").save()
+
+    with pytest.raises(PySparkException, match="partitions=8 disagrees with topic 'counted', which has 4"):
+        write(keyed, "counted", partitions="8")
+    assert not any(reader.high_watermark("counted", p) for p in range(4))
+    write(keyed, "counted")  # no option: the topic's 4
+    assert sum(map(len, _placed_by(reader, "counted", 4).values())) == 200
+    with pytest.raises(PySparkException, match=r"counted\[5\] does not exist: topic 'counted' has 4 partition"):
+        write(spark.createDataFrame([("v", 5)], "value string, partition int"), "counted")
+    assert sum(reader.high_watermark("counted", p) for p in range(4)) == 200  # nothing of it committed
+
+    write(keyed, "fresh", partitions="3")  # a new topic gets the option's count, when the batch commits
+    with Coordination(config) as coordination:
+        assert read_topic(coordination, config.root_prefix, "fresh").record.partitions == 3
+    assert sum(map(len, _placed_by(reader, "fresh", 3).values())) == 200
+
+
+def test_a_topic_column_places_each_topics_rows_by_its_own_count(spark, config, reader):
+    with Coordination(config) as coordination:
+        create_topic(coordination, config.root_prefix, "two", 2)
+    rows = [(t, f"k{i}", f"v{i}") for t in ("two", "new") for i in range(100)]
+    spark.createDataFrame(rows, "topic string, key string, value string").coalesce(2).write.format("llog") \
+        .options(**_options(config)).mode("append").save()
+    with Coordination(config) as coordination:  # "new" was created by a task, with the default count
+        assert read_topic(coordination, config.root_prefix, "new").record.partitions == config.default_partitions
+    assert sum(map(len, _placed_by(reader, "two", 2).values())) == 100
+    assert sum(map(len, _placed_by(reader, "new", config.default_partitions).values())) == 100
 
 
 BAD_INPUTS = {
