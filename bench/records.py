@@ -51,6 +51,7 @@ from llog.codec import HEADERS_TYPE
 from llog.config import Config
 from llog.describe import describe_topic
 from llog.reader import LogReader, ReadRequest
+from llog.topics import create_topic
 from llog.writer import AppendGroup, LogWriter
 
 VALUE_BYTES = 100
@@ -106,6 +107,8 @@ def _core_workload(config: Config, writers: dict[str, LogWriter], reader: LogRea
     """Every format on one workload: appends in turn, reads in turn, bytes per record."""
     records = sum(len(v) for v in values)
     topics = {fmt: f"records-{workload}-{fmt}" for fmt in FORMATS}
+    for topic in topics.values():
+        create_topic(reader.coordination, config.root_prefix, topic, len(values), if_not_exists=True)
     groups = {fmt: _groups(topics[fmt], values, keyed) for fmt, (keyed, _) in FORMATS.items()}
     results: dict[str, list] = {fmt: [] for fmt in FORMATS}
     value_bytes = sum(int(pc.sum(pc.binary_length(v)).as_py()) for v in values) / records

@@ -24,6 +24,7 @@ import uuid
 from llog.config import Config, llog_home
 from llog.describe import describe_topic, format_descriptions
 from llog.discovery import topic_partitions
+from llog.topics import create_topic
 from llog.keys import shared_wal_prefix
 from llog.reader import LogReader, ReadRequest
 from llog.writer import AppendGroup, LogWriter
@@ -42,6 +43,8 @@ def main(argv: list[str] | None = None) -> int:
 
     started = time.perf_counter()
     with LogWriter(config, auto_initialize=True) as writer, LogReader(config) as reader:
+        for t in topics:  # as `llog topics create T --partitions N --if-not-exists` (docs/topics.md)
+            create_topic(writer.coordination, config.root_prefix, t, args.partitions, if_not_exists=True)
         first_hw = {(t, p): reader.high_watermark(t, p) if _initialized(reader, t, p) else 0
                     for t in topics for p in range(args.partitions)}
         blobs_before = sum(1 for _ in writer.objects.list(shared_wal_prefix(config.root_prefix)))

@@ -36,8 +36,10 @@ from pathlib import Path
 import httpx
 
 from llog.config import Config
+from llog.coordination import Coordination
 from llog.errors import PartitionNotInitialized
 from llog.reader import LogReader
+from llog.topics import create_topic
 from loadtest import probe, vegeta
 from loadtest.brokers import Broker, MetricsSampler, counter_delta
 from loadtest.scenarios import Scenario, consume_body, produce_body
@@ -145,7 +147,14 @@ class Run:
             "sent_per_s": round(report["rate"], 1), "vegeta_throughput_per_s": round(report["throughput"], 1),
             "command": " ".join(command), "targets": len(targets), "marked": marked}
 
+    def _create_topic(self, scenario: Scenario) -> None:
+        """The scenario's topic with its partitions (a produce to a partition past a topic's count
+        is refused; docs/topics.md), if it does not exist yet."""
+        with Coordination(self.config) as coordination:
+            create_topic(coordination, self.config.root_prefix, scenario.topic, scenario.partitions, if_not_exists=True)
+
     def _produce(self, scenario: Scenario, out: Path, brokers: list[Broker]) -> dict:
+        self._create_topic(scenario)
         topic, n = scenario.topic, scenario.records_per_request
         targets = [vegeta.Target(f"{self.broker_for(p, brokers).url}/produce",
                                  produce_body(topic, p, v, n, scenario.record_bytes))
@@ -190,6 +199,7 @@ class Run:
         offsets 1..N of every partition exist (and sit in the producing broker's tail cache)."""
         if self.preloaded is not None:
             return
+        self._create_topic(scenario)
         started = time.monotonic()
         self.preloaded = asyncio.run(_preload(self, scenario))
         progress(f"preloaded {sum(self.preloaded.values())} records into {scenario.topic} "

@@ -21,6 +21,7 @@ from llog.coordination import Coordination
 from llog.describe import describe_topic
 from llog.keys import s3_uri, shared_wal_object, shared_wal_prefix
 from llog.objects import ObjectStore
+from llog.topics import create_topic
 from llog.writer import AppendGroup
 from tests.helpers import compactor_process
 
@@ -70,6 +71,8 @@ def _fill(writer, objects, config):
     own. Returns the records per partition and the blobs by what references them."""
     expected: dict[tuple[str, int], list[bytes]] = {}
     blobs: dict[str, set[str]] = {"compacted_only": set(), "audit": set()}
+    for topic, partitions in (("orders", 2), ("payments", 1), ("audit", 1)):
+        create_topic(writer.coordination, config.root_prefix, topic, partitions)
     for a in range(4):
         groups = [AppendGroup(t, p, [f"{t}/{p}/{a}/{i}".encode() + b"\x00\xff" * i for i in range(5)])
                   for t, p in (("orders", 0), ("orders", 1), ("payments", 0))]
@@ -137,6 +140,29 @@ def test_job_compacts_the_topics_and_collects_old_unreferenced_blobs(spark, conf
     assert _blobs(config, objects) == set()
     for (topic, partition), values in expected.items():
         assert _values(reader, topic, partition) == values
+
+
+def test_job_applies_retention_before_compacting_and_gc_collects_what_it_dropped(spark, config, writer, reader,
+                                                                                   objects):
+    """docs/topics.md section 3 in the job: a topic with retention.ms=1000 loses its entries once
+    they are older than both that and the grace period; a topic without keeps everything."""
+    create_topic(writer.coordination, config.root_prefix, "expiring", 1, {"retention.ms": 1000})
+    old = [writer.append_shared([AppendGroup("expiring", 0, [b"e%d-%d" % (a, i) for i in range(5)]),
+                                 AppendGroup("kept", 0, [b"k%d-%d" % (a, i) for i in range(5)])])[0].wal_uri
+           for a in range(2)]
+    _wait_older_than_grace(time.time())
+    report = run(spark, JobOptions(max_offsets=MAX_OFFSETS), config)
+    assert (report.retention_records, report.retention_entries, report.partitions_retained) == (10, 2, 1)
+    assert report.retention_bytes > 0 and json.loads(report.to_json())["retention_records"] == 10
+    assert "retention dropped 10 record(s)" in report.summary()
+    assert reader.offsets("expiring", 0) == (11, 10)  # empty now: the next offset written is 11
+    assert _values(reader, "kept", 0) == [b"k%d-%d" % (a, i) for a in range(2) for i in range(5)]  # compacted
+    assert set(old) <= _blobs(config, objects)  # GC read the references before the pass: next run
+    _wait_older_than_grace(time.time())
+    report = run(spark, JobOptions(max_offsets=MAX_OFFSETS), config)
+    assert report.retention_records == 0 and not set(old) & _blobs(config, objects)
+    assert writer.append("expiring", 0, [b"new"]).start_offset == 11
+    assert _values(reader, "kept", 0) == [b"k%d-%d" % (a, i) for a in range(2) for i in range(5)]
 
 
 def test_job_recovers_a_killed_compactor_and_skips_a_claimed_partition(spark, config, writer, reader):
@@ -212,6 +238,7 @@ def _llog(env, *args) -> subprocess.CompletedProcess:
 
 def test_llog_compact_and_gc_commands(cli_env, config, writer, reader, objects):
     values = [b"c/%d" % i for i in range(20)]
+    create_topic(writer.coordination, config.root_prefix, "cli", 2)
     for i in range(0, 20, 5):
         writer.append("cli", 0, values[i:i + 5])
     writer.append("cli", 1, [b"other"])
@@ -227,7 +254,8 @@ def test_llog_compact_and_gc_commands(cli_env, config, writer, reader, objects):
     assert again.returncode == 0, again.stderr
     assert json.loads(again.stdout) == {"topic": "cli", "partition": 0, "skipped_claimed": False, "recoveries": 0,
                                         "compactions": 0, "records": 0, "bytes": 0, "source_gets": 0,
-                                        "source_entries": 0}
+                                        "source_entries": 0, "log_start_offset": 1, "retention_records": 0,
+                                        "retention_entries": 0, "retention_bytes": 0}
 
     bad = _llog(cli_env, "compact", "cli", "0", "--max-runtime", "-1")
     assert bad.returncode == 2 and "argument --max-runtime: must be > 0" in bad.stderr
