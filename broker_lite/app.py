@@ -66,7 +66,7 @@ from llog.describe import describe_topic
 from llog.discovery import list_topics, topic_partitions
 from llog.errors import (
     EmptyAppend, InvalidOffset, InvalidPartition, InvalidPayload, InvalidTopicName, LlogError, PartitionNotInitialized,
-    TopicBeingDeleted, TopicNotFound, UnknownPartition,
+    TopicNotFound, UnknownPartition,
 )
 from llog.keys import TopicPartition, validate_group, validate_topic
 from llog.reader import LogReader
@@ -85,8 +85,6 @@ _BAD_INPUT = (InvalidTopicName, InvalidPartition, InvalidPayload, EmptyAppend, I
 _NOT_FOUND = (PartitionNotInitialized, TopicNotFound, UnknownPartition)
 #: A produce answers 404 when every group failed with one of these (docs/topics.md section 2).
 _NOTHING_THERE = frozenset(e.__name__ for e in _NOT_FOUND)
-#: The refusals a writer gives a group before reserving its offsets (``check_partitions``).
-_REFUSALS = (TopicBeingDeleted, TopicNotFound, UnknownPartition)
 BACKPRESSURE = "BackPressureRejected"
 ROLES = {"write": ("write",), "read": ("read",), "both": ("write", "read")}
 _GROUP_COMMIT = re.compile(r"^/groups/([^/]+)/commit$")
@@ -325,7 +323,6 @@ class BrokerApp:
         except _BAD_INPUT as e:
             self.metrics.produce_rejected()
             raise _Refused(400, type(e).__name__, str(e)) from None
-        outcomes = await self._own_refusals(groups, outcomes)
         results = [_result(g, o) for g, o in zip(groups, outcomes)]
         failed = [r for r in results if not r.ok]
         if failed and len(failed) == len(results) and all(r.error_type in _NOTHING_THERE for r in failed):
@@ -340,26 +337,6 @@ class BrokerApp:
                                       sum(payload_bytes(g.records) for g, _ in committed),
                                       [(g.topic, g.partition) for g, _ in committed])
         return (409 if failed else 200), ProduceResponse(results, len(results) - len(failed), len(failed)), []
-
-    async def _own_refusals(self, groups: list[AppendGroup], outcomes: list[Outcome]) -> list[Outcome]:
-        """``outcomes`` with each group's refusal its own. When the writer refuses every group of
-        a batch before reserving (docs/topics.md section 2: no such partition, topic being
-        deleted or not found), it raises the first group's error, and the group commit hands that
-        one error to every group of the batch; each group whose error names another topic or
-        partition is checked again here (the topic cache answers, so this is cheap), on the
-        failure path only."""
-        borrowed = [i for i, (g, o) in enumerate(zip(groups, outcomes))
-                    if isinstance(o, _REFUSALS) and not _names(o, g.topic, g.partition)]
-        if not borrowed:
-            return outcomes
-        partitions = [TopicPartition(groups[i].topic, groups[i].partition) for i in borrowed]
-        refused = await asyncio.to_thread(self.writer.check_partitions, partitions)
-        outcomes = list(outcomes)
-        for i, tp in zip(borrowed, partitions):
-            outcomes[i] = refused.get(tp) or NotWritten(
-                f"{tp} was not written: every group of the batch holding it was refused, the first with "
-                f"{type(outcomes[i]).__name__}: {outcomes[i]}; its own topic-partition accepts writes now: retry")
-        return outcomes
 
     @staticmethod
     def _unavailable(groups: list[AppendGroup], error_type: str, message: str, retry_after_s: int):
@@ -451,7 +428,7 @@ class BrokerApp:
         if record is None and not rows:
             raise _Refused(404, "TopicNotFound", f"topic {topic!r} has no topic record and no initialized partitions")
         count = record.partitions if record is not None else max(r.partition for r in rows) + 1
-        partitions = [PartitionSummary(r.partition, r.log_state, getattr(r, "log_start_offset", 1), r.high_watermark,
+        partitions = [PartitionSummary(r.partition, r.log_state, r.log_start_offset, r.high_watermark,
                                        r.index_entries, r.compacted_entries, r.bytes) for r in rows]
         summary = self._summary(topic, count, record)
         return TopicDescription(topic, partitions, count, summary.state, summary.topic_id, summary.config)
@@ -471,17 +448,6 @@ def _records(records: list) -> pa.BinaryArray | list[bytes]:
                                                [None, pa.py_buffer(offsets), pa.py_buffer(text.encode("ascii"))])
         return pa.array(records, type=pa.string()).view(pa.binary())
     return [r.encode() if isinstance(r, str) else r.base64 for r in records]
-
-
-class NotWritten(LlogError):
-    """A group not written because the batch holding it was refused for another group's
-    reason, while its own topic-partition accepts writes (a topic created or grown meanwhile):
-    retry."""
-
-
-def _names(error: LlogError, topic: str, partition: int) -> bool:
-    """Whether a refusal (``_REFUSALS``) is about ``topic`` (and ``partition``, if it names one)."""
-    return getattr(error, "topic", None) == topic and getattr(error, "partition", partition) == partition
 
 
 def _may_see(principal: Principal, topic: str) -> bool:

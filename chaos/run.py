@@ -19,8 +19,10 @@ from uuid import uuid4
 from chaos.actors import record_value
 from llog import local_stack
 from llog.config import Config
+from llog.coordination import Coordination
 from llog.gc import gc_pass
 from llog.reader import LogReader
+from llog.topics import create_topic
 from llog.writer import AppendGroup, LogWriter
 from tests.helpers.invariants import check_partition
 
@@ -231,6 +233,8 @@ def main(argv: list[str] | None = None) -> int:
             config = Config.load(env={}, settings_path=args.settings or stack_dir / "settings.json").replace(
                 root_prefix=f"chaos-{uuid4().hex[:8]}", gc_grace_ms=args.grace_ms, oxia_request_timeout_ms=2000,
                 oxia_session_timeout_ms=2000)
+            with Coordination(config) as coordination:  # the actors write to every partition of it
+                create_topic(coordination, config.root_prefix, TOPIC, args.partitions)
             run = Run(args, config, stack_dir, Path(tmp) / "run", random.Random(seed))
             (run.dir / "logs").mkdir(parents=True)
             roles = ([("writer", f"w{i}") for i in range(args.writers)]

@@ -15,7 +15,7 @@ import numpy as np
 import pyarrow as pa
 
 from llog.config import Config
-from llog.errors import ObjectNotFound, OffsetOutOfRange, PartitionNotInitialized
+from llog.errors import ObjectNotFound, OffsetOutOfRange, PartitionNotInitialized, TopicRecreated
 from llog.process_clients import log_reader
 from llog.reader import STREAM_CHUNK_BYTES, ReadRequest
 from llog_source.planning import LlogSplit, data_loss, removed_by_retention
@@ -54,6 +54,10 @@ def read_split(split: LlogSplit, config: Config, fail_on_data_loss: bool, includ
         except PartitionNotInitialized:
             data_loss(fail_on_data_loss, f"partition {where} no longer exists, so offsets {position}..{end} "
                                          "cannot be read", "skipping them")
+            return
+        except TopicRecreated:  # docs/topics.md section 2: the records being read are gone
+            data_loss(fail_on_data_loss, f"topic {split.topic!r} was deleted and created again while offsets "
+                                         f"{position}..{end} of {where} were read", "skipping them")
             return
         except OffsetOutOfRange as e:
             if e.below_start and e.log_start_offset > position:

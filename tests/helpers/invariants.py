@@ -24,6 +24,8 @@ class Snapshot:
     cursor: int
     entries: list[LocatedEntry]
     pending: PendingAppend | None
+    #: The first offset still in the log (docs/topics.md section 3).
+    log_start_offset: int = 1
 
     @property
     def high_watermark(self) -> int:
@@ -80,7 +82,7 @@ def check_partition(coordination: Coordination, root: str, topic: str, partition
         )
         covered = pending.end_offset
     assert covered == hw, f"{keys.tp}: index and pending cover {start}..{covered} but the high watermark is {hw}"
-    return Snapshot(keys.tp, control.sequence_counter, cursor, entries, pending)
+    return Snapshot(keys.tp, control.sequence_counter, cursor, entries, pending, start)
 
 
 def check_monotonic(before: Snapshot, after: Snapshot) -> None:

@@ -18,6 +18,7 @@ from jobs.llog_to_delta import FAILPOINTS, Job, main, parse_trigger, run
 from jobs.local_spark import local_spark
 from llog.consumer_groups import describe_group
 from llog.coordination import Coordination
+from llog.topics import create_topic
 from tests.helpers import driver_process
 
 PARTITIONS, APPENDS, RECORDS = 3, 5, 100        # 500 records per partition, 1,500 in all
@@ -38,6 +39,7 @@ def _fill(writer, topic: str, appends: int = APPENDS) -> list[tuple[str, int, in
     """``appends`` appends of RECORDS records to each of PARTITIONS partitions (binary values,
     not UTF-8); every record as ``(topic, partition, offset, value)``."""
     rows = []
+    create_topic(writer.coordination, writer.config.root_prefix, topic, PARTITIONS, if_not_exists=True)
     for a in range(appends):
         for p in range(PARTITIONS):
             values = [f"{topic}/{p}/{a}/{i}".encode() + b"\x00\xff" for i in range(RECORDS)]

@@ -25,7 +25,7 @@ from llog.topics import alter_topic, create_topic
 from llog.writer import AppendGroup, LogWriter
 from tests.helpers.invariants import check_partition
 from tests.helpers.retention import (
-    check_retained_partition, compacted_objects, entry_sizes, first_kept_by_size, index_entries, partition_keys,
+    compacted_objects, entry_sizes, first_kept_by_size, index_entries, partition_keys,
 )
 
 #: How far ahead the compactor's (and GC's) clock runs: entries written now are older than G.
@@ -96,7 +96,7 @@ def test_retention_by_time_moves_the_log_start_past_the_old_entries(config, writ
     assert reader.offsets("t", 0) == (10, 15)
     assert [e.start_offset for e in index_entries(c, keys)] == [10, 13]  # the old keys are deleted
     assert _cursor(writer, config, "t") == 10  # the compaction cursor moved to the start
-    check_retained_partition(c, root, "t", 0)
+    check_partition(c, root, "t", 0)
 
     with pytest.raises(OffsetOutOfRange, match=r"offset 5 of t\[0\] is out of range: offsets 1\.\.9 were removed "
                                                r"by retention; readable offsets are 10\.\.15") as e:
@@ -139,7 +139,7 @@ def test_retention_ms_is_measured_from_each_entry_and_kept_entries_stay(config, 
     done = _retain(writer, config, "t")
     assert (done.log_start_offset, done.retention_entries) == (3, 1)
     assert _values(reader, "t", 3) == [b"20-minutes"] * 2 + [b"5-minutes"] * 2
-    check_retained_partition(c, root, "t", 0)
+    check_partition(c, root, "t", 0)
 
 
 def test_entries_younger_than_the_grace_period_are_never_dropped(config, writer, reader):
@@ -161,7 +161,7 @@ def test_entries_younger_than_the_grace_period_are_never_dropped(config, writer,
     assert (done.log_start_offset, done.retention_records, done.retention_entries) == (7, 6, 2)
     assert reader.offsets("t", 0) == (7, 6)
     assert index_entries(c, partition_keys(root, "t", 0)) == []
-    check_retained_partition(c, root, "t", 0)
+    check_partition(c, root, "t", 0)
     with pytest.raises(OffsetOutOfRange, match=r"offsets 1\.\.6 were removed by retention; the partition holds "
                                                r"no records \(the next offset written is 7\)") as e:
         reader.read_range("t", 0, 1)
@@ -171,7 +171,7 @@ def test_entries_younger_than_the_grace_period_are_never_dropped(config, writer,
     assert list(reader.iter_from("t", 0, 7)) == []
     assert writer.append("t", 0, [b"after"]).start_offset == 7
     assert _values(reader, "t", 7) == [b"after"]
-    check_retained_partition(c, root, "t", 0)
+    check_partition(c, root, "t", 0)
 
 
 # --- by size -------------------------------------------------------------------------------------------
@@ -198,7 +198,7 @@ def test_retention_by_size_keeps_the_newest_entries_holding_at_least_retention_b
     assert sum(sizes[first:]) >= limit > sum(sizes[first + 1:])
     assert _values(reader, "t", first + 1) == values[first:]
     assert _retain(writer, config, "t").retention_records == 0  # what is left is needed to hold the limit
-    check_retained_partition(c, root, "t", 0)
+    check_partition(c, root, "t", 0)
 
     alter_topic(c, root, "t", set_config={"retention.bytes": sizes[-1]})  # exactly the last: the rest go
     assert _retain(writer, config, "t").log_start_offset == 6
@@ -206,7 +206,7 @@ def test_retention_by_size_keeps_the_newest_entries_holding_at_least_retention_b
     alter_topic(c, root, "t", set_config={"retention.bytes": 0})  # Kafka's rule: even the last goes
     assert _retain(writer, config, "t").log_start_offset == 7
     assert reader.offsets("t", 0) == (7, 6)
-    check_retained_partition(c, root, "t", 0)
+    check_partition(c, root, "t", 0)
 
 
 def test_retention_by_size_counts_compacted_objects_by_their_size(config, writer, reader):
@@ -241,7 +241,7 @@ def test_retention_by_size_counts_compacted_objects_by_their_size(config, writer
     assert [e.start_offset for e in index_entries(c, keys)] == [21, 41, 61]
     # The object stays until GC: retention only drops references.
     assert compacted_objects(writer.objects, keys) == objects_before
-    check_retained_partition(c, root, "t", 0)
+    check_partition(c, root, "t", 0)
 
 
 # --- readers alongside a pass ------------------------------------------------------------------------
@@ -395,7 +395,7 @@ def test_gc_after_retention_deletes_exactly_the_blobs_no_partition_references(co
     with pytest.raises(OffsetOutOfRange) as e:
         reader.read_range("ret", 0, 1)
     _below_start(e.value, 7)
-    check_retained_partition(c, root, "ret", 0)
+    check_partition(c, root, "ret", 0)
     check_partition(c, root, "keep", 0)
     assert gc_pass(c, writer.objects, root, config.gc_grace_ms, clock=ShiftedClock(AHEAD_S)).deleted == 0
 
@@ -426,7 +426,7 @@ def test_a_pass_that_stopped_after_moving_the_start_is_finished_by_the_next_comp
     assert (done.log_start_offset, done.retention_records, done.records) == (7, 0, 3)
     assert [(e.start_offset, e.entry.type) for e in index_entries(c, keys)] == [(7, COMPACTED), (10, WAL), (13, WAL)]
     assert _cursor(writer, config, "t") == 10
-    check_retained_partition(c, root, "t", 0)
+    check_partition(c, root, "t", 0)
     report = gc_pass(c, writer.objects, root, config.gc_grace_ms, clock=ShiftedClock(AHEAD_S))
     assert set(report.deleted_uris) == {blobs[3], blobs[6], blobs[9]}  # 7..9's WAL blob: compacted
     assert _values(reader, "t", 7) == old[6:] + young
@@ -445,7 +445,7 @@ def test_compaction_with_retention_starts_at_the_log_start(config, writer, reade
     assert [(e.start_offset, e.entry.type) for e in index_entries(c, partition_keys(root, "t", 0))] == [(10, COMPACTED)]
     assert _cursor(writer, config, "t") == 16
     assert _values(reader, "t", 10) == young
-    check_retained_partition(c, root, "t", 0)
+    check_partition(c, root, "t", 0)
 
 
 # --- consumer groups ---------------------------------------------------------------------------------
@@ -488,15 +488,9 @@ def test_the_invariants_hold_from_the_log_start_after_retention(config, writer):
     c, root = writer.coordination, config.root_prefix
     create_topic(c, root, "t", 1, {"retention.ms": 1000})
     _old_and_young(writer, config, "t")
-    before = check_retained_partition(c, root, "t", 0)
+    before = check_partition(c, root, "t", 0)
     _retain(writer, config, "t")
-    after = check_retained_partition(c, root, "t", 0)
+    after = check_partition(c, root, "t", 0)
     assert before.log_start_offset == 1 and after.log_start_offset == 10  # only forward
     assert after.sequence_counter == before.sequence_counter and after.cursor >= before.cursor
 
-
-def test_the_shared_invariant_checker_accepts_a_retained_partition(config, writer):
-    create_topic(writer.coordination, config.root_prefix, "t", 1, {"retention.ms": 1000})
-    _old_and_young(writer, config, "t")
-    _retain(writer, config, "t")
-    check_partition(writer.coordination, config.root_prefix, "t", 0)
