@@ -90,12 +90,6 @@ def subscription_offsets(coordination: Coordination, root: str, subscription: Su
     return partition_offsets(coordination, root, candidates)
 
 
-def _offsets(found: Mapping[TopicPartition, PartitionOffsets | int]) -> dict[TopicPartition, PartitionOffsets]:
-    """``found`` as :class:`PartitionOffsets`; a bare int (how the planner's unit tests give a
-    partition) is a high watermark whose log start is 1, a partition retention never moved."""
-    return {tp: o if isinstance(o, PartitionOffsets) else PartitionOffsets(1, o) for tp, o in found.items()}
-
-
 def check_subscription(subscription: Subscription, found: Found) -> None:
     """Named topics and assigned partitions must exist when a read starts (a pattern may match
     nothing yet)."""
@@ -113,7 +107,6 @@ def resolve_positions(name: str, spec: OffsetSpec, found: Found, fail_on_data_lo
     ``earliest`` (-2) is each partition's log start offset, ``latest`` (-1) its high watermark
     + 1. An offset past the end, or below the log start (removed by retention), is data loss:
     it fails, or (``failOnDataLoss=false``) is moved to the end or the log start."""
-    found = _offsets(found)
     if spec == "earliest":
         return {tp: o.earliest for tp, o in found.items()}
     if spec == "latest":
@@ -174,7 +167,6 @@ def advance(start: Positions, found: Found, fail_on_data_loss: bool,
     on from the log start) is data loss. ``target`` (``availableNow``) caps ``latest`` and
     excludes partitions that appeared after it was taken.
     """
-    found = _offsets(found)
     start = dict(start)
     for tp in [tp for tp in start if tp not in found]:
         data_loss(fail_on_data_loss, f"partition {tp} no longer exists", "dropping it from the query")

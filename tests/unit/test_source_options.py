@@ -7,6 +7,7 @@ import pytest
 from llog.keys import TopicPartition
 from llog_source.lag import behind_latest, offsets_behind_latest
 from llog_source.options import DEFAULT_MAX_RECORDS_PER_PARTITION, InvalidSourceOption, SourceOptions, Subscription
+from llog_source.planning import PartitionOffsets as O
 from llog_source.planning import (
     DataLossError, advance, cut, from_spark, rate_limit, resolve_positions, to_spark,
 )
@@ -99,7 +100,7 @@ def test_missing_connection_settings_are_named(monkeypatch):
 
 
 def test_resolve_positions():
-    found = {A0: 10, A1: 0}
+    found = {A0: O(1, 10), A1: O(1, 0)}
     assert resolve_positions("s", "earliest", found, True) == {A0: 1, A1: 1}
     assert resolve_positions("s", "latest", found, True) == {A0: 11, A1: 1}
     assert resolve_positions("s", {A0: -2, A1: -1}, found, True) == {A0: 1, A1: 1}
@@ -114,18 +115,32 @@ def test_resolve_positions():
 
 
 def test_advance_discovers_new_partitions_from_earliest_and_reports_data_loss():
-    start, latest = advance({A0: 4}, {A0: 9, A1: 3}, True)
+    start, latest = advance({A0: 4}, {A0: O(1, 9), A1: O(1, 3)}, True)
     assert start == {A0: 4, A1: 1} and latest == {A0: 10, A1: 4}
     with pytest.raises(DataLossError, match="partition a\\[1\\] no longer exists"):
-        advance({A0: 4, A1: 2}, {A0: 9}, True)
-    assert advance({A0: 4, A1: 2}, {A0: 9}, False) == ({A0: 4}, {A0: 10})
+        advance({A0: 4, A1: 2}, {A0: O(1, 9)}, True)
+    assert advance({A0: 4, A1: 2}, {A0: O(1, 9)}, False) == ({A0: 4}, {A0: 10})
     with pytest.raises(DataLossError, match="a\\[0\\] was at offset 20 but its high watermark is now 9"):
-        advance({A0: 20}, {A0: 9}, True)
-    assert advance({A0: 20}, {A0: 9}, False) == ({A0: 1}, {A0: 10})
+        advance({A0: 20}, {A0: O(1, 9)}, True)
+    assert advance({A0: 20}, {A0: O(1, 9)}, False) == ({A0: 1}, {A0: 10})
+
+
+def test_earliest_is_the_log_start_and_positions_below_it_are_data_loss():
+    """docs/topics.md section 3."""
+    found = {A0: O(6, 10), A1: O(4, 3)}  # a[1]: everything retained away, the next offset is 4
+    assert resolve_positions("s", "earliest", found, True) == {A0: 6, A1: 4}
+    assert resolve_positions("s", {A0: -2, A1: 4}, found, True) == {A0: 6, A1: 4}
+    with pytest.raises(DataLossError, match=r"offsets 2..5 of a\[0\] were removed by retention \(its log start offset is 6\)"):
+        resolve_positions("s", {A0: 2, A1: 4}, found, True)
+    assert resolve_positions("s", {A0: 2, A1: 4}, found, False) == {A0: 6, A1: 4}
+    assert advance({}, found, True) == ({A0: 6, A1: 4}, {A0: 11, A1: 4})  # new partitions start at their log start
+    with pytest.raises(DataLossError, match=r"offsets 3..5 of a\[0\] were removed by retention"):
+        advance({A0: 3}, found, True)
+    assert advance({A0: 3}, found, False)[0] == {A0: 6, A1: 4}
 
 
 def test_advance_with_an_available_now_target():
-    start, latest = advance({A0: 4}, {A0: 50, A1: 9, B0: 3}, True, target={A0: 21, A1: 5})
+    start, latest = advance({A0: 4}, {A0: O(1, 50), A1: O(1, 9), B0: O(1, 3)}, True, target={A0: 21, A1: 5})
     assert latest == {A0: 21, A1: 5}  # capped; b[0] appeared after the target was taken
     assert start == {A0: 4, A1: 1}
 
