@@ -196,12 +196,13 @@ def initialize_partitions(coordination: Coordination, root: str, record: TopicRe
     name: its keys go first. One without a ``topic_id`` is adopted."""
     keys = [PartitionKeys(root, TopicPartition(record.topic, p)) for p in partitions]
     for k, state in zip(keys, read_controls(coordination, keys)):
-        if state is not None and state.record.topic_id not in (None, record.topic_id):
+        if state is not None and state.record.topic_id in (None, record.topic_id):
+            continue  # this topic's already, or adopted as it is
+        if state is not None:
             log.warning("%s: meta/control belongs to an earlier topic of this name (topic_id %s, not %s); deleting "
                         "its keys before initializing it", k.tp, state.record.topic_id, record.topic_id)
             coordination.delete_range(*k.subtree, k.partition_key)
-        if state is None or state.record.topic_id != record.topic_id:
-            initialize_partition(coordination, k, record.topic_id)
+        initialize_partition(coordination, k, record.topic_id)
 
 
 # --- alter -------------------------------------------------------------------------------------------
