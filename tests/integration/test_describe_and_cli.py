@@ -7,6 +7,8 @@ import json
 import pytest
 
 from llog.cli import main
+from llog.clock import ShiftedClock
+from llog.compactor import Compactor
 from llog.control import initialize_partition
 from llog.describe import describe_topic
 from llog.discovery import list_topics, topic_partitions
@@ -112,3 +114,17 @@ def test_cli_topics_create_list_describe_alter_retention_delete(cli_env, config,
     assert main(["topics", "delete", "orders"]) == 1
     assert "topic 'orders' does not exist" in capsys.readouterr().err
     assert main(["topics", "delete", "orders", "--if-exists"]) == 0
+
+
+def test_cli_consume_starts_at_the_log_start_and_names_removed_offsets(cli_env, config, writer, capsys):
+    """docs/topics.md section 3: without --offset, consume reads from the log start offset."""
+    create_topic(writer.coordination, config.root_prefix, "kept", 1, {"retention.ms": 1000})
+    writer.append("kept", 0, [b"old-1", b"old-2"])
+    with Compactor(config, clock=ShiftedClock(3600)) as compactor:  # the entry is old now
+        assert compactor.retain_partition("kept", 0).log_start_offset == 3
+    writer.append("kept", 0, [b"new"])
+    capsys.readouterr()
+    assert main(["consume", "kept", "--print-offsets"]) == 0
+    assert capsys.readouterr().out == "3\tnew\n"
+    assert main(["consume", "kept", "--offset", "1"]) == 1
+    assert "offsets 1..2 were removed by retention; readable offsets are 3..3" in capsys.readouterr().err
