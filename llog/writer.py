@@ -265,7 +265,10 @@ class LogWriter(ClientUser):
                 error = next(iter(refused.values())) if len(refused) == 1 else AppendFailed(
                     [], {(tp.topic, tp.partition): e for tp, e in refused.items()})
                 if on_durable is not None:
-                    on_durable(error)
+                    try:
+                        on_durable(error)
+                    except Exception:  # noqa: BLE001 - the caller's problem, not the append's
+                        log.exception("on_durable callback failed")
                 raise error
         staged = _stage(self.objects, self.config, merged, self.clock, self._compression())
 
