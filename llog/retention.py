@@ -100,8 +100,7 @@ def apply_retention(coordination: Coordination, objects: ObjectStore, keys: Part
         by_size = retention_bytes >= 0 and left - size >= retention_bytes
         if not (by_time or by_size):
             break
-        reasons |= {"time"} if by_time else set()
-        reasons |= {"size"} if by_size and not by_time else set()
+        reasons.add("time" if by_time else "size")
         dropped.append(located)
         left -= size
     if not dropped:
@@ -115,7 +114,8 @@ def apply_retention(coordination: Coordination, objects: ObjectStore, keys: Part
     done.log_start_offset = new_start
     done.records = new_start - start
     done.entries = len(dropped)
-    done.bytes = sum(size for size, _ in zip(sizes, dropped))
+    # Sizes were only counted exactly for the size rule; otherwise a compacted object's is listed now.
+    done.bytes = sum(sizes[:len(dropped)]) if retention_bytes >= 0 else sum(_entry_bytes(objects, keys, dropped))
     done.reasons = tuple(sorted(reasons))
     log.info("%s: retention (%s) dropped offsets %d..%d (%d entries, %d bytes); log start offset is now %d",
              keys.tp, "+".join(done.reasons), start, new_start - 1, done.entries, done.bytes, new_start)

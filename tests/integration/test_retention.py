@@ -494,3 +494,17 @@ def test_the_invariants_hold_from_the_log_start_after_retention(config, writer):
     assert before.log_start_offset == 1 and after.log_start_offset == 10  # only forward
     assert after.sequence_counter == before.sequence_counter and after.cursor >= before.cursor
 
+
+
+def test_a_compacted_entry_dropped_by_time_counts_its_object_size(config, writer):
+    """The pass reports the bytes it dropped; a compacted entry's are its object's size."""
+    c, root = writer.coordination, config.root_prefix
+    create_topic(c, root, "t", 1, {"retention.ms": 1000})
+    for i in range(3):
+        writer.append("t", 0, [b"r%d" % i] * 4)
+    with _compactor(writer, config) as compactor:
+        assert compactor.compact_partition("t", 0).compactions == 1
+    keys = partition_keys(root, "t", 0)
+    [size] = compacted_objects(writer.objects, keys).values()
+    done = _retain(writer, config, "t")
+    assert (done.log_start_offset, done.retention_entries, done.retention_bytes) == (13, 1, size)
