@@ -54,6 +54,6 @@ setup(
     },
     # The S3 price table `llog topics describe` estimates costs with (llog/pricing.py finds it
     # in <prefix>/share/llog when installed, in conf/ in a checkout).
-    data_files=[("share/llog", ["conf/s3_prices.json"])],
+    data_files=[("share/llog", ["conf/s3_prices.json", "conf/llog.example.toml"])],
     entry_points={"console_scripts": ["llog=llog.cli:main"]},
 )

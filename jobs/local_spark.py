@@ -1,38 +1,58 @@
 """A local SparkSession for the demo, benchmarks and tests: this Python on the driver and the
 workers, loopback only, the checkout importable by the workers.
 
+Its Spark settings are in ``conf/spark-defaults.conf`` (:data:`SPARK_DEFAULTS`, read at every
+start by :func:`spark_defaults`): logging through ``conf/log4j2.properties``, the Delta jar and
+how Ivy fetches it (``conf/ivysettings.xml``). This module keeps only what cannot be in that
+file: the environment the JVM must start with, and the master (``local[cores,task_retries]``).
+
 Jobs take theirs from :func:`job_spark`: the cluster's session when Spark started the process
 (``spark-submit``, a Databricks task), else this local one.
 
-With ``delta=True`` the session can read and write Delta tables: the Delta jar
-(:data:`DELTA_PACKAGE`) and its dependencies are resolved by Spark's Ivy from Maven Central into
-``.cache/ivy`` of the checkout (git-ignored) the first time, and taken from there afterwards.
+With ``delta=True`` the session can read and write Delta tables. The first time, Spark's Ivy
+resolves the Delta jar (``spark.jars.packages``) and its dependencies from Maven Central into
+``.cache/ivy`` of the checkout (``spark.jars.ivy``, git-ignored); which jars it retrieved is
+written next to them (:data:`RESOLVED_JARS_FILE`). Later sessions load those jars directly as
+``spark.jars``: no network, no Ivy run, and none of the ~20 lines Ivy prints on every resolution
+(its console logger is fixed at INFO; nothing in Spark or Ivy's settings turns it off).
 """
 
 from __future__ import annotations
 
+import json
 import os
+import re
 import sys
 from pathlib import Path
+from urllib.parse import unquote, urlparse
+
+from llog.errors import ConfigError
 
 CHECKOUT = Path(__file__).resolve().parents[1]
-#: Where Spark's Ivy keeps the Delta jar and its dependencies (``spark.jars.ivy``).
-IVY_DIR = CHECKOUT / ".cache" / "ivy"
-_DELTA_EXTENSION = "io.delta.sql.DeltaSparkSessionExtension"
-#: The Delta jar for pyspark 4.2 (the artifact name carries Spark's major.minor and Scala's
-#: version, as in ``delta.configure_spark_with_delta_pip``). It is 4.4.0, not the 4.4.1 of the
-#: pinned ``delta-spark`` Python package: Maven Central has no 4.4.1 jar (the Python package
-#: only wraps the jar's classes, and this code uses none of its API).
-DELTA_PACKAGE = "io.delta:delta-spark_4.2_2.13:4.4.0"
+#: The local session's Spark settings, in Spark's ``key  value`` format (conf/README.md).
+SPARK_DEFAULTS = CHECKOUT / "conf" / "spark-defaults.conf"
+#: The settings of :data:`SPARK_DEFAULTS` that only a Delta session takes (a key equal to one of
+#: these or below it): the jar and how Ivy fetches it, Delta's SQL extension and catalog, and
+#: Delta's own settings. A session without Delta gets none of them (the extension and catalog
+#: would fail without the jar).
+DELTA_KEYS = ("spark.jars.", "spark.sql.extensions", "spark.sql.catalog.spark_catalog", "spark.databricks.delta.",
+              "spark.delta.")
+#: In the ``spark.jars.ivy`` directory: the jars Ivy retrieved for the ``spark.jars.*`` settings
+#: it resolved, relative to that directory (JSON), so the next session need not run Ivy.
+RESOLVED_JARS_FILE = "llog-resolved-jars.json"
+#: A class of the Delta jar: whether a running JVM has it.
+_DELTA_PROBE_CLASS = "io.delta.sql.DeltaSparkSessionExtension"
+_PLACEHOLDER = re.compile(r"\{(\w+)\}")
 
 
 def local_spark(app: str, cores: int = 2, task_retries: int = 1, delta: bool = False):
-    """``local[cores,task_retries]`` with a small footprint; the env is set before the JVM starts.
+    """``local[cores,task_retries]`` with the settings of :data:`SPARK_DEFAULTS`; the env is set
+    before the JVM starts.
 
-    ``delta=True`` adds the Delta jar (:data:`DELTA_PACKAGE` as ``spark.jars.packages``, cached
-    in :data:`IVY_DIR`), its SQL extension and its catalog. Jars are only loaded when the JVM
-    starts: if this process already runs a Spark JVM without Delta (a session made earlier with
-    ``delta=False``), that JVM is stopped and a new one started.
+    ``delta=True`` adds the Delta settings (:data:`DELTA_KEYS`): the jar, its SQL extension and
+    its catalog. Jars are only loaded when the JVM starts: if this process already runs a Spark
+    JVM without Delta (a session made earlier with ``delta=False``), that JVM is stopped and a
+    new one started.
     """
     os.environ["PYSPARK_PYTHON"] = sys.executable
     os.environ["PYSPARK_DRIVER_PYTHON"] = sys.executable
@@ -40,22 +60,117 @@ def local_spark(app: str, cores: int = 2, task_retries: int = 1, delta: bool = F
     os.environ["PYTHONPATH"] = os.pathsep.join(p for p in (str(CHECKOUT), os.environ.get("PYTHONPATH")) if p)
     from pyspark.sql import SparkSession
 
-    builder = (SparkSession.builder.master(f"local[{cores},{task_retries}]").appName(app)
-               .config("spark.ui.enabled", "false")
-               .config("spark.ui.showConsoleProgress", "false")
-               .config("spark.sql.shuffle.partitions", str(cores))
-               .config("spark.driver.memory", "1g")
-               .config("spark.sql.streaming.stopTimeout", "30s"))
+    settings = spark_defaults(cores=cores, delta=delta)
+    jars = None
     if delta:
         _stop_jvm_without_delta()
-        IVY_DIR.mkdir(parents=True, exist_ok=True)
-        builder = (builder.config("spark.jars.packages", DELTA_PACKAGE)
-                   .config("spark.jars.ivy", str(IVY_DIR))
-                   .config("spark.sql.extensions", _DELTA_EXTENSION)
-                   .config("spark.sql.catalog.spark_catalog", "org.apache.spark.sql.delta.catalog.DeltaCatalog")
-                   # The log's state is rebuilt in this many tasks (default 50: slow for small tables).
-                   .config("spark.databricks.delta.snapshotPartitions", str(cores)))
-    return builder.getOrCreate()
+        if "spark.jars.ivy" in settings:
+            Path(settings["spark.jars.ivy"]).mkdir(parents=True, exist_ok=True)
+        jars = resolved_jars(settings)
+    builder = SparkSession.builder.master(f"local[{cores},{task_retries}]").appName(app)
+    for key, value in (with_resolved_jars(settings, jars) if jars else settings).items():
+        builder = builder.config(key, value)
+    spark = builder.getOrCreate()
+    if delta and jars is None and "spark.jars.packages" in settings and "spark.jars.ivy" in settings:
+        record_resolved_jars(settings, spark.sparkContext.getConf().get("spark.jars", ""))
+    return spark
+
+
+def spark_defaults(cores: int = 2, delta: bool = False, path: Path = SPARK_DEFAULTS) -> dict[str, str]:
+    """The settings of a local session from ``path``: ``{checkout}`` and ``{cores}`` filled in,
+    and without :data:`DELTA_KEYS` unless ``delta``."""
+    settings = read_spark_conf(path, {"checkout": str(CHECKOUT), "cores": str(cores)})
+    return settings if delta else {k: v for k, v in settings.items() if not is_delta_key(k)}
+
+
+def is_delta_key(key: str) -> bool:
+    """Whether ``key`` is one of :data:`DELTA_KEYS` or below one of them."""
+    return any(key == k or key.startswith(k if k.endswith(".") else k + ".") for k in DELTA_KEYS)
+
+
+def read_spark_conf(path: Path, placeholders: dict[str, str]) -> dict[str, str]:
+    """Parse a file in the format of Spark's ``spark-defaults.conf``: ``key  value`` lines (blanks,
+    ``=`` or ``:`` between them; the value trimmed, as Spark does), blank lines and ``#`` or ``!``
+    comments. ``{name}`` in a value is replaced by ``placeholders[name]``.
+
+    Stricter than Java's properties format where a laxer reading would hide a mistake: a key
+    without a value, a key given twice, a continued line (trailing ``\\``) and an unknown
+    placeholder are each a :class:`ConfigError` naming the file and the line.
+    """
+    try:
+        lines = path.read_text(encoding="utf-8").splitlines()
+    except OSError as e:
+        raise ConfigError(f"cannot read Spark settings file {path}: {e}") from None
+    settings: dict[str, str] = {}
+    for number, raw in enumerate(lines, 1):
+        line = raw.strip()
+        if not line or line.startswith(("#", "!")):
+            continue
+        where = f"{path}, line {number}"
+        if line.endswith("\\"):
+            raise ConfigError(f"{where}: continued lines (a trailing '\\') are not supported: {line!r}")
+        match = re.fullmatch(r"([^\s=:]+)(?:\s*[=:]\s*|\s+)(.*)", line)
+        if match is None or not match.group(2):
+            raise ConfigError(f"{where}: expected 'key  value', got {line!r}")
+        key, value = match.groups()
+        if key in settings:
+            raise ConfigError(f"{where}: {key} is set twice")
+        unknown = sorted(set(_PLACEHOLDER.findall(value)) - set(placeholders))
+        if unknown:
+            raise ConfigError(f"{where}: unknown placeholder(s) {', '.join('{' + u + '}' for u in unknown)} "
+                              f"in {key}; known: {', '.join('{' + p + '}' for p in sorted(placeholders))}")
+        settings[key] = _PLACEHOLDER.sub(lambda m: placeholders[m.group(1)], value)
+    return settings
+
+
+def _resolution_key(settings: dict[str, str]) -> dict[str, str]:
+    """What Ivy's result depends on: every ``spark.jars.*`` setting but the cache's place."""
+    return {k: v for k, v in sorted(settings.items()) if k.startswith("spark.jars.") and k != "spark.jars.ivy"}
+
+
+def resolved_jars(settings: dict[str, str]) -> list[Path] | None:
+    """The jars an earlier session's Ivy retrieved for the same ``spark.jars.*`` settings, as
+    :data:`RESOLVED_JARS_FILE` in ``spark.jars.ivy`` lists them, if they are all still there;
+    else None (there is nothing to resolve, or Ivy must)."""
+    if "spark.jars.packages" not in settings or "spark.jars.ivy" not in settings:
+        return None
+    ivy_dir = Path(settings["spark.jars.ivy"])
+    try:
+        recorded = json.loads((ivy_dir / RESOLVED_JARS_FILE).read_text())
+        jars = [ivy_dir / name for name in recorded["jars"]]
+        if recorded["resolved_for"] == _resolution_key(settings) and jars and all(j.is_file() for j in jars):
+            return jars
+    except (OSError, ValueError, KeyError, TypeError):
+        pass  # none yet, or unreadable: Ivy resolves and the file is written again
+    return None
+
+
+def with_resolved_jars(settings: dict[str, str], jars: list[Path]) -> dict[str, str]:
+    """``settings`` with the ``spark.jars.*`` settings replaced by ``jars`` (added to ``spark.jars``).
+    All of ``spark.jars.*`` go, not only the packages: Spark loads ``spark.jars.ivySettings`` (and
+    Ivy prints that it did) whether or not there is anything to resolve."""
+    loaded = {k: v for k, v in settings.items() if not k.startswith("spark.jars.")}
+    loaded["spark.jars"] = ",".join([*filter(None, [settings.get("spark.jars")]), *map(str, jars)])
+    return loaded
+
+
+def record_resolved_jars(settings: dict[str, str], spark_jars: str) -> list[str]:
+    """Write :data:`RESOLVED_JARS_FILE`: of a session's ``spark.jars`` (comma-separated URIs or
+    paths), those Ivy retrieved (in ``<spark.jars.ivy>/jars``), for its ``spark.jars.*`` settings.
+    Returns them, relative to ``spark.jars.ivy``; writes nothing when there are none."""
+    ivy_dir = Path(settings["spark.jars.ivy"]).resolve()
+    retrieved = []
+    for uri in filter(None, spark_jars.split(",")):
+        path = Path(unquote(urlparse(uri).path)).resolve()
+        if path.parent == ivy_dir / "jars" and path.is_file():
+            retrieved.append(path.relative_to(ivy_dir).as_posix())
+    if retrieved:
+        target = ivy_dir / RESOLVED_JARS_FILE
+        partial = target.with_name(f"{target.name}.{os.getpid()}.tmp")
+        partial.write_text(json.dumps({"resolved_for": _resolution_key(settings), "jars": retrieved}, indent=1)
+                           + "\n")
+        os.replace(partial, target)  # atomic: a session starting meanwhile reads the old file or the new one
+    return retrieved
 
 
 def launched_by_spark() -> bool:
@@ -84,7 +199,7 @@ def _stop_jvm_without_delta() -> None:
     gateway = SparkContext._gateway
     if gateway is None:
         return
-    if gateway.jvm.org.apache.spark.util.Utils.classIsLoadable(_DELTA_EXTENSION):
+    if gateway.jvm.org.apache.spark.util.Utils.classIsLoadable(_DELTA_PROBE_CLASS):
         return
     active = SparkSession.getActiveSession()
     if active is not None:

@@ -1,23 +1,35 @@
-"""Configuration: one immutable :class:`Config`, built from options, environment and settings file.
+"""Configuration: one immutable :class:`Config`, built from options, environment and settings files.
 
 Where a value comes from, first match wins:
 
 1. ``options`` passed by the caller (the Spark connectors pass their ``llog.*`` options),
 2. ``LLOG_*`` environment variables,
-3. the local stack's settings file (``llog stack up`` writes it; see :func:`settings_file`),
-4. ``AWS_*`` fallbacks for S3 credentials and region,
-5. the defaults below.
+3. the TOML file ``$LLOG_CONFIG_FILE`` names, if set (a deployment's settings; keys are the
+   ``LLOG_*`` names; ``conf/llog.example.toml`` lists them all: :func:`example_toml`),
+4. the local stack's settings file (``llog stack up`` writes it; see :func:`settings_file`),
+5. ``AWS_*`` fallbacks for S3 credentials and region,
+6. the defaults below.
 
 Option keys may be the environment name (``LLOG_S3_BUCKET``) or ``llog.`` plus the field name
-with dots or underscores (``llog.s3.bucket``, ``llog.s3_bucket``).
+with dots or underscores (``llog.s3.bucket``, ``llog.s3_bucket``). In every layer an empty value
+counts as unset.
+
+``python -m llog.config example`` prints the example TOML file (every setting, its default and
+meaning, taken from the ``#:`` comments of :class:`Config`).
 """
 
 from __future__ import annotations
 
+import argparse
 import dataclasses
 import functools
+import inspect
 import json
 import os
+import re
+import sys
+import textwrap
+import tomllib
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -62,7 +74,10 @@ ENV_NAMES: dict[str, str] = {
     "retention_bytes": "LLOG_RETENTION_BYTES",
 }
 
-#: AWS's own names, used when neither options, LLOG_* nor the settings file set a value.
+#: The environment variable naming a TOML settings file (module doc, layer 3).
+CONFIG_FILE_ENV = "LLOG_CONFIG_FILE"
+
+#: AWS's own names, used when neither options, LLOG_* nor the settings files set a value.
 AWS_FALLBACKS: dict[str, tuple[str, ...]] = {
     "s3_region_name": ("AWS_REGION", "AWS_DEFAULT_REGION"),
     "s3_access_key_id": ("AWS_ACCESS_KEY_ID",),
@@ -112,18 +127,35 @@ def settings_file() -> Path:
 class Config:
     """Connection and tuning settings shared by every llog component."""
 
+    #: Oxia's service address, ``host:port`` (every component that reads or writes a log needs it).
     oxia_service_address: str | None = None
+    #: The Oxia namespace that holds llog's keys.
     oxia_namespace: str = "default"
+    #: Prefix of llog's keys in Oxia and of its objects in the bucket, so several deployments can
+    #: share both; no leading or trailing ``/``.
     root_prefix: str = "llog"
+    #: Timeout of a client's Oxia session (2000..300000), which holds its ephemeral claims: they
+    #: vanish this long after the client stops heartbeating (it crashed, say).
     oxia_session_timeout_ms: int = 30_000
     #: Deadline of one Oxia request; the client library has none of its own.
     oxia_request_timeout_ms: int = 10_000
+    #: How this process names itself in its Oxia sessions and in compactor ids; unset: the Oxia
+    #: client picks a name, and compactors use the host name.
     client_identifier: str | None = None
+    #: The bucket of WAL blobs and compacted objects (every component that reads or writes a log
+    #: needs it).
     s3_bucket: str | None = None
+    #: The S3 endpoint, e.g. ``http://127.0.0.1:8333`` for the local stack's SeaweedFS; unset: AWS
+    #: S3 in the region below.
     s3_endpoint_url: str | None = None
+    #: The bucket's region (also the one whose S3 prices ``llog topics describe`` uses).
     s3_region_name: str = "us-east-1"
+    #: S3 credentials; if neither this nor its AWS fallback is set: boto3's own chain (an
+    #: instance or task role, ``~/.aws``, ...).
     s3_access_key_id: str | None = None
+    #: The secret of the access key above.
     s3_secret_access_key: str | None = field(default=None, repr=False)
+    #: The session token of temporary credentials.
     s3_session_token: str | None = field(default=None, repr=False)
     #: Attempts per S3 request (botocore's standard retry mode).
     s3_max_attempts: int = 5
@@ -174,10 +206,13 @@ class Config:
     #: Writers (the sink, the broker) create a topic that has no record on first use, with
     #: ``default_partitions`` partitions (Kafka's ``auto.create.topics.enable``, ``num.partitions``).
     auto_create_topics: bool = True
+    #: Partitions of a topic created on first use (above).
     default_partitions: int = 1
-    #: Retention of a topic without its own ``retention.ms`` / ``retention.bytes`` (Kafka's
-    #: ``log.retention.ms``, 7 days, and ``log.retention.bytes``); -1: no limit.
+    #: Retention of a topic without its own ``retention.ms`` (Kafka's ``log.retention.ms``):
+    #: records older than this are dropped; -1: no limit.
     retention_ms: int = 7 * 24 * 3600 * 1000
+    #: Retention of a topic without its own ``retention.bytes`` (Kafka's ``log.retention.bytes``):
+    #: the oldest records of a partition are dropped while it holds more; -1: no limit.
     retention_bytes: int = -1
 
     def __post_init__(self) -> None:
@@ -232,11 +267,12 @@ class Config:
         env: Mapping[str, str] | None = None,
         settings_path: Path | str | None = None,
     ) -> "Config":
-        """Build a config from options, environment, settings file and defaults (module doc)."""
+        """Build a config from options, environment, settings files and defaults (module doc)."""
         env = os.environ if env is None else env
         layers = [
             _from_options(options or {}),
             {f: env[n] for f, n in ENV_NAMES.items() if env.get(n)},
+            read_config_file(Path(env[CONFIG_FILE_ENV]).expanduser()) if env.get(CONFIG_FILE_ENV) else {},
             _read_settings_file(Path(settings_path) if settings_path else settings_file()),
             {f: env[n] for f, names in AWS_FALLBACKS.items() for n in reversed(names) if env.get(n)},
         ]
@@ -255,8 +291,8 @@ class Config:
         if missing:
             raise ConfigError(
                 "missing llog settings: " + ", ".join(missing)
-                + f" (set them as environment variables, pass them as llog.* options, "
-                f"or run `llog stack up`, which writes {settings_file()})"
+                + f" (set them as environment variables, pass them as llog.* options, put them in "
+                f"the TOML file ${CONFIG_FILE_ENV} names, or run `llog stack up`, which writes {settings_file()})"
             )
         return self
 
@@ -329,6 +365,51 @@ def _read_settings_file(path: Path) -> dict[str, Any]:
     return {f: raw[n] for f, n in ENV_NAMES.items() if raw.get(n) not in (None, "")}
 
 
+def read_config_file(path: Path) -> dict[str, Any]:
+    """The settings of a TOML file (:data:`CONFIG_FILE_ENV`), by field name: top-level keys that
+    are ``LLOG_*`` names, with values of the field's TOML type (a string, an integer, a float or
+    an integer, a boolean); an empty string counts as unset. The file must exist, as someone named
+    it. Anything else, and a value :class:`Config` refuses, is a :class:`ConfigError` naming the
+    file and the key."""
+    try:
+        with path.open("rb") as f:
+            raw = tomllib.load(f)
+    except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError) as e:
+        raise ConfigError(f"cannot read llog config file {path} (${CONFIG_FILE_ENV}): {e}") from None
+    fields = {n: f for f, n in ENV_NAMES.items()}
+    types = {f.name: f.type for f in dataclasses.fields(Config)}
+    values = {}
+    for key, value in raw.items():
+        name = fields.get(key)
+        if name is None:
+            hint = fields.get(key.upper()) or fields.get("LLOG_" + key.upper().replace(".", "_"))
+            raise ConfigError(f"llog config file {path}: unknown key {key!r}"
+                              + (f" (keys are LLOG_* names: did you mean {ENV_NAMES[hint]}?)" if hint else
+                                 f"; known keys: {', '.join(ENV_NAMES.values())}"))
+        if value == "":
+            continue
+        if not _has_toml_type(value, types[name]):
+            raise ConfigError(f"llog config file {path}: {key} = {value!r} must be a TOML "
+                              + {"int": "integer", "float": "number", "bool": "boolean (true or false)"}
+                              .get(types[name], "string"))
+        values[name] = float(value) if types[name] == "float" else value
+    try:
+        Config(**values)  # the file's values alone: so a refusal names the file
+    except ConfigError as e:
+        raise ConfigError(f"llog config file {path}: {e}") from None
+    return values
+
+
+def _has_toml_type(value: Any, kind: str) -> bool:
+    if kind == "bool":
+        return isinstance(value, bool)
+    if kind == "int":
+        return isinstance(value, int) and not isinstance(value, bool)
+    if kind == "float":
+        return isinstance(value, (int, float)) and not isinstance(value, bool)
+    return isinstance(value, str)
+
+
 def _bool(value: Any) -> bool:
     if isinstance(value, bool):
         return value
@@ -355,3 +436,91 @@ def _coerce(values: dict[str, Any]) -> dict[str, Any]:
         except (TypeError, ValueError):
             raise ConfigError(f"{ENV_NAMES[name]}={value!r} is not a valid {kind}") from None
     return out
+
+
+# --- documentation --------------------------------------------------------------------------------
+
+
+def field_docs() -> dict[str, str]:
+    """Each :class:`Config` field's documentation: the ``#:`` comment lines right above it in
+    this module's source (the convention Sphinx reads too), joined into one paragraph."""
+    names = {f.name for f in dataclasses.fields(Config)}
+    docs: dict[str, str] = {}
+    comment: list[str] = []
+    for line in inspect.getsource(Config).splitlines():
+        text = line.strip()
+        if text.startswith("#:"):
+            comment.append(text[2:].strip())
+            continue
+        declared = re.match(r"(\w+)\s*:", text)
+        if declared and declared.group(1) in names and comment:
+            docs[declared.group(1)] = " ".join(comment)
+        comment = []
+    return docs
+
+
+def _toml_value(value: Any) -> str:
+    if value is None:
+        return '""'
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, int):
+        return f"{value:_}" if abs(value) >= 10_000 else str(value)
+    if isinstance(value, float):
+        return repr(value)
+    return json.dumps(value, ensure_ascii=False)  # a JSON string is a TOML basic string
+
+
+def example_toml() -> str:
+    """A TOML settings file listing every setting, commented out at its default, with its
+    meaning (:func:`field_docs`); loaded unchanged, or with every line uncommented, it gives
+    ``Config()``. ``conf/llog.example.toml`` is this text."""
+    docs = field_docs()
+    out = [
+        "# llog settings: every LLOG_* setting, commented out at its default, with its meaning.",
+        "#",
+        "# GENERATED from llog/config.py (the #: comments of Config) by",
+        "#     python -m llog.config example > conf/llog.example.toml",
+        "# Do not edit it here: change llog/config.py and generate it again (a unit test compares them).",
+        "#",
+        f"# To use it, copy it, uncomment and change what you need, and point ${CONFIG_FILE_ENV} at the copy.",
+        "# Keys are the LLOG_* names (as in the environment); values are TOML strings, integers, floats",
+        '# or booleans; "" means unset. An unknown key or a bad value is an error naming this file and',
+        "# the key. The file may hold secrets (LLOG_S3_SECRET_ACCESS_KEY): keep it private.",
+        "#",
+        "# Where a setting comes from, first match wins: llog.* options of a Spark query, LLOG_*",
+        f"# environment variables, this file (${CONFIG_FILE_ENV}), the local stack's settings file",
+        "# (`llog stack up`), AWS_* fallbacks (region and credentials), the default.",
+    ]
+    for f in dataclasses.fields(Config):
+        # A field named in a doc is named as in this file.
+        doc = re.sub(r"``(\w+)``", lambda m: f"`{ENV_NAMES.get(m.group(1), m.group(1))}`", docs.get(f.name, ""))
+        doc = doc.replace("``", "`")
+        fallbacks = AWS_FALLBACKS.get(f.name)
+        if fallbacks:
+            doc += f" If no llog layer sets it: ${', else $'.join(fallbacks)}."
+        if f.default is None and "unset:" not in doc.lower():
+            doc += " Default: unset."
+        out.append("")
+        out.extend(textwrap.wrap(doc, width=98, initial_indent="# ", subsequent_indent="# ",
+                                 break_on_hyphens=False))
+        out.append(f"# {ENV_NAMES[f.name]} = {_toml_value(f.default)}")
+    return "\n".join(out) + "\n"
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m llog.config", description="llog's settings.")
+    commands = parser.add_subparsers(dest="command", required=True)
+    commands.add_parser("example", help="print a TOML settings file with every setting at its default "
+                                        "(conf/llog.example.toml)")
+    parser.parse_args(argv)
+    sys.stdout.write(example_toml())
+    return 0
+
+
+if __name__ == "__main__":
+    # `python -m llog.config` runs this file as __main__, a second copy of the module (llog's
+    # __init__ imported the first): run the first's main, so there is one Config class.
+    from llog.config import main as _main
+
+    sys.exit(_main())

@@ -1,4 +1,4 @@
-"""Config precedence and validation. Never reads the real environment or settings file."""
+"""Config precedence and validation. Never reads the real environment or settings files."""
 
 from __future__ import annotations
 
@@ -8,22 +8,28 @@ from pathlib import Path
 
 import pytest
 
-from llog.config import ENV_NAMES, Config
+from llog.config import CONFIG_FILE_ENV, ENV_NAMES, Config, example_toml, field_docs
 from llog.errors import ConfigError
 
 
 @pytest.fixture
 def load(tmp_path: Path):
-    """``load(options, env, settings)``: Config.load with an explicit env and a private settings
-    file (absent unless ``settings`` is given)."""
+    """``load(options, env, settings, toml)``: Config.load with an explicit env, a private settings
+    file (absent unless ``settings`` is given) and, when ``toml`` (the text) is given, a TOML
+    config file that ``LLOG_CONFIG_FILE`` in the env names."""
 
-    def _load(options: dict | None = None, env: dict | None = None, settings: dict | None = None) -> Config:
+    def _load(options: dict | None = None, env: dict | None = None, settings: dict | None = None,
+              toml: str | None = None) -> Config:
         path = tmp_path / "settings.json"
         if settings is None:
             path.unlink(missing_ok=True)
         else:
             path.write_text(json.dumps(settings))
-        return Config.load(options=options, env=env or {}, settings_path=path)
+        env = dict(env or {})
+        if toml is not None:
+            (tmp_path / "llog.toml").write_text(toml)
+            env[CONFIG_FILE_ENV] = str(tmp_path / "llog.toml")
+        return Config.load(options=options, env=env, settings_path=path)
 
     return _load
 
@@ -38,7 +44,7 @@ def test_defaults(load):
 # --- precedence ----------------------------------------------------------------------------------
 
 # One value per layer; each case removes the layers above the expected winner.
-LAYERS = ["option", "env", "settings", "aws"]
+LAYERS = ["option", "env", "file", "settings", "aws"]
 
 
 @pytest.mark.parametrize("top", range(len(LAYERS)))
@@ -49,6 +55,7 @@ def test_secret_precedence(load, top):
         env={**({"LLOG_S3_SECRET_ACCESS_KEY": "from-env"} if "env" in present else {}),
              **({"AWS_SECRET_ACCESS_KEY": "from-aws"} if "aws" in present else {})},
         settings={"LLOG_S3_SECRET_ACCESS_KEY": "from-settings"} if "settings" in present else None,
+        toml='LLOG_S3_SECRET_ACCESS_KEY = "from-file"\n' if "file" in present else None,
     )
     assert config.s3_secret_access_key == f"from-{LAYERS[top]}"
 
@@ -129,7 +136,9 @@ def test_every_field_has_an_option_and_env_name(load, field_name, env_name):
     if field_name == "topic_config":  # JSON of topic -> settings
         raw = expected = '{"t": {"compression.type": "lz4"}}'
     dotted = "llog." + field_name.replace("_", ".")
-    for config in (load(options={dotted: raw}), load(env={env_name: raw}), load(settings={env_name: raw})):
+    typed = json.dumps(expected) if kind in ("int", "float", "bool") else json.dumps(raw)  # JSON: TOML here
+    for config in (load(options={dotted: raw}), load(env={env_name: raw}), load(settings={env_name: raw}),
+                   load(toml=f"{env_name} = {typed}\n")):
         assert getattr(config, field_name) == expected
 
 
@@ -317,3 +326,96 @@ def test_auto_create_topics_reads_booleans(load, raw, expected):
 def test_topic_defaults_are_checked(load, env, problem):
     with pytest.raises(ConfigError, match=re.escape(problem)):
         load(env=env)
+
+
+# --- TOML config file ($LLOG_CONFIG_FILE) ----------------------------------------------------------
+
+
+def test_config_file_sits_between_env_and_settings_file(load):
+    toml = 'LLOG_S3_BUCKET = "file-bucket"\nLLOG_ROOT_PREFIX = "file/prefix"\nLLOG_S3_MAX_ATTEMPTS = 7\n'
+    config = load(env={"LLOG_S3_BUCKET": "env-bucket", "AWS_REGION": "eu-west-1"},
+                  settings={"LLOG_ROOT_PREFIX": "settings/prefix", "LLOG_S3_ENDPOINT_URL": "http://s:8333"},
+                  toml=toml)
+    assert (config.s3_bucket, config.root_prefix, config.s3_max_attempts) == ("env-bucket", "file/prefix", 7)
+    assert (config.s3_endpoint_url, config.s3_region_name) == ("http://s:8333", "eu-west-1")
+
+
+def test_config_file_types(load):
+    config = load(toml='LLOG_S3_TIMEOUT_S = 3\nLLOG_AUTO_CREATE_TOPICS = false\nLLOG_BATCH_MAX_BYTES = 1_024\n'
+                       'LLOG_TOPIC_CONFIG = \'{"t": {"compression.type": "zstd"}}\'\n')
+    assert config.s3_timeout_s == 3.0 and isinstance(config.s3_timeout_s, float)
+    assert (config.auto_create_topics, config.batch_max_bytes, config.compression("t")) == (False, 1024, "zstd")
+
+
+def test_config_file_empty_string_is_unset(load):
+    assert load(toml='LLOG_S3_BUCKET = ""\n', settings={"LLOG_S3_BUCKET": "from-settings"}).s3_bucket == "from-settings"
+
+
+def test_config_file_is_not_an_option(load):
+    with pytest.raises(ConfigError, match="unknown llog option"):
+        load(options={CONFIG_FILE_ENV: "/etc/llog.toml"})
+
+
+@pytest.mark.parametrize("toml,problem", [
+    ('LLOG_S3_BUKKET = "b"\n', "unknown key 'LLOG_S3_BUKKET'; known keys: LLOG_OXIA_SERVICE_ADDRESS, "),
+    ('s3_bucket = "b"\n', "unknown key 's3_bucket' (keys are LLOG_* names: did you mean LLOG_S3_BUCKET?)"),
+    ('[LLOG]\nS3_BUCKET = "b"\n', "unknown key 'LLOG'"),
+    ('LLOG_S3_MAX_ATTEMPTS = "5"\n', "LLOG_S3_MAX_ATTEMPTS = '5' must be a TOML integer"),
+    ("LLOG_S3_MAX_ATTEMPTS = 2.5\n", "LLOG_S3_MAX_ATTEMPTS = 2.5 must be a TOML integer"),
+    ("LLOG_S3_MAX_ATTEMPTS = true\n", "LLOG_S3_MAX_ATTEMPTS = True must be a TOML integer"),
+    ('LLOG_S3_TIMEOUT_S = "fast"\n', "LLOG_S3_TIMEOUT_S = 'fast' must be a TOML number"),
+    ('LLOG_AUTO_CREATE_TOPICS = "yes"\n', "LLOG_AUTO_CREATE_TOPICS = 'yes' must be a TOML boolean"),
+    ("LLOG_S3_BUCKET = 7\n", "LLOG_S3_BUCKET = 7 must be a TOML string"),
+    ('LLOG_S3_BUCKET = ["a"]\n', "LLOG_S3_BUCKET = ['a'] must be a TOML string"),
+    ("LLOG_S3_MAX_ATTEMPTS = 0\n", "LLOG_S3_MAX_ATTEMPTS=0 must be >= 1"),
+    ('LLOG_BROKER_ROLE = "all"\n', "LLOG_BROKER_ROLE='all' must be write, read or both"),
+    ("LLOG_S3_BUCKET = b\n", "cannot read llog config file"),
+])
+def test_bad_config_file_names_the_file_and_key(load, tmp_path, toml, problem):
+    with pytest.raises(ConfigError, match=re.escape(problem)) as info:
+        load(toml=toml)
+    assert str(tmp_path / "llog.toml") in str(info.value)
+
+
+def test_bad_value_in_config_file_is_refused_even_when_the_env_overrides_it(load):
+    with pytest.raises(ConfigError, match="llog config file .*LLOG_S3_MAX_ATTEMPTS=0"):
+        load(env={"LLOG_S3_MAX_ATTEMPTS": "3"}, toml="LLOG_S3_MAX_ATTEMPTS = 0\n")
+
+
+def test_missing_config_file_is_an_error(tmp_path):
+    path = tmp_path / "nope.toml"
+    with pytest.raises(ConfigError, match=re.escape(f"cannot read llog config file {path} ($LLOG_CONFIG_FILE)")):
+        Config.load(env={CONFIG_FILE_ENV: str(path)}, settings_path=tmp_path / "settings.json")
+
+
+def test_empty_config_file_variable_reads_no_file(load):
+    assert load(env={CONFIG_FILE_ENV: ""}) == Config()
+
+
+# --- the example file ----------------------------------------------------------------------------
+
+
+def test_every_field_is_documented():
+    docs = field_docs()
+    assert set(docs) == set(ENV_NAMES)
+    assert all(len(doc) > 20 for doc in docs.values())
+    assert docs["oxia_request_timeout_ms"] == "Deadline of one Oxia request; the client library has none of its own."
+
+
+def test_example_lists_every_setting_once_at_its_default():
+    text = example_toml()
+    for field_name, env_name in ENV_NAMES.items():
+        assert len(re.findall(rf"^# {env_name} = ", text, flags=re.M)) == 1, env_name
+    assert "# LLOG_OXIA_SESSION_TIMEOUT_MS = 30_000\n" in text and '# LLOG_S3_BUCKET = ""\n' in text
+    assert "# LLOG_S3_TIMEOUT_S = 60.0\n" in text and "# LLOG_AUTO_CREATE_TOPICS = true\n" in text
+
+
+def test_example_loads_as_the_defaults(load):
+    assert load(toml=example_toml()) == Config()
+
+
+def test_example_uncommented_loads_as_the_defaults(load):
+    """Every setting set to the value the example shows: proves each shown default is Config()'s."""
+    uncommented = re.sub(r"^# (LLOG_\w+ = )", r"\1", example_toml(), flags=re.M)
+    assert len(re.findall(r"^LLOG_", uncommented, flags=re.M)) == len(ENV_NAMES)
+    assert load(toml=uncommented) == Config()

@@ -1,0 +1,101 @@
+"""The local Spark session (jobs/local_spark.py) takes its settings from conf/spark-defaults.conf
+and starts quietly: no Ivy resolution output, no log4j banner. Each session starts in a
+subprocess, so its JVM's stdout and stderr are the test's to read (and no JVM of this process is
+touched)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from jobs.local_spark import CHECKOUT, is_delta_key, resolved_jars, spark_defaults
+
+#: Started in a subprocess: a session, then one JSON line of what the test checks.
+SESSION_SCRIPT = """
+import json, sys, tempfile
+from jobs.local_spark import local_spark
+
+delta = sys.argv[1] == "delta"
+spark = local_spark("llog-conf-test", cores=3, delta=delta)
+conf = spark.sparkContext.getConf()
+report = {"conf": dict(conf.getAll()),
+          "root_level": str(spark._jvm.org.apache.logging.log4j.LogManager.getRootLogger().getLevel())}
+if delta:
+    with tempfile.TemporaryDirectory() as table:
+        spark.range(7).write.format("delta").mode("overwrite").save(table)
+        report["delta_rows"] = spark.read.format("delta").load(table).count()
+spark.stop()
+print("REPORT " + json.dumps(report), flush=True)
+"""
+
+#: The one line a quiet start still prints: the JVM's own warning for the incubator module
+#: Spark's launcher always adds (--add-modules=jdk.incubator.vector); no setting removes it.
+JVM_WARNING = "WARNING: Using incubator modules: jdk.incubator.vector"
+#: Markers of what the conf files are there to silence.
+NOISE = ("repos.spark-packages.org", ":: resolving", "Ivy Default Cache", ":: loading settings",
+         "added as a dependency", ":: resolution report", ":: retrieving", "log4j profile",
+         "Setting default log level", "NativeCodeLoader")
+
+
+def start_session(delta: bool) -> tuple[dict, list[str]]:
+    """What the session reported, and every other line its process printed (stdout and stderr)."""
+    run = subprocess.run([sys.executable, "-c", SESSION_SCRIPT, "delta" if delta else "plain"], cwd=CHECKOUT,
+                         capture_output=True, text=True, timeout=600)
+    assert run.returncode == 0, run.stderr[-4000:]
+    lines = (run.stdout + run.stderr).splitlines()
+    reports = [json.loads(line[len("REPORT "):]) for line in lines if line.startswith("REPORT ")]
+    assert len(reports) == 1, run.stdout[-2000:]
+    return reports[0], [line for line in lines if line.strip() and not line.startswith("REPORT ")]
+
+
+@pytest.fixture(scope="module")
+def warm_ivy_cache():
+    """Resolve the Delta jar once if no earlier session recorded its jars (a fresh checkout: Ivy
+    downloads them from Maven Central, printing its report), so the test sees a warm start."""
+    if resolved_jars(spark_defaults(delta=True)) is None:
+        start_session(delta=True)
+    jars = resolved_jars(spark_defaults(delta=True))
+    assert jars, "the Delta session did not record the jars Ivy retrieved"
+    return jars
+
+
+def assert_quiet(output: list[str]) -> None:
+    for marker in NOISE:
+        assert not [line for line in output if marker in line], f"{marker!r} in the output:\n" + "\n".join(output)
+    assert set(output) <= {JVM_WARNING}, "unexpected output:\n" + "\n".join(output)
+
+
+def assert_has_settings(conf: dict[str, str], expected: dict[str, str]) -> None:
+    """``conf`` (the session's) has ``expected``; Spark puts its own JVM options before ours."""
+    actual = {k: conf.get(k) for k in expected}
+    for key in [k for k in expected if k.endswith("extraJavaOptions") and actual[k]]:
+        actual[key] = actual[key][actual[key].find(expected[key]):]
+    assert actual == expected
+
+
+def test_delta_session_starts_quietly_with_the_conf_files_settings(warm_ivy_cache):
+    report, output = start_session(delta=True)
+    assert_quiet(output)
+    conf = report["conf"]
+    # Every setting of the file, but the resolution's: the recorded jars replace those.
+    assert_has_settings(conf, {k: v for k, v in spark_defaults(cores=3, delta=True).items()
+                               if not k.startswith("spark.jars.")})
+    assert conf["spark.sql.shuffle.partitions"] == "3" and conf["spark.databricks.delta.snapshotPartitions"] == "3"
+    assert "spark.jars.packages" not in conf and "spark.jars.ivySettings" not in conf
+    loaded = conf["spark.jars"].split(",")
+    assert all(any(str(jar) in uri for uri in loaded) for jar in warm_ivy_cache)
+    assert report["root_level"] == "WARN"  # conf/log4j2.properties, not Spark's default profile
+    assert report["delta_rows"] == 7  # the jars are on the classpath: Delta writes and reads
+
+
+def test_plain_session_has_no_delta_settings():
+    report, output = start_session(delta=False)
+    assert_quiet(output)
+    conf = report["conf"]
+    assert_has_settings(conf, spark_defaults(cores=3))
+    assert not [k for k in conf if is_delta_key(k)]
+    assert "delta" not in conf.get("spark.jars", "")
+    assert report["root_level"] == "WARN"
