@@ -5,8 +5,12 @@ Commits are CAS on the version read and only move forward: a late commit (a stra
 replaying an old batch) never moves a group back. Moving back is deliberate:
 :func:`reset_offsets` (``llog groups reset GROUP --to earliest|latest|JSON``).
 
-``llog groups describe GROUP`` prints, per partition the group has committed: the committed
-offset, the high watermark and the lag (records written but not yet consumed).
+``llog groups describe GROUP`` prints, per partition the group has committed, what
+``kafka-consumer-groups --describe`` prints: ``CURRENT-OFFSET`` (the committed offset, the next
+the group reads), ``LOG-END-OFFSET`` (the next offset to be written: high watermark + 1) and
+``LAG`` (log end - committed, counted from the log start when retention removed the records the
+group had not read), plus ``LOG-START-OFFSET``. A group that has read everything shows
+``CURRENT-OFFSET == LOG-END-OFFSET`` and lag 0. ``llog describe TOPIC`` shows the same per group.
 """
 
 from __future__ import annotations
@@ -176,10 +180,15 @@ class PartitionLag:
     log_start_offset: int = 1
 
     @property
+    def log_end_offset(self) -> int:
+        """Kafka's log-end offset: the offset the next record gets (``high_watermark + 1``)."""
+        return self.high_watermark + 1
+
+    @property
     def lag(self) -> int:
-        """Records still in the log that the group has not read: from the committed offset (the
-        next to read; offsets are 1-based), or from the log start if that is later."""
-        return max(0, self.high_watermark - max(self.committed_offset, self.log_start_offset) + 1)
+        """Records still in the log that the group has not read: log end - committed offset (the
+        next to read), or log end - log start if retention removed records the group had not read."""
+        return max(0, self.log_end_offset - max(self.committed_offset, self.log_start_offset))
 
 
 def describe_group(coordination: Coordination, root: str, group: str,
@@ -201,6 +210,29 @@ def describe_group(coordination: Coordination, root: str, group: str,
     return rows
 
 
+def topic_group_lags(coordination: Coordination, root: str, topic: str) -> dict[str, list[PartitionLag]]:
+    """Every group that has committed offsets on ``topic``, with its lag per partition (one
+    range scan of ``P/consumers/`` per partition, one read of the controls)."""
+    numbers = topic_partitions(coordination, root, topic)
+    keys = [PartitionKeys(root, TopicPartition(topic, p)) for p in numbers]
+    controls = coordination.get_many([(k.control, k.partition_key) for k in keys])
+    by_group: dict[str, list[PartitionLag]] = {}
+    for k, control in zip(keys, controls):
+        if control is None:
+            continue
+        record = ControlRecord.from_json(control.value, k.control)
+        prefix = k.consumer_group("")
+        for found in coordination.range_scan(prefix, prefix + "~", k.partition_key):
+            group = found.key[len(prefix):]
+            if not found.key.startswith(prefix) or "/" in group:
+                continue
+            offset = ConsumerOffset.from_json(found.value, found.key)
+            by_group.setdefault(group, []).append(PartitionLag(
+                k.tp.topic, k.tp.partition, offset.offset, offset.committed_at_ms, record.high_watermark,
+                record.log_start_offset))
+    return dict(sorted(by_group.items()))
+
+
 def format_offsets(group: str, offsets: Mapping[TopicPartition, int], dry_run: bool = False) -> str:
     """The table ``llog groups reset`` prints."""
     if not offsets:
@@ -213,14 +245,17 @@ def format_offsets(group: str, offsets: Mapping[TopicPartition, int], dry_run: b
     return "\n".join(lines)
 
 
+#: The columns of ``llog groups describe``: ``kafka-consumer-groups --describe``'s, and the log start.
+GROUP_COLUMNS = ("TOPIC", "PARTITION", "CURRENT-OFFSET", "LOG-START-OFFSET", "LOG-END-OFFSET", "LAG")
+
+
 def format_group(group: str, rows: list[PartitionLag]) -> str:
     if not rows:
         return f"group {group!r} has no committed offsets"
-    header = ("TOPIC", "PARTITION", "COMMITTED_OFFSET", "LOG_START", "HIGH_WATERMARK", "LAG")
-    table = [header] + [(r.topic, str(r.partition), str(r.committed_offset)
-                         + (" (below log start)" if r.committed_offset < r.log_start_offset else ""),
-                         str(r.log_start_offset), str(r.high_watermark), str(r.lag)) for r in rows]
-    widths = [max(len(row[i]) for row in table) for i in range(len(header))]
+    table = [GROUP_COLUMNS] + [(r.topic, str(r.partition), str(r.committed_offset)
+                                + (" (below log start)" if r.committed_offset < r.log_start_offset else ""),
+                                str(r.log_start_offset), str(r.log_end_offset), str(r.lag)) for r in rows]
+    widths = [max(len(row[i]) for row in table) for i in range(len(GROUP_COLUMNS))]
     lines = [f"group {group}: {len(rows)} partition(s), total lag {sum(r.lag for r in rows)}"]
     lines += ["  ".join(cell.ljust(w) for cell, w in zip(row, widths)).rstrip() for row in table]
     return "\n".join(lines)

@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from llog.config import Config
+from llog.consumer_groups import GROUP_COLUMNS, PartitionLag
 from llog.control import read_control
 from llog.coordination import Coordination
 from llog.discovery import list_topics, topic_partitions
@@ -33,7 +34,7 @@ from llog.records import COMPACTED, CompactionCursor, IndexEntry, LocatedEntry, 
 from llog.topics import TopicSettings, list_topic_records, read_topic
 
 #: The partition table's columns (:func:`format_partition_table`).
-PARTITION_COLUMNS = ("PARTITION", "STATE", "LOG_START", "LOG_END", "RECORDS", "WAL_BYTES", "COMPACTED_BYTES",
+PARTITION_COLUMNS = ("PARTITION", "STATE", "LOG-START-OFFSET", "LOG-END-OFFSET", "RECORDS", "WAL_BYTES", "COMPACTED_BYTES",
                      "INDEX_ENTRIES", "CURSOR", "PENDING")
 
 
@@ -267,11 +268,28 @@ def format_partition_table(rows: list[PartitionDescription]) -> str:
     return "\n".join("  ".join(cell.ljust(w) for cell, w in zip(row, widths)).rstrip() for row in table)
 
 
-def format_descriptions(topic: str, rows: list[PartitionDescription]) -> str:
-    """``llog describe TOPIC``: the partitions of one topic, without its record."""
+def format_descriptions(topic: str, rows: list[PartitionDescription],
+                        groups: dict[str, list[PartitionLag]] | None = None) -> str:
+    """``llog describe TOPIC``: the partitions of one topic, without its record; with ``groups``
+    (:func:`llog.consumer_groups.topic_group_lags`), each group's offsets and lag on it."""
     if not rows:
         return f"topic {topic!r} has no initialized partitions"
-    return f"topic {topic}: {len(rows)} partition(s)\n" + format_partition_table(rows)
+    text = f"topic {topic}: {len(rows)} partition(s)\n" + format_partition_table(rows)
+    if groups is not None:
+        text += "\n\n" + (format_group_lags(groups) if groups else "no consumer group has committed offsets on it")
+    return text
+
+
+def format_group_lags(groups: dict[str, list[PartitionLag]]) -> str:
+    """One table of every group's ``CURRENT-OFFSET``, ``LOG-END-OFFSET`` and ``LAG`` per partition,
+    as ``kafka-consumer-groups --describe --all-groups`` prints them."""
+    header = ("GROUP",) + GROUP_COLUMNS[1:]
+    table = [header] + [(group, str(r.partition), str(r.committed_offset), str(r.log_start_offset),
+                         str(r.log_end_offset), str(r.lag)) for group, rows in groups.items() for r in rows]
+    widths = [max(len(row[i]) for row in table) for i in range(len(header))]
+    totals = ", ".join(f"{g} {sum(r.lag for r in rows)}" for g, rows in groups.items())
+    return "\n".join([f"consumer groups: {len(groups)}, total lag: {totals}"]
+                     + ["  ".join(cell.ljust(w) for cell, w in zip(row, widths)).rstrip() for row in table])
 
 
 def topic_descriptions_as_dicts(descriptions: list[TopicDescription]) -> list[dict[str, Any]]:

@@ -9,11 +9,13 @@ import pytest
 from llog.cli import main
 from llog.clock import ShiftedClock
 from llog.compactor import Compactor
+from llog.consumer_groups import commit_offsets
 from llog.control import initialize_partition
 from llog.describe import describe_topic
 from llog.discovery import list_topics, topic_partitions
 from llog.topics import create_topic
 from llog.fence import fence
+from llog.keys import TopicPartition
 from llog.config import Config
 from llog.writer import LogWriter
 
@@ -128,3 +130,36 @@ def test_cli_consume_starts_at_the_log_start_and_names_removed_offsets(cli_env, 
     assert capsys.readouterr().out == "3\tnew\n"
     assert main(["consume", "kept", "--offset", "1"]) == 1
     assert "offsets 1..2 were removed by retention; readable offsets are 3..3" in capsys.readouterr().err
+
+
+def test_cli_group_and_topic_lag_in_kafkas_vocabulary(cli_env, config, writer, capsys):
+    """LOG-END-OFFSET is the next offset to be written and LAG = log end - current (committed)
+    offset, as kafka-consumer-groups --describe prints them; llog describe shows every group's."""
+    create_topic(writer.coordination, config.root_prefix, "lagged", 2)
+    writer.append("lagged", 0, [b"a", b"b", b"c"])
+    writer.append("lagged", 1, [b"d"])
+    commit_offsets(writer.coordination, config.root_prefix, "caught-up",
+                   {TopicPartition("lagged", 0): 4, TopicPartition("lagged", 1): 2})
+    commit_offsets(writer.coordination, config.root_prefix, "behind", {TopicPartition("lagged", 0): 2})
+    capsys.readouterr()
+
+    assert main(["groups", "describe", "behind"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0] == "group behind: 1 partition(s), total lag 2"
+    assert [line.split() for line in lines[1:]] == [
+        ["TOPIC", "PARTITION", "CURRENT-OFFSET", "LOG-START-OFFSET", "LOG-END-OFFSET", "LAG"],
+        ["lagged", "0", "2", "1", "4", "2"]]
+    assert main(["groups", "describe", "caught-up", "--json"]) == 0
+    assert [(r["committed_offset"], r["high_watermark"], r["log_end_offset"], r["lag"])
+            for r in json.loads(capsys.readouterr().out)] == [(4, 3, 4, 0), (2, 1, 2, 0)]
+
+    assert main(["describe", "lagged"]) == 0
+    out = capsys.readouterr().out
+    partitions, groups = out.split("\n\n")
+    assert partitions.splitlines()[1].split()[:4] == ["PARTITION", "STATE", "LOG-START-OFFSET", "LOG-END-OFFSET"]
+    assert [line.split()[:4] for line in partitions.splitlines()[2:]] == [["0", "OPEN", "1", "4"],
+                                                                          ["1", "OPEN", "1", "2"]]
+    assert groups.splitlines()[0] == "consumer groups: 2, total lag: behind 2, caught-up 0"
+    assert [line.split() for line in groups.splitlines()[1:]] == [
+        ["GROUP", "PARTITION", "CURRENT-OFFSET", "LOG-START-OFFSET", "LOG-END-OFFSET", "LAG"],
+        ["behind", "0", "2", "1", "4", "2"], ["caught-up", "0", "4", "1", "4", "0"], ["caught-up", "1", "2", "1", "2", "0"]]

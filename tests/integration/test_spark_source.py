@@ -246,8 +246,11 @@ def test_group_commits_and_lag_goes_to_zero(spark, config, writer, tmp_path):
                          capture_output=True, text=True, timeout=60)
     assert out.returncode == 0, out.stderr
     assert "total lag 0" in out.stdout
+    # Kafka's vocabulary: a caught-up group's current offset is the log-end offset (the next to be written).
+    assert out.stdout.splitlines()[1].split() == ["TOPIC", "PARTITION", "CURRENT-OFFSET", "LOG-START-OFFSET",
+                                                  "LOG-END-OFFSET", "LAG"]
     assert [line.split() for line in out.stdout.splitlines()[2:]] == [
-        ["grouped", "0", "301", "1", "300", "0"], ["grouped", "1", "301", "1", "300", "0"]]
+        ["grouped", "0", "301", "1", "301", "0"], ["grouped", "1", "301", "1", "301", "0"]]
 
 
 def test_reads_see_a_pending_append(spark, config, writer):
