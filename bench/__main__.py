@@ -1,4 +1,8 @@
-"""``python -m bench [core] [sink] [source] [compaction] [broker]``: run benchmark cases against a private local stack."""
+"""``python -m bench [core] [sink] [source] [compaction] [broker]``: run benchmark cases against a private local stack.
+
+Results are JSON lines on stdout; what the run is doing goes to stderr, as lines, and as
+progress bars over the cases and their steps while stderr is a terminal (:mod:`llog.progress`).
+"""
 
 from __future__ import annotations
 
@@ -8,6 +12,7 @@ import tempfile
 from pathlib import Path
 
 from llog import local_stack
+from llog import progress as llog_progress
 from llog.config import Config
 
 CASES = {"core": "bench.core", "sink": "bench.sink", "source": "bench.source",
@@ -22,18 +27,25 @@ def main(argv: list[str] | None = None) -> int:
     if unknown:
         parser.error(f"unknown case(s) {', '.join(unknown)}; known: {', '.join(CASES)}")
     cases = args.cases or list(CASES)
-    local_stack.install()
-    with tempfile.TemporaryDirectory(prefix="llog-bench-") as tmp:
+    with llog_progress.task(f"bench: {', '.join(cases)}", total=len(cases), unit="cases") as done, \
+            tempfile.TemporaryDirectory(prefix="llog-bench-") as tmp:
+        with llog_progress.task("bench: installing the local stack (unless installed)"):
+            local_stack.install()
         stack_dir = Path(tmp) / "stack"
         print(f"bench: starting a private stack in {stack_dir}", file=sys.stderr)
-        local_stack.up(stack_dir=stack_dir, ports=local_stack.free_ports())
+        with llog_progress.task("bench: starting the local stack"):
+            local_stack.up(stack_dir=stack_dir, ports=local_stack.free_ports())
         try:
             config = Config.load(env={}, settings_path=stack_dir / "settings.json")
             for case in cases:
+                done.update(description=f"bench: {case}")
                 module = __import__(CASES[case], fromlist=["run"])
                 module.run(config)
+                done()
+            done.update(description=f"bench: {', '.join(cases)}")
         finally:
-            local_stack.down(stack_dir, purge=True)
+            with llog_progress.task("bench: stopping the local stack"):
+                local_stack.down(stack_dir, purge=True)
     return 0
 
 

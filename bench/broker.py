@@ -15,6 +15,7 @@ from __future__ import annotations
 import uuid
 
 from bench.report import emit, env_int, progress
+from llog import progress as llog_progress
 from llog.config import Config
 from loadtest.run import make_run_dir
 from loadtest.run import run as run_scenarios
@@ -36,7 +37,8 @@ def run(config: Config) -> dict:
     scenarios = [s.replace(duration_s=seconds) if seconds else s for s in BENCH.values()]
     run_dir = make_run_dir(None, "bench")
     progress(f"broker: {', '.join(s.name for s in scenarios)}; run directory {run_dir}")
-    summary = run_scenarios(config, scenarios, run_dir)
+    with llog_progress.task(f"broker: {len(scenarios)} load test scenarios (vegeta)"):
+        summary = run_scenarios(config, scenarios, run_dir)
     for name, phase in summary["phases"].items():
         emit({"bench": "broker", "case": name, **{k: v for k, v in phase.items() if k != "command"}})
     result = {"bench": "broker", **{k: summary[k] for k in FIELDS}, "run_dir": summary["run_dir"]}

@@ -47,6 +47,7 @@ import pyarrow as pa
 
 import llog.compactor as compactor_module
 from bench.report import emit, env_int, mb_s, progress, timed_together
+from llog import progress as llog_progress
 from llog.clock import ShiftedClock
 from llog.compactor import Compactor, PartitionCompaction
 from llog.config import Config
@@ -130,7 +131,7 @@ def _fill(config: Config, topic: str, sizes: Sizes, payloads: _Payloads, entries
     with LogWriter(config, auto_initialize=True) as writer:
         for p in range(sizes.partitions):
             writer.initialize_partition(topic, p)
-        for call in range(entries):
+        for call in llog_progress.track(range(entries), f"compaction: filling {topic}", unit="appends"):
             first = call * n + 1
             results = writer.append_shared([AppendGroup(topic, p, payloads.entry(p, first))
                                             for p in range(sizes.partitions)])
@@ -358,7 +359,7 @@ def run(config: Config) -> dict:
             raw_stages: Counter[str] = Counter()
             gets0 = sum(c.objects.stats["get"] + c.objects.stats["range_get"] for c in compactors)
             puts0 = sum(c.objects.stats["put"] for c in compactors)
-            for i in range(sizes.rounds):
+            for i in llog_progress.track(range(sizes.rounds), "compaction: timed rounds", unit="rounds"):
                 progress(f"compaction: round {i + 1}/{sizes.rounds}: fill, then compaction and raw copy in turn")
                 rounds.append(_round(config, sizes, payloads, compactors, clients, reader, f"{TOPIC}-{i}",
                                      sizes.entries, i % 2 == 1, rng, raw_stages))

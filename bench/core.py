@@ -61,7 +61,7 @@ def run(config: Config) -> dict:
 
         progress("core: append_shared (list of bytes input)")
         list_groups = [AppendGroup(topic, p, as_lists[p]) for p in range(PARTITIONS)]
-        write_list_s = timed(lambda: writer.append_shared(list_groups), ROUNDS // 2)
+        write_list_s = timed(lambda: writer.append_shared(list_groups), ROUNDS // 2, name="append_shared_list")
 
         progress("core: read_batches of one append's offsets in every partition, and raw boto3 GET, in turn")
         passes = 3  # each blob is read this many times

@@ -47,6 +47,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from bench.report import CpuMeter, emit, env_int, progress, random_values, timed_together
+from llog import progress as llog_progress
 from llog.codec import HEADERS_TYPE
 from llog.config import Config
 from llog.describe import describe_topic
@@ -226,24 +227,24 @@ def run_sink(config: Config, rows: int, batches: int, rounds: int, metrics_file:
         try:
             spark.dataSource.register(DropSource)
             options = {k.lower(): v for k, v in config.to_options().items()}
-            for r in range(rounds):
-                for case in SINK_CASES:
-                    progress(f"records: sink {case} round {r + 1}/{rounds}: {SINK_CASES[case][2]}")
-                    before = len(metrics_file.read_text().splitlines())
-                    meter = CpuMeter(s3_server)
-                    columns, fmt, _ = SINK_CASES[case]
-                    got, metered = micro_batch_seconds(
-                        spark, _sink_columns(columns), fmt,
-                        {**options, "topic": f"records-sink-{case}", "partitions": str(PARTITIONS),
-                         "compression": "none"},
-                        Path(tmp) / f"ck-{case}-{r}", meter, rows, batches, deadline_s=300)
-                    seconds[case] += got
-                    cpu[case].append((meter.machine_s, meter.process_s, metered))
-                    if SINK_CASES[case][1] == "llog":
-                        lines = metrics_file.read_text().splitlines()[before:]
-                        commits[case] += [json.loads(line) for line in lines][1:]  # not the warm-up batch
-                    progress(f"records: sink {case} round {r + 1}: batches of {rows:,} rows in "
-                             + ", ".join(f"{s:.2f}" for s in got) + " s")
+            queries = [(r, case) for r in range(rounds) for case in SINK_CASES]
+            for r, case in llog_progress.track(queries, "records: sink queries", unit="queries"):
+                progress(f"records: sink {case} round {r + 1}/{rounds}: {SINK_CASES[case][2]}")
+                before = len(metrics_file.read_text().splitlines())
+                meter = CpuMeter(s3_server)
+                columns, fmt, _ = SINK_CASES[case]
+                got, metered = micro_batch_seconds(
+                    spark, _sink_columns(columns), fmt,
+                    {**options, "topic": f"records-sink-{case}", "partitions": str(PARTITIONS),
+                     "compression": "none"},
+                    Path(tmp) / f"ck-{case}-{r}", meter, rows, batches, deadline_s=300)
+                seconds[case] += got
+                cpu[case].append((meter.machine_s, meter.process_s, metered))
+                if SINK_CASES[case][1] == "llog":
+                    lines = metrics_file.read_text().splitlines()[before:]
+                    commits[case] += [json.loads(line) for line in lines][1:]  # not the warm-up batch
+                progress(f"records: sink {case} round {r + 1}: batches of {rows:,} rows in "
+                         + ", ".join(f"{s:.2f}" for s in got) + " s")
         finally:
             spark.stop()
             if own_metrics:

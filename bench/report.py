@@ -1,5 +1,7 @@
 """JSON lines on stdout: one per measurement, a summary per case; and what every case uses
-(timing, sizes from the environment, random record values)."""
+(timing, sizes from the environment, random record values). Timing shows a progress bar over its
+rounds on stderr while that is a terminal (:mod:`llog.progress`); the bar moves between calls,
+outside the timed spans."""
 
 from __future__ import annotations
 
@@ -13,35 +15,44 @@ from collections.abc import Callable
 import numpy as np
 import pyarrow as pa
 
+from llog import progress as llog_progress
+
 
 def emit(record: dict) -> None:
     print(json.dumps(record), flush=True)
 
 
-def timed(fn: Callable[[], object], rounds: int, warmup: int = 1) -> list[float]:
-    """Seconds per call of ``fn`` over ``rounds`` calls, after ``warmup`` untimed calls."""
-    for _ in range(warmup):
-        fn()
-    out = []
-    for _ in range(rounds):
-        start = time.perf_counter()
-        fn()
-        out.append(time.perf_counter() - start)
+def timed(fn: Callable[[], object], rounds: int, warmup: int = 1, name: str = "calls") -> list[float]:
+    """Seconds per call of ``fn`` over ``rounds`` calls, after ``warmup`` untimed calls
+    (``name``: what the progress bar says is timed)."""
+    with llog_progress.task(f"timing {name}", total=warmup + rounds, unit="rounds") as advance:
+        for _ in range(warmup):
+            fn()
+            advance()
+        out = []
+        for _ in range(rounds):
+            start = time.perf_counter()
+            fn()
+            out.append(time.perf_counter() - start)
+            advance()
     return out
 
 
 def timed_together(fns: dict[str, Callable[[], object]], rounds: int, warmup: int = 1) -> dict[str, list[float]]:
     """Like :func:`timed` for several cases, their calls taken in turn (a, b, a, b, ...), so a
     machine that speeds up or slows down during the run moves every case alike."""
-    for _ in range(warmup):
-        for fn in fns.values():
-            fn()
-    out: dict[str, list[float]] = {name: [] for name in fns}
-    for _ in range(rounds):
-        for name, fn in fns.items():
-            start = time.perf_counter()
-            fn()
-            out[name].append(time.perf_counter() - start)
+    with llog_progress.task(f"timing {' vs '.join(fns)}", total=warmup + rounds, unit="rounds") as advance:
+        for _ in range(warmup):
+            for fn in fns.values():
+                fn()
+            advance()
+        out: dict[str, list[float]] = {name: [] for name in fns}
+        for _ in range(rounds):
+            for name, fn in fns.items():
+                start = time.perf_counter()
+                fn()
+                out[name].append(time.perf_counter() - start)
+            advance()
     return out
 
 
@@ -51,6 +62,7 @@ def mb_s(nbytes: int, seconds: list[float]) -> float:
 
 
 def progress(message: str) -> None:
+    """A line on stderr (above the progress bars while they show)."""
     print(f"bench: {message}", file=sys.stderr, flush=True)
 
 

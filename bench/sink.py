@@ -27,6 +27,7 @@ from pyspark.sql.datasource import DataSource, DataSourceStreamArrowWriter, Writ
 from bench.records import run_sink
 from bench.report import CpuMeter, emit, progress
 from jobs.local_spark import local_spark, wait_for_running_tasks
+from llog import progress as llog_progress
 from llog.config import Config
 from llog_sink.commit import METRICS_FILE_ENV
 
@@ -73,18 +74,21 @@ def micro_batch_seconds(spark, columns: list, fmt: str, options: dict[str, str],
              .trigger(processingTime="0 seconds").start())
     metered_from = None
     try:
-        deadline = time.monotonic() + deadline_s
-        while time.monotonic() < deadline:
-            if query.exception() is not None:
-                raise query.exception()
-            done = query.lastProgress["batchId"] if query.lastProgress else -1
-            if metered_from is None and done >= 0:
-                meter.start()
-                metered_from = done
-            if done >= batches:
-                meter.stop()
-                break
-            time.sleep(0.1)
+        with llog_progress.task(f"{fmt}: micro-batches of {rows:,} rows (1 warm-up)", total=batches + 1,
+                                unit="batches") as shown:
+            deadline = time.monotonic() + deadline_s
+            while time.monotonic() < deadline:
+                if query.exception() is not None:
+                    raise query.exception()
+                done = query.lastProgress["batchId"] if query.lastProgress else -1
+                shown.update(completed=min(done + 1, batches + 1))
+                if metered_from is None and done >= 0:
+                    meter.start()
+                    metered_from = done
+                if done >= batches:
+                    meter.stop()
+                    break
+                time.sleep(0.1)
         timed = [p for p in query.recentProgress if p["numInputRows"] == rows][1:batches + 1]
     finally:
         spark.sparkContext.setLogLevel("OFF")

@@ -44,6 +44,7 @@ from pyspark.sql.streaming.datasource import SupportsTriggerAvailableNow
 
 from bench.report import emit, env_int, progress, random_values, timed_together
 from jobs.local_spark import local_spark
+from llog import progress as llog_progress
 from llog.config import Config
 from llog.process_clients import close_all, log_reader
 from llog.writer import AppendGroup, LogWriter
@@ -169,7 +170,8 @@ def _fill(config: Config, topic: str, sizes: Sizes, per_partition: int) -> dict:
     groups = [list(range(sizes.partitions))[i:i + sizes.partitions_per_append]
               for i in range(0, sizes.partitions, sizes.partitions_per_append)]
     appends = 0
-    with LogWriter(config, auto_initialize=True) as writer:
+    with LogWriter(config, auto_initialize=True) as writer, llog_progress.task(
+            f"source: filling {topic}", total=per_partition * sizes.partitions, unit="records") as filled:
         for p in range(sizes.partitions):
             writer.initialize_partition(topic, p)
 
@@ -179,6 +181,7 @@ def _fill(config: Config, topic: str, sizes: Sizes, per_partition: int) -> dict:
                 n = min(sizes.records_per_append, per_partition - done)
                 writer.append_shared([AppendGroup(topic, p, arrays[p].slice(0, n)) for p in partitions])
                 done, calls = done + n, calls + 1
+                filled(n * len(partitions))
             return calls
 
         with ThreadPoolExecutor(max_workers=min(2, len(groups))) as pool:
@@ -218,7 +221,7 @@ def _direct_read(config: Config, topic: str, sizes: Sizes) -> dict:
     before = dict(reader.objects.stats)
     started = time.perf_counter()
     records = batches = 0
-    for p in range(sizes.partitions):
+    for p in llog_progress.track(range(sizes.partitions), "source: read_split, no Spark", unit="partitions"):
         for batch in read_split(LlogSplit(topic, p, 1, sizes.per_partition), config, True):
             records += batch.num_rows
             batches += 1

@@ -18,7 +18,7 @@ import time
 
 from llog import local_stack
 from llog.config import Config
-from llog.consumer_groups import describe_group, format_group, format_offsets, reset_offsets
+from llog.consumer_groups import describe_group, format_group, format_offsets, reset_offsets, topic_group_lags
 from llog.coordination import Coordination
 from llog.describe import describe_topic, format_descriptions
 from llog.errors import LlogError
@@ -30,10 +30,11 @@ def _describe(args) -> int:
     config = Config.load()
     with Coordination(config) as coordination:
         rows = describe_topic(coordination, config.root_prefix, args.topic)
+        groups = None if args.json else topic_group_lags(coordination, config.root_prefix, args.topic)
     if args.json:
         print(json.dumps([dataclasses.asdict(r) for r in rows], indent=2))
     else:
-        print(format_descriptions(args.topic, rows))
+        print(format_descriptions(args.topic, rows, groups))
     return 0
 
 
@@ -42,7 +43,8 @@ def _describe_group(args) -> int:
     with Coordination(config) as coordination:
         rows = describe_group(coordination, config.root_prefix, args.group, args.topic or None)
     if args.json:
-        print(json.dumps([dict(dataclasses.asdict(r), lag=r.lag) for r in rows], indent=2))
+        print(json.dumps([dict(dataclasses.asdict(r), log_end_offset=r.log_end_offset, lag=r.lag) for r in rows],
+                         indent=2))
     else:
         print(format_group(args.group, rows))
     return 0
@@ -101,11 +103,12 @@ def _text(data: bytes | None) -> str:
 
 
 def _compact(args) -> int:
+    from llog import progress
     from llog.compactor import DEFAULT_MAX_OFFSETS, Compactor
 
     deadline = None if args.max_runtime is None else time.monotonic() + args.max_runtime
     with Compactor(Config.load(), max_offsets=args.max_offsets or DEFAULT_MAX_OFFSETS) as compactor:
-        done = compactor.compact_partition(args.topic, args.partition, deadline)
+        done = compactor.compact_partition(args.topic, args.partition, deadline, progress=progress.task)
     if args.json:
         print(json.dumps(dataclasses.asdict(done), indent=2))
     elif done.skipped_claimed:
@@ -118,6 +121,7 @@ def _compact(args) -> int:
 
 
 def _gc(args) -> int:
+    from llog import progress
     from llog.gc import check_grace, gc_pass
     from llog.objects import ObjectStore
 
@@ -130,7 +134,8 @@ def _gc(args) -> int:
     objects = ObjectStore(config)
     try:
         with Coordination(config) as coordination:
-            report = gc_pass(coordination, objects, config.root_prefix, grace_ms, dry_run=args.dry_run)
+            report = gc_pass(coordination, objects, config.root_prefix, grace_ms, dry_run=args.dry_run,
+                             progress=progress.task)
     finally:
         objects.close()
     if args.json:
@@ -327,14 +332,15 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--json", action="store_true", help="print JSON")
     p.set_defaults(func=_retention)
 
-    p = sub.add_parser("describe", help="per partition: state, high watermark, index, cursor, pending")
+    p = sub.add_parser("describe", help="per partition: state, log start and end offsets, index, cursor, pending; "
+                                       "each consumer group's offsets and lag")
     p.add_argument("topic")
     p.add_argument("--json", action="store_true", help="print JSON instead of a table")
     p.set_defaults(func=_describe)
 
     groups = sub.add_parser("groups", help="consumer groups: committed offsets and lag").add_subparsers(
         dest="groups_command", required=True)
-    p = groups.add_parser("describe", help="per partition: committed offset, high watermark, lag")
+    p = groups.add_parser("describe", help="per partition: current (committed) offset, log-end offset, lag")
     p.add_argument("group")
     p.add_argument("--topic", action="append", help="only this topic (repeatable; default: all topics)")
     p.add_argument("--json", action="store_true", help="print JSON instead of a table")
@@ -370,7 +376,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--print-keys", action="store_true", help="print each record's key before its value")
     p.set_defaults(func=_consume)
 
-    p = sub.add_parser("compact", help="compact one partition now, in this process (the compaction job does all)")
+    p = sub.add_parser("compact", help="compact one partition now, in this process (the compaction job does all)",
+                       epilog="Progress shows on stderr while it is a terminal (LLOG_PROGRESS=0: never, 1: always).")
     p.add_argument("topic")
     p.add_argument("partition", type=int)
     p.add_argument("--max-offsets", type=positive(int), default=None,
@@ -384,7 +391,8 @@ def build_parser() -> argparse.ArgumentParser:
     sub.add_parser("broker", add_help=False,
                    help="serve the HTTP broker (python -m broker_lite): llog broker [--host H] [--port P] [--role R]")
 
-    p = sub.add_parser("gc", help="delete blobs no partition references, older than the grace period")
+    p = sub.add_parser("gc", help="delete blobs no partition references, older than the grace period",
+                       epilog="Progress shows on stderr while it is a terminal (LLOG_PROGRESS=0: never, 1: always).")
     p.add_argument("--grace-ms", type=positive(int), default=None,
                    help="grace period (default and minimum: LLOG_GC_GRACE_MS)")
     p.add_argument("--dry-run", action="store_true", help="only list what would be deleted")

@@ -55,6 +55,7 @@ from llog.coordination import Coordination
 from llog.errors import ClaimHeld, CorruptRecord, InconsistentReadState, VersionConflict
 from llog.keys import PartitionKeys
 from llog.objects import ObjectStore
+from llog.progress import TaskFactory, silent
 from llog.reader import LogReader
 from llog.retention import apply_retention, finish_retention
 from llog.topics import TopicCache, TopicSettings
@@ -122,18 +123,19 @@ class Compactor(ClientUser):
     # --- one partition ------------------------------------------------------------------------
 
     def compact_partition(self, topic: str, partition: int, deadline: float | None = None,
-                          retention: bool = False) -> PartitionCompaction:
+                          retention: bool = False, progress: TaskFactory = silent) -> PartitionCompaction:
         """Claim the partition, recover, with ``retention`` run a retention pass
         (docs/topics.md section 3), compact until nothing is left or ``time.monotonic()``
-        passes ``deadline``, release the claim."""
-        return self._under_claim(topic, partition, deadline, retention, compact=True)
+        passes ``deadline``, release the claim. ``progress`` (:mod:`llog.progress`; ``llog
+        compact`` passes :func:`llog.progress.task`) counts the records compacted."""
+        return self._under_claim(topic, partition, deadline, retention, compact=True, progress=progress)
 
     def retain_partition(self, topic: str, partition: int) -> PartitionCompaction:
         """A retention pass alone (``llog retention``): claim, recover, retention, release."""
         return self._under_claim(topic, partition, None, retention=True, compact=False)
 
     def _under_claim(self, topic: str, partition: int, deadline: float | None, retention: bool,
-                     compact: bool) -> PartitionCompaction:
+                     compact: bool, progress: TaskFactory = silent) -> PartitionCompaction:
         keys = self.keys(topic, partition)
         done = PartitionCompaction(topic, partition)
         claim = json.dumps({"compactor_id": self.compactor_id, "claimed_at_ms": self.clock.now_ms()}).encode()
@@ -166,9 +168,12 @@ class Compactor(ClientUser):
                                        settings.retention_bytes, self.clock)
                 done.log_start_offset = kept.log_start_offset
                 done.retention_records, done.retention_entries, done.retention_bytes = kept.records, kept.entries, kept.bytes
-            while compact and (deadline is None or time.monotonic() < deadline):
-                if not self._compact_next(keys, done):
-                    break
+            if compact:
+                with progress(f"compacting {keys.tp}", unit="records") as compacted:
+                    while deadline is None or time.monotonic() < deadline:
+                        if not self._compact_next(keys, done):
+                            break
+                        compacted.update(completed=done.records)
         except BaseException:
             with contextlib.suppress(Exception):  # the claim expires with the session anyway
                 self.coordination.release(keys.compactor_claim, keys.partition_key, claim_version)

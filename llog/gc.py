@@ -50,7 +50,8 @@ from llog.coordination import Coordination
 from llog.discovery import list_topics, topic_partitions
 from llog.errors import InconsistentReadState
 from llog.keys import PartitionKeys, TopicPartition, s3_uri, shared_wal_prefix
-from llog.objects import ObjectStore
+from llog.objects import _DELETE_BATCH, ObjectStore
+from llog.progress import TaskFactory, silent, track
 from llog.records import CompactionRecord, ControlRecord, IndexEntry
 
 #: Prefixes listed at once (the shared WAL prefix, and each partition's compacted blobs).
@@ -72,10 +73,12 @@ def all_partitions(coordination: Coordination, root: str) -> list[TopicPartition
     return [TopicPartition(t, p) for t in list_topics(coordination, root) for p in topic_partitions(coordination, root, t)]
 
 
-def referenced_blobs(coordination: Coordination, root: str, partitions: Iterable[TopicPartition]) -> set[str]:
+def referenced_blobs(coordination: Coordination, root: str, partitions: Iterable[TopicPartition],
+                     progress: TaskFactory = silent) -> set[str]:
     """The ``s3://`` URIs of the blobs the partitions reference: their pending appends and
     compaction records (one multi-key read, first), then their index entries (one range scan
-    each). Raises :class:`InconsistentReadState` if an index has a gap (module doc)."""
+    each). Raises :class:`InconsistentReadState` if an index has a gap (module doc).
+    ``progress`` (:mod:`llog.progress`) counts the partitions scanned."""
     partitions = list(partitions)
     keys = [PartitionKeys(root, tp) for tp in partitions]
     referenced: set[str] = set()
@@ -88,7 +91,8 @@ def referenced_blobs(coordination: Coordination, root: str, partitions: Iterable
         starts.append(record.log_start_offset if record is not None else 1)
         if compaction is not None:
             referenced.add(CompactionRecord.from_json(compaction.value, compaction.key).data_key)
-    for k, start in zip(keys, starts):
+    for k, start in track(zip(keys, starts), "gc: reading references", len(keys), unit="partitions",
+                          progress=progress):
         covered = start - 1  # offsets below the log start are gone (docs/topics.md section 3)
         for v in coordination.range_scan(k.index_prefix, k.index_end, k.partition_key):
             entry, end = IndexEntry.from_json(v.value, v.key), k.index_end_offset(v.key)
@@ -126,12 +130,13 @@ class GcReport:
 
 def collect_garbage(objects: ObjectStore, root: str, referenced: set[str], grace_ms: int,
                     now: datetime | None = None, dry_run: bool = False,
-                    partitions: Iterable[TopicPartition] = ()) -> GcReport:
+                    partitions: Iterable[TopicPartition] = (), progress: TaskFactory = silent) -> GcReport:
     """Delete (batch deletes) the blobs under ``R/wal-shared/``, and the compacted blobs of
     ``partitions``, that are not in ``referenced`` and were older than ``grace_ms`` at ``now``,
     the time taken before the partitions behind ``referenced`` were discovered (module doc;
     :func:`gc_pass` does all of it in order). ``partitions`` must be among those whose
-    references ``referenced`` holds."""
+    references ``referenced`` holds. ``progress`` (:mod:`llog.progress`) counts the blobs
+    examined, then those deleted."""
     if grace_ms < 1:
         raise ValueError(f"grace period must be >= 1 ms, got {grace_ms}")
     now = now or datetime.now(timezone.utc)
@@ -139,10 +144,12 @@ def collect_garbage(objects: ObjectStore, root: str, referenced: set[str], grace
     report = GcReport()
     doomed: list[tuple[str, int]] = []
     compacted = [PartitionKeys(root, tp).compacted_prefix for tp in partitions]
-    with ThreadPoolExecutor(max_workers=_LIST_THREADS, thread_name_prefix="llog-gc-list") as pool:
+    with ThreadPoolExecutor(max_workers=_LIST_THREADS, thread_name_prefix="llog-gc-list") as pool, \
+            progress("gc: examining blobs", unit="blobs") as examined:
         # The shared WAL blobs stream by while the partitions' (smaller) listings run alongside.
         for info in itertools.chain(objects.list(shared_wal_prefix(root)), itertools.chain.from_iterable(
                 pool.map(lambda prefix: list(objects.list(prefix)), compacted))):
+            examined()
             report.listed += 1
             uri = s3_uri(bucket, info.key)
             if uri in referenced:
@@ -152,7 +159,11 @@ def collect_garbage(objects: ObjectStore, root: str, referenced: set[str], grace
             else:
                 doomed.append((uri, info.size))
     if doomed and not dry_run:
-        objects.delete_many([uri for uri, _ in doomed])
+        uris = [uri for uri, _ in doomed]
+        with progress("gc: deleting blobs", len(uris), unit="blobs") as deleted:
+            # The requests delete_many would send for all of them at once (one bucket), one by one.
+            for i in range(0, len(uris), _DELETE_BATCH):
+                deleted(objects.delete_many(uris[i:i + _DELETE_BATCH]))
     report.deleted = len(doomed)
     report.deleted_bytes = sum(size for _, size in doomed)
     report.deleted_uris = [uri for uri, _ in doomed]
@@ -160,10 +171,15 @@ def collect_garbage(objects: ObjectStore, root: str, referenced: set[str], grace
 
 
 def gc_pass(coordination: Coordination, objects: ObjectStore, root: str, grace_ms: int,
-            dry_run: bool = False, clock: Clock = SYSTEM) -> GcReport:
-    """One whole pass in the safe order (module doc): time, discovery, references, listing."""
+            dry_run: bool = False, clock: Clock = SYSTEM, progress: TaskFactory = silent) -> GcReport:
+    """One whole pass in the safe order (module doc): time, discovery, references, listing.
+    ``progress`` (:mod:`llog.progress`; ``llog gc`` passes :func:`llog.progress.task`) shows
+    each step."""
     began = datetime.fromtimestamp(clock.now_ms() / 1000, timezone.utc)
-    partitions = all_partitions(coordination, root)
-    referenced = referenced_blobs(coordination, root, partitions)
+    with progress("gc: finding partitions", unit="partitions") as found:
+        partitions = all_partitions(coordination, root)
+        found(len(partitions))
+    referenced = referenced_blobs(coordination, root, partitions, progress)
     failpoints.hit("gc.after_scan")
-    return collect_garbage(objects, root, referenced, grace_ms, now=began, dry_run=dry_run, partitions=partitions)
+    return collect_garbage(objects, root, referenced, grace_ms, now=began, dry_run=dry_run, partitions=partitions,
+                           progress=progress)
