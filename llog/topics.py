@@ -348,11 +348,13 @@ class TopicCache:
         self._lock = threading.Lock()
 
     def get(self, topic: str, fresh: bool = False) -> TopicRecord | None:
-        """The topic's record (None: it has none), from the cache unless ``fresh`` or stale."""
+        """The topic's record (None: it has none), from the cache unless ``fresh`` or stale. An
+        absence is never answered from the cache: a topic missing now is usually about to be
+        created (by the first write, on the driver of a Spark query whose tasks asked first)."""
         now = time.monotonic()
         with self._lock:
             cached = self._records.get(topic)
-        if cached is not None and not fresh and now - cached[0] < CACHE_TTL_S:
+        if cached is not None and cached[1] is not None and not fresh and now - cached[0] < CACHE_TTL_S:
             return cached[1]
         found = read_topic(self.coordination, self.config.root_prefix, topic)
         record = found.record if found is not None else None

@@ -22,7 +22,7 @@ from llog.errors import (
 from llog.keys import TopicPartition
 from llog.records import ACTIVE, DELETING
 from llog.topics import (
-    TopicSettings, _mark_deleting, alter_topic, create_topic, delete_topic, list_topic_records, parse_config,
+    TopicCache, TopicSettings, _mark_deleting, alter_topic, create_topic, delete_topic, list_topic_records, parse_config,
     parse_config_pairs, read_topic,
 )
 from llog.writer import AppendGroup, LogWriter
@@ -470,3 +470,15 @@ def _create_or_error(c, root, topic):
         return create_topic(c, root, topic, 1)
     except TopicAlreadyExists as e:
         return e
+
+
+def test_the_topic_cache_never_answers_an_absence_from_the_cache(config, writer):
+    """A Spark task that found a topic missing must see it once the driver's first commit created
+    it (a second write without the `partitions` option was refused as a count mismatch)."""
+    cache = TopicCache(writer.coordination, config, auto_create=False)
+    assert cache.get("arrives") is None
+    create_topic(writer.coordination, config.root_prefix, "arrives", 3)
+    assert cache.get("arrives").partitions == 3
+    alter_topic(writer.coordination, config.root_prefix, "arrives", 5)
+    assert cache.get("arrives").partitions == 3  # a record is cached (CACHE_TTL_S)
+    assert cache.get("arrives", fresh=True).partitions == 5
