@@ -1,12 +1,13 @@
-"""databricks.yml: every task's entry file exists, and its entry point's argparse accepts exactly
-the parameters the bundle gives it (bundle variables replaced by their defaults, else by dummy
-values)."""
+"""databricks.yml: every Python task's entry file exists, and its entry point's argparse accepts
+exactly the parameters the bundle gives it (bundle variables replaced by their defaults, else by
+dummy values); every notebook task's notebook exists; the wheel is built with ``build``."""
 
 from __future__ import annotations
 
 import re
 from pathlib import Path
 
+import nbformat
 import pytest
 import yaml
 
@@ -33,7 +34,11 @@ def _substitute(text: str, values: dict[str, str]) -> str:
 
 
 DEFAULTS = {name: str(v["default"]) for name, v in BUNDLE["variables"].items() if "default" in v}
-TASKS = [(job_key, task) for job_key, job in BUNDLE["resources"]["jobs"].items() for task in job["tasks"]]
+ALL_TASKS = [(job_key, task) for job_key, job in BUNDLE["resources"]["jobs"].items() for task in job["tasks"]]
+TASKS = [(job_key, task) for job_key, task in ALL_TASKS if "spark_python_task" in task]
+NOTEBOOK_TASKS = [(job_key, task) for job_key, task in ALL_TASKS if "notebook_task" in task]
+#: The notebooks the bundle deploys (notebooks/, executed by tests/integration/test_notebooks.py).
+NOTEBOOKS = {"notebooks/quickstart.ipynb", "notebooks/operations.ipynb"}
 
 
 def test_bundle_has_the_jobs_and_targets():
@@ -48,6 +53,37 @@ def test_bundle_has_the_jobs_and_targets():
     assert to_delta["continuous"]["pause_status"] == "UNPAUSED" and "schedule" not in to_delta
     params = to_delta["tasks"][0]["spark_python_task"]["parameters"]
     assert params[params.index("--trigger") + 1].startswith("processing-time=")
+    notebooks = jobs["llog_notebooks"]
+    assert not {"schedule", "continuous", "trigger"} & set(notebooks), "the notebooks job runs on demand only"
+
+
+def test_every_task_is_a_python_or_a_notebook_task():
+    """Each is checked by the tests of its kind; a task of another kind (or of both) would go unchecked."""
+    assert len(TASKS) + len(NOTEBOOK_TASKS) == len(ALL_TASKS)
+
+
+def test_notebook_tasks_run_the_committed_notebooks():
+    paths = [task["notebook_task"]["notebook_path"].removeprefix("./") for _, task in NOTEBOOK_TASKS]
+    assert sorted(paths) == sorted(NOTEBOOKS)
+    assert {job_key for job_key, _ in NOTEBOOK_TASKS} == {"llog_notebooks"}
+    for path in paths:
+        assert (REPO / path).is_file(), f"{path} does not exist"
+        nbformat.validate(nbformat.read(REPO / path, as_version=4))
+    [cluster] = BUNDLE["resources"]["jobs"]["llog_notebooks"]["job_clusters"]
+    env = cluster["new_cluster"]["spark_env_vars"]
+    assert env["LLOG_NOTEBOOK_DIR"] == "${var.notebook_dir}"  # the quickstart's Delta table and checkpoints
+
+
+def test_wheel_is_built_with_build():
+    [artifact] = BUNDLE["artifacts"].values()
+    assert artifact["type"] == "whl" and artifact["path"] == "."
+    assert artifact["build"] == "python3 -m build --wheel --outdir dist ."
+
+
+def test_llog_to_delta_gets_great_expectations_as_pinned_in_setup_py():
+    [pin] = re.findall(r'"(great-expectations==[^"]+)"', (REPO / "setup.py").read_text())
+    [task] = BUNDLE["resources"]["jobs"]["llog_to_delta"]["tasks"]
+    assert {"pypi": {"package": pin}} in task["libraries"]
 
 
 @pytest.mark.parametrize("job_key,task", TASKS, ids=[f"{j}.{t['task_key']}" for j, t in TASKS])
@@ -63,7 +99,7 @@ def test_task_entry_file_exists_and_accepts_its_parameters(job_key, task):
         llog_to_delta.parse_trigger(params[params.index("--trigger") + 1])
 
 
-@pytest.mark.parametrize("job_key,task", TASKS, ids=[f"{j}.{t['task_key']}" for j, t in TASKS])
+@pytest.mark.parametrize("job_key,task", ALL_TASKS, ids=[f"{j}.{t['task_key']}" for j, t in ALL_TASKS])
 def test_task_cluster_gets_the_connection_settings(job_key, task):
     job = BUNDLE["resources"]["jobs"][job_key]
     [cluster] = [c for c in job["job_clusters"] if c["job_cluster_key"] == task["job_cluster_key"]]
