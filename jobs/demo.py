@@ -3,10 +3,13 @@
 Writes several batches to several topic-partitions through the core writer (each batch one
 shared WAL blob), reads everything back through the core reader, checks it; then streams
 generated events through ``writeStream.format("llog")`` (Spark, local mode) into topic
-``events``, and runs the llog -> Delta job (``jobs/llog_to_delta.py``, ``availableNow``, consumer
-group ``llog-demo-to-delta``) on those events into a Delta table under ``.cache/demo``, and
-prints the table and the group's lag. The stack keeps running afterwards (``llog stack down``
-stops it).
+``events``, adds a few bad events (not JSON, no ``ts``, ``ts`` in the future), and runs the
+llog -> Delta job (``jobs/llog_to_delta.py``, ``availableNow``, consumer group
+``llog-demo-to-delta``) on those events into a Delta table under ``.cache/demo``, through the
+data-quality gate of ``conf/expectations/events.json`` (the bad events land in the quarantine
+table beside it). Prints the table, the quarantine and the group's lag, and writes
+``.cache/demo/report.html``: records/s per micro-batch of the sink and the source, and the
+group's lag over time. The stack keeps running afterwards (``llog stack down`` stops it).
 """
 
 from __future__ import annotations
@@ -20,7 +23,11 @@ import sys
 import threading
 import time
 import uuid
+from dataclasses import dataclass
+from pathlib import Path
 
+from jobs.demo_report import write_report
+from llog import progress
 from llog.config import Config, llog_home
 from llog.describe import describe_topic, format_descriptions
 from llog.discovery import topic_partitions
@@ -30,12 +37,21 @@ from llog.reader import LogReader, ReadRequest
 from llog.writer import AppendGroup, LogWriter
 
 
+CHECKOUT = Path(__file__).resolve().parents[1]
+#: The quality gate's suite (jobs/quality_gate.py).
+EXPECTATIONS = CHECKOUT / "conf" / "expectations" / "events.json"
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--topics", default="orders,payments")
     parser.add_argument("--partitions", type=int, default=3)
     parser.add_argument("--batches", type=int, default=5)
     parser.add_argument("--records", type=int, default=1000, help="records per partition per batch")
+    parser.add_argument("--events", type=int, default=20_000, help="events per micro-batch streamed through Spark")
+    parser.add_argument("--micro-batches", type=int, default=3, help="micro-batches streamed through Spark")
+    parser.add_argument("--max-per-batch", type=int, default=15_000,
+                        help="records per micro-batch of the llog -> Delta job, at most")
     args = parser.parse_args(argv)
     topics = args.topics.split(",")
     config = Config.load()
@@ -49,7 +65,7 @@ def main(argv: list[str] | None = None) -> int:
                     for t in topics for p in range(args.partitions)}
         blobs_before = sum(1 for _ in writer.objects.list(shared_wal_prefix(config.root_prefix)))
         written: dict[tuple[str, int], list[bytes]] = {}
-        for batch in range(args.batches):
+        for batch in progress.track(range(args.batches), "writing shared WAL blobs", unit="blobs"):
             groups = []
             for t in topics:
                 for p in range(args.partitions):
@@ -86,12 +102,24 @@ def main(argv: list[str] | None = None) -> int:
     print()
     spark = start_spark()
     try:
-        before, after = stream_through_spark(spark, config, args.partitions)
+        before, after, sink_batches = stream_through_spark(spark, config, args.partitions, args.micro_batches,
+                                                                 args.events)
+        streamed = sum(after.values()) - sum(before.values())
+        after = add_bad_events(config, after)
         print()
-        complete = events_to_delta(spark, config, before, after)
+        outcome = events_to_delta(spark, config, before, after, max_per_batch=args.max_per_batch)
     finally:
         spark.stop()
-    if not complete:
+    print()
+    report = write_report(llog_home() / "demo" / "report.html", sink_batches, outcome.batches, outcome.lag_samples,
+                          summary={"records written by the core writer": total,
+                                   "events streamed through the sink": streamed,
+                                   "bad events added": len(BAD_EVENTS),
+                                   "rows in the Delta table": outcome.rows,
+                                   "rows quarantined by the quality gate": outcome.quarantined,
+                                   "group": outcome.group, "group lag at the end": outcome.final_lag})
+    print(f"report: {report} (records/s per micro-batch of the sink and the source, the group's lag over time)")
+    if not outcome.complete:
         return 1
     print()
     print(f"done in {time.perf_counter() - started:.2f}s. The local stack is still running: "
@@ -99,15 +127,15 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
-#: What Spark's JVM prints while it starts that says nothing about the demo: Ivy's report on
-#: the Delta jars (cached in .cache/ivy after the first run) and Spark's banner.
+#: What Spark's JVM prints while it starts that says nothing about the demo: the JVM's line on
+#: every start, and Ivy's report on the first Delta start of a checkout (later starts load the
+#: jars jobs/local_spark.py recorded then, without Ivy; conf/log4j2.properties keeps Spark at WARN).
 _SPARK_NOISE = re.compile(
-    r"^(:: |WARNING: Using incubator modules|Ivy Default Cache set to|The jars for the packages stored in"
-    r"|Using Spark's default log4j profile|Setting default log level to|To adjust logging level use)"
-    r"|^\s+(confs: |found \S+ in |\S+#\S+ from \S+ in \[|\S+#\S+ by \[|-{10}|\||:: (modules in use|evicted modules)"
-    r"|\d+ artifacts copied)"
-    r"|^\s*$|\[SUCCESSFUL \]|added as a dependency$|WARN NativeCodeLoader"
-    r"|You probably access the destination server through a proxy")
+    r"^WARNING: Using incubator modules: jdk\.incubator\.vector$"
+    r"|^(:: (loading settings|resolving dependencies|resolution report|retrieving) :: |Ivy Default Cache set to: "
+    r"|The jars for the packages stored in: |downloading https?://)"
+    r"|^\t(confs: \[|:: evicted modules:|\S+#\S+;\S+ by \[|-{20}|\||\[SUCCESSFUL \] |\d+ artifacts copied, )"
+    r"|^\S+#\S+ added as a dependency$")
 
 
 def start_spark():
@@ -144,9 +172,9 @@ def start_spark():
 
 
 def stream_through_spark(spark, config: Config, partitions: int, batches: int = 3, rows: int = 20_000
-                         ) -> tuple[dict[int, int], dict[int, int]]:
+                         ) -> tuple[dict[int, int], dict[int, int], list[dict]]:
     """A streaming query from Spark's ``rate-micro-batch`` source into topic ``events``; the
-    high watermark of each partition before and after."""
+    high watermark of each partition before and after, and the query's progress per batch."""
     import tempfile
 
     from pyspark.sql import functions as F
@@ -163,55 +191,147 @@ def stream_through_spark(spark, config: Config, partitions: int, batches: int = 
                           .alias("value")))
         query = (events.writeStream.format("llog").option("topic", "events").option("partitions", partitions)
                  .option("checkpointLocation", checkpoint).trigger(processingTime="0 seconds").start())
-        while not query.recentProgress or query.recentProgress[-1]["batchId"] < batches - 1:
-            if query.exception() is not None:
-                raise query.exception()
-            time.sleep(0.2)
+        with progress.task("streaming micro-batches into llog", total=batches, unit="batches") as advance:
+            while not query.recentProgress or query.recentProgress[-1]["batchId"] < batches - 1:
+                if query.exception() is not None:
+                    raise query.exception()
+                advance.update(completed=len(query.recentProgress))
+                time.sleep(0.2)
+            advance.update(completed=batches)
         spark.sparkContext.setLogLevel("OFF")  # stopping cancels the batch in flight, which Spark logs as errors
         query.stop()
         wait_for_running_tasks(spark)
         spark.sparkContext.setLogLevel("ERROR")
-        for progress in query.recentProgress:
-            print(f"  batch {progress['batchId']}: {progress['numInputRows']:,} rows in "
-                  f"{progress['durationMs'].get('triggerExecution', 0) / 1000:.2f}s")
+        batch_progress = [p for p in query.recentProgress if p["numInputRows"]]
+        for p in batch_progress:
+            print(f"  batch {p['batchId']}: {p['numInputRows']:,} rows in "
+                  f"{p['durationMs'].get('triggerExecution', 0) / 1000:.2f}s")
         after = _high_watermarks(reader, config, "events", partitions)
     print(f"events: {sum(after.values()) - sum(before.values()):,} records committed in "
           f"{time.perf_counter() - started:.1f}s; offsets per partition: "
           + ", ".join(f"events[{p}] {before.get(p, 0) + 1}..{hw}" if hw > before.get(p, 0) else f"events[{p}] -"
                       for p, hw in sorted(after.items())))
-    return before, after
+    return before, after, batch_progress
+
+
+#: What the demo adds to ``events`` for the quality gate to catch, each failing one expectation
+#: of conf/expectations/events.json (or, for the first, all that look inside the value).
+BAD_EVENTS = (b"not json at all", b'{"seq": "seven", "ts": "2026-01-01 00:00:00"}', b'{"seq": 7}',
+              b'{"seq": 8, "ts": "2999-01-01 00:00:00"}')
+
+
+def add_bad_events(config: Config, after: dict[int, int]) -> dict[int, int]:
+    """Append :data:`BAD_EVENTS` to ``events`` (one per partition, round robin); the high
+    watermarks after."""
+    after = dict(after)
+    with LogWriter(config) as writer:
+        for i, value in enumerate(BAD_EVENTS):
+            partition = sorted(after)[i % len(after)]
+            after[partition] = writer.append("events", partition, [value]).end_offset
+    print(f"added {len(BAD_EVENTS)} bad events to topic events (not JSON, a seq that is no integer, no ts, a ts in "
+          "2999) for the quality gate to catch")
+    return after
+
+
+@dataclass
+class DeltaOutcome:
+    """What the llog -> Delta run did (:func:`events_to_delta`)."""
+
+    group: str
+    batches: list[dict]
+    lag_samples: list[tuple[float, int, dict]]
+    rows: int
+    quarantined: int
+    final_lag: int
+    complete: bool
 
 
 def events_to_delta(spark, config: Config, before: dict[int, int], after: dict[int, int],
-                    group: str = "llog-demo-to-delta", max_per_batch: int = 30_000) -> bool:
+                    group: str = "llog-demo-to-delta", max_per_batch: int = 15_000) -> DeltaOutcome:
     """The llog -> Delta job on the events just streamed (from the offsets they start at),
-    ``availableNow``, into a fresh Delta table under ``.cache/demo`` (``$LLOG_HOME/demo``);
-    then the table and the group's lag. False if the table does not hold every event."""
-    from jobs.llog_to_delta import Job, describe_batches, group_lag, run
+    ``availableNow``, through the quality gate of ``conf/expectations/events.json``, into a
+    fresh Delta table and quarantine under ``.cache/demo`` (``$LLOG_HOME/demo``), sampling the
+    group's lag meanwhile; then the table, the quarantine and the group's lag. ``complete`` is
+    False unless every event is in the table or the quarantine, once."""
+    from jobs.llog_to_delta import Job, describe_batches, gate_summary, group_lag, run
 
     workdir = llog_home() / "demo"
-    table, checkpoint = workdir / "events-delta", workdir / "events-delta-checkpoint"
-    for path in (table, checkpoint):
+    table, checkpoint, quarantine = (workdir / "events-delta", workdir / "events-delta-checkpoint",
+                                     workdir / "events-quarantine")
+    for path in (table, checkpoint, quarantine, Path(f"{quarantine}_results")):
         shutil.rmtree(path, ignore_errors=True)
-    starting = {"events": {str(p): before.get(p, 0) + 1 for p in sorted(after)}}  # every partition of the topic
-    job = Job(table=str(table), checkpoint=str(checkpoint), topics=("events",), starting_offsets=json.dumps(starting),
-              max_offsets_per_trigger=max_per_batch, group_id=group)
+    starting = {p: before.get(p, 0) + 1 for p in sorted(after)}  # every partition of the topic
+    job = Job(table=str(table), checkpoint=str(checkpoint), topics=("events",),
+              starting_offsets=json.dumps({"events": {str(p): o for p, o in starting.items()}}),
+              max_offsets_per_trigger=max_per_batch, group_id=group, expectations=str(EXPECTATIONS),
+              quarantine=str(quarantine))
     print(f"llog -> Delta: readStream.format('llog') from those offsets, availableNow, at most {max_per_batch:,} "
-          f"records per batch, group {group!r} ...")
+          f"records per batch, group {group!r}, quality gate {EXPECTATIONS.relative_to(CHECKOUT)} ...")
     started = time.perf_counter()
-    progress = run(spark, job, config)
-    for line in describe_batches(progress):
+    streamed = sum(hw - before.get(p, 0) for p, hw in after.items())
+    with progress.task("llog -> Delta (records the group has committed)", total=streamed, unit="records") as advance, \
+            LagSampler(config, group, starting, after,
+                       on_sample=lambda lag: advance.update(completed=streamed - lag)) as sampler:
+        batches = run(spark, job, config)
+    for line in describe_batches(batches):
         print(f"  {line}")
     df = spark.read.format("delta").load(str(table))
-    rows, streamed = df.count(), sum(hw - before.get(p, 0) for p, hw in after.items())
-    print(f"Delta table {table}: {rows:,} rows in {time.perf_counter() - started:.1f}s "
-          + ("(every event streamed above)" if rows == streamed else f"(MISMATCH: {streamed:,} events were streamed)"))
-    sample = (df.orderBy("partition", "offset").limit(5)
+    rows = df.count()
+    quarantined = spark.read.format("delta").load(str(quarantine)).count() if (quarantine / "_delta_log").exists() else 0
+    complete = rows + quarantined == streamed
+    print(f"Delta table {table}: {rows:,} rows in {time.perf_counter() - started:.1f}s, {quarantined:,} quarantined "
+          + ("(every event streamed above, once)" if complete else f"(MISMATCH: {streamed:,} events were streamed)"))
+    sample = (df.orderBy("partition", "offset").limit(3)
               .selectExpr("topic", "partition", "offset", "CAST(value AS STRING) AS value", "timestamp").collect())
     print("  " + "\n  ".join(f"{r.topic}[{r.partition}]@{r.offset}  {r.value}  {r.timestamp}" for r in sample))
+    print(gate_summary(spark, job))
     print()
     print(group_lag(config, group, ["events"]))
-    return rows == streamed
+    samples = sampler.samples
+    return DeltaOutcome(group, batches, samples, rows, quarantined, samples[-1][1] if samples else 0, complete)
+
+
+class LagSampler:
+    """Samples the group's lag on ``events`` every ``interval_s`` in a thread, while the job runs:
+    ``(seconds since start, total lag, {(topic, partition): lag})``. Before the group has
+    committed a partition, its lag counts from the job's starting offset."""
+
+    def __init__(self, config: Config, group: str, starting: dict[int, int], after: dict[int, int],
+                 interval_s: float = 0.5, on_sample=None):
+        self.config, self.group, self.starting, self.interval_s = config, group, starting, interval_s
+        self.on_sample = on_sample
+        self.samples: list[tuple[float, int, dict]] = []
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="lag-sampler", daemon=True)
+
+    def __enter__(self) -> "LagSampler":
+        self._started = time.perf_counter()
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._stop.set()
+        self._thread.join(timeout=30)
+
+    def _run(self) -> None:
+        from llog.consumer_groups import committed_offsets
+        from llog.coordination import Coordination
+        from llog.keys import TopicPartition
+
+        partitions = [TopicPartition("events", p) for p in sorted(self.starting)]
+        with Coordination(self.config) as coordination, LogReader(self.config) as reader:
+            while True:
+                committed = committed_offsets(coordination, self.config.root_prefix, self.group, partitions)
+                lags = {}
+                for tp in partitions:
+                    offset = committed[tp].offset if tp in committed else self.starting[tp.partition]
+                    lags[(tp.topic, tp.partition)] = max(0, reader.high_watermark(tp.topic, tp.partition) + 1 - offset)
+                self.samples.append((time.perf_counter() - self._started, sum(lags.values()), lags))
+                if self.on_sample is not None:
+                    self.on_sample(self.samples[-1][1])
+                if self._stop.is_set():  # the job has ended: that was the last sample
+                    break
+                self._stop.wait(self.interval_s)
 
 
 def _high_watermarks(reader: LogReader, config: Config, topic: str, partitions: int) -> dict[int, int]:

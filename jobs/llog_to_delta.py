@@ -13,6 +13,17 @@ checkpoint writing to the same table (otherwise its batches 0, 1, ... would be s
 already written). The default is the streaming query's id, which Spark keeps in the checkpoint
 (Delta's documentation suggests it); ``--app-id`` sets one explicitly.
 
+Data-quality gate (``--expectations SUITE.json``, :mod:`jobs.quality_gate`): each micro-batch is
+validated by great-expectations (its Spark execution engine) before it is written. Rows that
+pass go to the table; rows that fail go, in the same batch, to the quarantine table
+(``--quarantine PATH``) with the names of the expectations they failed; the batch's result (one
+row per expectation: success, rows checked, unexpected rows) is logged and appended to the
+results table (``--results PATH``, default ``<quarantine>_results``). Each of the three appends
+is idempotent the same way (``txnAppId``, ``txnVersion = batch id``), and a replayed batch splits
+the same way (the same rows, the same ``batch_timestamp``), so every record lands exactly once,
+in the table or in the quarantine. ``--on-failure fail`` stops the query instead, naming the
+expectation, before anything of the failing batch is written.
+
 Table columns: the source's with headers (key, value, topic, partition, offset, timestamp,
 timestampType, headers). A table written before llog had keys gains the key and headers columns
 on its next append (Delta's ``mergeSchema``); its older rows read them as null.
@@ -24,6 +35,7 @@ batch only, so ``llog_to_delta.after_append.2`` dies in the middle of a run:
 
   llog_to_delta.before_append   a batch is planned (in Spark's offset log), its Delta append not begun
   llog_to_delta.after_append    the batch is committed to the Delta table, Spark has not recorded it as done
+  llog_to_delta.after_quarantine  (with a gate) its failing rows are committed to the quarantine, its results not
 
 Run as ``python -m jobs.llog_to_delta`` (a local Spark with Delta), or as a script by
 ``spark-submit`` or a Databricks task (the cluster's session; Delta must be on it).
@@ -54,6 +66,7 @@ from llog.config import Config
 FAILPOINTS = {
     "llog_to_delta.before_append": "a batch is planned (in Spark's offset log), its Delta append not begun",
     "llog_to_delta.after_append": "the batch is committed to the Delta table, Spark has not recorded it as done",
+    "llog_to_delta.after_quarantine": "(with a gate) its failing rows are in the quarantine table, its results not",
 }
 AVAILABLE_NOW = "available-now"
 _PROCESSING_TIME = "processing-time="
@@ -83,6 +96,11 @@ class Job:
     max_offsets_per_trigger: int | None = None
     group_id: str | None = None
     app_id: str | None = None
+    #: The data-quality gate (module doc): a GX suite file, the quarantine and results tables.
+    expectations: str | None = None
+    quarantine: str | None = None
+    results: str | None = None
+    on_failure: str = "quarantine"
 
     def __post_init__(self):
         if isinstance(self.topics, str):  # "a,b" as well as ("a", "b")
@@ -90,6 +108,20 @@ class Job:
         if bool(self.topics) == (self.topic_pattern is not None):
             raise ValueError("give exactly one of topics and topic_pattern")
         parse_trigger(self.trigger)
+        if self.expectations and not self.quarantine and self.on_failure == "quarantine":
+            raise ValueError("a quality gate (expectations) with on_failure 'quarantine' needs a quarantine table path")
+        if (self.quarantine or self.results) and not self.expectations:
+            raise ValueError("quarantine and results tables need expectations (a great-expectations suite)")
+        if self.on_failure not in ("quarantine", "fail"):
+            raise ValueError(f"on_failure {self.on_failure!r}: expected 'quarantine' or 'fail'")
+
+    @property
+    def results_table(self) -> str | None:
+        """Where the gate's per-batch results go: ``results``, else beside the quarantine."""
+        if not self.expectations:
+            return None
+        return self.results or (f"{self.quarantine.rstrip('/')}_results" if self.quarantine
+                                else f"{self.table.rstrip('/')}_quality_results")
 
     def source_options(self, config: Config) -> dict[str, str]:
         """The options of ``readStream.format("llog")``: the subscription, the job's options and
@@ -109,12 +141,14 @@ class Job:
 
 
 class DeltaAppend:
-    """The ``foreachBatch`` function: one idempotent Delta append per micro-batch. It runs on
-    the driver, in this Python process."""
+    """The ``foreachBatch`` function: one idempotent Delta append per micro-batch (with a gate:
+    one per table it writes). It runs on the driver, in this Python process."""
 
-    def __init__(self, table: str, app_id: str | None):
+    def __init__(self, table: str, app_id: str | None, gate=None, quarantine: str | None = None,
+                 results: str | None = None):
         self.table = table
         self.app_id = app_id
+        self.gate, self.quarantine, self.results = gate, quarantine, results
         self._ready = threading.Event()
         if app_id is not None:
             self._ready.set()
@@ -129,10 +163,33 @@ class DeltaAppend:
         if not self._ready.wait(120):
             raise RuntimeError("llog_to_delta: the query's id never became known; no batch was written")
         _hit("llog_to_delta.before_append", batch_id)
-        (batch.write.format("delta").mode("append").option("mergeSchema", "true")
+        if self.gate is None:
+            self._append(batch, self.table, batch_id)
+            _hit("llog_to_delta.after_append", batch_id)
+            return
+        from pyspark import StorageLevel
+
+        from jobs.quality_gate import BATCH_TIMESTAMP, RESULT_SCHEMA
+
+        batch = batch.persist(StorageLevel.MEMORY_AND_DISK)  # GX reads it once per metric, the split once more
+        try:
+            passed, quarantined, results = self.gate.split(batch, batch_id)
+            self._append(passed.drop(BATCH_TIMESTAMP), self.table, batch_id)
+            _hit("llog_to_delta.after_append", batch_id)
+            if self.quarantine is not None:
+                self._append(quarantined, self.quarantine, batch_id)
+            _hit("llog_to_delta.after_quarantine", batch_id)
+            stamp = batch.select(BATCH_TIMESTAMP).first()
+            rows = self.gate.result_rows(batch_id, stamp[0] if stamp else None, results)
+            self._append(batch.sparkSession.createDataFrame(rows, RESULT_SCHEMA), self.results, batch_id)
+        finally:
+            batch.unpersist()
+
+    def _append(self, frame, table: str, batch_id: int) -> None:
+        """Append ``frame`` to ``table`` unless this app id's ``batch_id`` is already in it."""
+        (frame.write.format("delta").mode("append").option("mergeSchema", "true")
          .option("txnAppId", self.app_id).option("txnVersion", batch_id)
-         .save(self.table))
-        _hit("llog_to_delta.after_append", batch_id)
+         .save(table))
 
 
 def _hit(name: str, batch_id: int) -> None:
@@ -144,9 +201,19 @@ def start(spark, job: Job, config: Config | None = None):
     """Start the job's streaming query on ``spark`` (a session with Delta, like
     ``local_spark(..., delta=True)``) and return it."""
     config = (config or Config.load()).require("oxia_service_address", "s3_bucket")
-    append = DeltaAppend(job.table, job.app_id)
-    query = (spark.readStream.format("llog").options(**job.source_options(config)).load()
-             .writeStream.foreachBatch(append)
+    records = spark.readStream.format("llog").options(**job.source_options(config)).load()
+    gate = None
+    if job.expectations:
+        from pyspark.sql import functions as F
+
+        from jobs.quality_gate import BATCH_TIMESTAMP, QualityGate
+
+        gate = QualityGate(job.expectations, job.on_failure)
+        # In the streaming plan, current_timestamp() is the micro-batch's time, kept in the
+        # offset log: a replayed batch has the same one (quality_gate's module doc).
+        records = records.withColumn(BATCH_TIMESTAMP, F.current_timestamp())
+    append = DeltaAppend(job.table, job.app_id, gate, job.quarantine, job.results_table)
+    query = (records.writeStream.foreachBatch(append)
              .option("checkpointLocation", job.checkpoint)
              .trigger(**parse_trigger(job.trigger))
              .start())
@@ -206,6 +273,19 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--app-id", help="Delta txnAppId; default: the streaming query's id, kept in the "
                                          "checkpoint. Must stay the same for one checkpoint.")
     parser.add_argument("--timeout", type=float, help="stop after this many seconds")
+    gate = parser.add_argument_group("data-quality gate (great-expectations)")
+    gate.add_argument("--expectations", metavar="SUITE.json",
+                      help="validate every micro-batch with this GX expectation suite (conf/expectations/); rows "
+                           "that fail go to --quarantine")
+    gate.add_argument("--quarantine", metavar="PATH", help="Delta table of the rows that failed, with the names of "
+                                                            "the expectations they failed (needed unless "
+                                                            "--on-failure fail)")
+    gate.add_argument("--results", metavar="PATH", help="Delta table of each batch's result per expectation "
+                                                         "(default: <quarantine>_results)")
+    gate.add_argument("--on-failure", choices=("quarantine", "fail"), default="quarantine",
+                      help="quarantine (default): failing rows go to --quarantine, the rest to --table; fail: "
+                           "stop the query at the first failing batch, naming the expectation, writing nothing "
+                           "of it")
     return parser
 
 
@@ -218,10 +298,19 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(str(e))
     if args.max_offsets_per_trigger is not None and args.max_offsets_per_trigger < 1:
         parser.error("--max-offsets-per-trigger must be a positive integer")
-    job = Job(table=args.table, checkpoint=args.checkpoint,
-              topics=tuple(t.strip() for t in (args.topics or "").split(",") if t.strip()),
-              topic_pattern=args.topic_pattern, trigger=args.trigger, starting_offsets=args.starting_offsets,
-              max_offsets_per_trigger=args.max_offsets_per_trigger, group_id=args.group_id, app_id=args.app_id)
+    try:
+        job = Job(table=args.table, checkpoint=args.checkpoint,
+                  topics=tuple(t.strip() for t in (args.topics or "").split(",") if t.strip()),
+                  topic_pattern=args.topic_pattern, trigger=args.trigger, starting_offsets=args.starting_offsets,
+                  max_offsets_per_trigger=args.max_offsets_per_trigger, group_id=args.group_id, app_id=args.app_id,
+                  expectations=args.expectations, quarantine=args.quarantine, results=args.results,
+                  on_failure=args.on_failure)
+        if job.expectations:
+            from jobs.quality_gate import load_suite
+
+            load_suite(job.expectations)  # a bad suite is an argument error, before Spark starts
+    except ValueError as e:
+        parser.error(str(e))
     config = Config.load()
 
     from jobs.local_spark import job_spark
@@ -229,17 +318,53 @@ def main(argv: list[str] | None = None) -> int:
     spark, owned = job_spark("llog-to-delta", delta=True)
     started = time.perf_counter()
     try:
-        progress = run(spark, job, config, args.timeout)
+        try:
+            progress = run(spark, job, config, args.timeout)
+        except Exception as e:  # the query's error (a StreamingQueryException), named on one line
+            if "ExpectationsFailed" not in str(e):
+                raise
+            print(f"llog_to_delta: error: {_gate_failure(str(e))}", file=sys.stderr)
+            return 1
         for line in describe_batches(progress):
             print(line)
         print(f"llog_to_delta: {sum(p['numInputRows'] for p in progress):,} records processed in {len(progress)} "
               f"batch(es) into {job.table} in {time.perf_counter() - started:.1f}s")
+        if job.expectations:
+            print(gate_summary(spark, job))
         if job.group_id:
             print(group_lag(config, job.group_id, job.topics or None))
     finally:
         if owned:
             spark.stop()
     return 0
+
+
+def _gate_failure(text: str) -> str:
+    """The :class:`~jobs.quality_gate.ExpectationsFailed` message inside a query's error."""
+    for line in text.splitlines():
+        if "ExpectationsFailed:" in line:
+            return line.split("ExpectationsFailed:", 1)[1].strip()
+    return text.splitlines()[0]
+
+
+def gate_summary(spark, job: Job) -> str:
+    """Rows in the table and the quarantine, and failures per expectation over every batch."""
+    from pyspark.sql import functions as F
+
+    from jobs.quality_gate import FAILED_EXPECTATIONS
+
+    def count(path):
+        try:
+            return spark.read.format("delta").load(path).count()
+        except Exception:  # not written yet: no batch had a row for it
+            return 0
+    lines = [f"quality gate ({job.expectations}): {count(job.table):,} row(s) in {job.table}"
+             + (f", {count(job.quarantine):,} quarantined in {job.quarantine}" if job.quarantine else "")]
+    if job.quarantine and count(job.quarantine):
+        per = (spark.read.format("delta").load(job.quarantine).select(F.explode(FAILED_EXPECTATIONS).alias("e"))
+               .groupBy("e").count().orderBy("e").collect())
+        lines += [f"  {r['count']:,} row(s) failed {r['e']}" for r in per]
+    return "\n".join(lines)
 
 
 def group_lag(config: Config, group: str, topics=None) -> str:

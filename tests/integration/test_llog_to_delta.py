@@ -74,7 +74,7 @@ def _run_job(config, topic: str, table: Path, checkpoint: Path, failpoint: str |
                               failpoint, timeout=600)
 
 
-@pytest.mark.parametrize("failpoint", sorted(FAILPOINTS))
+@pytest.mark.parametrize("failpoint", sorted(f for f in FAILPOINTS if "quarantine" not in f))  # no gate here
 def test_driver_killed_mid_run_then_restarted_writes_every_record_exactly_once(spark, config, writer, tmp_path,
                                                                                 failpoint):
     rows = _fill(writer, "crash")
