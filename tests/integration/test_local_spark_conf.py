@@ -23,6 +23,15 @@ spark = local_spark("llog-conf-test", cores=3, delta=delta)
 conf = spark.sparkContext.getConf()
 report = {"conf": dict(conf.getAll()),
           "root_level": str(spark._jvm.org.apache.logging.log4j.LogManager.getRootLogger().getLevel())}
+# setLogLevel reaches Spark's, Delta's and Parquet's loggers (a logger the file names keeps its
+# own level): which of them still log warnings once the session asks for errors only.
+spark.sparkContext.setLogLevel("ERROR")
+log_manager = spark._jvm.org.apache.logging.log4j.LogManager
+report["warn_after_set_error"] = [name for name in (
+    "org.apache.spark.sql.execution.streaming.MicroBatchExecution", "org.apache.spark.scheduler.TaskSetManager",
+    "io.delta.sql.DeltaSparkSessionExtension", "org.apache.parquet.hadoop.ParquetOutputFormat")
+    if log_manager.getLogger(name).isWarnEnabled()]
+spark.sparkContext.setLogLevel("WARN")
 if delta:
     with tempfile.TemporaryDirectory() as table:
         spark.range(7).write.format("delta").mode("overwrite").save(table)
@@ -88,6 +97,7 @@ def test_delta_session_starts_quietly_with_the_conf_files_settings(warm_ivy_cach
     loaded = conf["spark.jars"].split(",")
     assert all(any(str(jar) in uri for uri in loaded) for jar in warm_ivy_cache)
     assert report["root_level"] == "WARN"  # conf/log4j2.properties, not Spark's default profile
+    assert report["warn_after_set_error"] == []  # the demo and benches quiet a query's stop this way
     assert report["delta_rows"] == 7  # the jars are on the classpath: Delta writes and reads
 
 
