@@ -63,9 +63,11 @@ class _SinkSettings:
                                    f"{self.compression!r}")
         if not layout.has_topic_column:  # one topic: its record decides, here on the driver, once
             topics = log_writer(self.config).topics
-            # Read, not created: a write that fails on its input creates nothing.
-            self.partitions = sink_partition_count(topics.get(layout.topic_option), layout.topic_option, option,
-                                                   self.config.default_partitions)
+            # Read, not created: a write that fails on its input creates nothing. Fresh, once per
+            # write: this process (a Python worker Spark reuses) may have looked the topic up
+            # before an earlier write's commit, in another worker, created or grew it.
+            self.partitions = sink_partition_count(topics.get(layout.topic_option, fresh=True), layout.topic_option,
+                                                   option, self.config.default_partitions)
             layout = dataclasses.replace(layout, partitions=self.partitions)
             self.compression = self.compression or topics.compression(layout.topic_option)
         self.layout = layout
