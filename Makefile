@@ -6,7 +6,7 @@ PY     := $(VENV)/bin/python
 # Reinstall when setup.py changes.
 STAMP  := $(VENV)/.installed-$(shell sha1sum setup.py | cut -c1-12)
 
-.PHONY: install chromium demo test bench chaos loadtest proto stack-up stack-down stack-status
+.PHONY: install chromium demo test bench compat chaos loadtest proto stack-up stack-down stack-status
 
 $(STAMP): setup.py
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -33,6 +33,12 @@ test: install chromium
 
 bench: install
 	$(PY) -m bench
+
+# The connectors on other pyspark versions, as a cluster has them: a venv per version under
+# .cache/compat with that pyspark and llog's wheel, and a smoke run against a private stack.
+COMPAT_VERSIONS ?= 4.0.5 4.1.4 4.3.0
+compat: install
+	$(PY) tests/compat/check_pyspark.py $(COMPAT_VERSIONS)
 
 # Writers, compactors, GC and readers paused, killed and restarted, Oxia and SeaweedFS restarted;
 # prints one JSON line. CHAOS_ARGS="--seconds 300 --seed N" for a longer run or a replay.

@@ -17,14 +17,18 @@ Spark's Kafka sink, plus Kafka's record timestamp.
 
 Records that are a value alone are written as bytes-batch-v1; keys, headers, timestamps,
 tombstones or compression make records-v2 (docs/records-v2.md).
+
+Spark hands the writers Arrow batches; a streaming write on pyspark 4.0 (no
+``DataSourceStreamArrowWriter``) hands Rows, which :func:`row_batches` puts back into Arrow.
 """
 
 from __future__ import annotations
 
 import logging
 import zlib
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
+from datetime import timezone
 
 import numpy as np
 import pyarrow as pa
@@ -162,6 +166,12 @@ class SinkLayout:
             raise InvalidSinkInput(f"column 'partition' holds a negative value ({lowest})")
         return partitions
 
+    @property
+    def input_columns(self) -> tuple[str, ...]:
+        """The columns of the written DataFrame the sink reads (the others are ignored)."""
+        return self.record_columns + ((TOPIC,) if self.has_topic_column else ()) \
+            + ((PARTITION,) if self.has_partition_column else ())
+
     @staticmethod
     def _sticky(topic: str, task_id: int, batch_id: int, partitions: int) -> TopicPartition:
         return _partition(topic, (task_id + batch_id + zlib.crc32(topic.encode())) % partitions)
@@ -193,3 +203,51 @@ def _values(column: pa.Array) -> pa.BinaryArray:
     if pa.types.is_string(column.type) or pa.types.is_large_string(column.type) or pa.types.is_large_binary(column.type):
         return column.cast(pa.binary())  # string -> binary keeps the bytes (UTF-8)
     raise InvalidSinkInput(f"column 'value' must be binary or string, got {column.type}")
+
+
+#: Rows per Arrow batch made from Rows: Spark's own batch size (spark.sql.execution.arrow.maxRecordsPerBatch).
+ROWS_PER_BATCH = 10_000
+_ARROW_HEADERS = pa.list_(pa.field("element", pa.struct([pa.field("key", pa.string()), pa.field("value", pa.binary())])))
+
+
+def row_batches(rows: Iterable, schema: T.StructType, columns: Iterable[str],
+                rows_per_batch: int = ROWS_PER_BATCH) -> Iterator[pa.RecordBatch]:
+    """Spark Rows of ``schema`` as Arrow batches of ``columns`` (the ones the sink reads, the
+    types :meth:`SinkLayout.from_schema` accepted), as Spark's Arrow writers would have been handed
+    them. A ``timestamp`` Row value is a naive datetime in the Python worker's local time (how
+    Spark turns its UTC instants into Rows), so it is read as local time and stored as UTC."""
+    fields = {f.name: (i, f.dataType) for i, f in enumerate(schema.fields)}
+    wanted = [(name, *fields[name]) for name in columns]
+    arrow_schema = pa.schema([pa.field(name, _arrow_type(name, kind)) for name, _, kind in wanted])
+    local_time = [isinstance(kind, T.TimestampType) for _, _, kind in wanted]
+    buffered: list[list] = [[] for _ in wanted]
+    count = 0
+    for row in rows:
+        for values, (_, index, _kind), local in zip(buffered, wanted, local_time):
+            value = row[index]
+            values.append(value.astimezone(timezone.utc) if local and value is not None else value)
+        count += 1
+        if count == rows_per_batch:
+            yield pa.RecordBatch.from_arrays(
+                [pa.array(v, f.type) for v, f in zip(buffered, arrow_schema)], schema=arrow_schema)
+            buffered, count = [[] for _ in wanted], 0
+    if count:
+        yield pa.RecordBatch.from_arrays([pa.array(v, f.type) for v, f in zip(buffered, arrow_schema)],
+                                         schema=arrow_schema)
+
+
+def _arrow_type(name: str, kind: T.DataType) -> pa.DataType:
+    """The Arrow type Spark gives a column of ``kind`` (one the input contract allows)."""
+    if isinstance(kind, T.BinaryType):
+        return pa.binary()
+    if isinstance(kind, T.StringType):
+        return pa.string()
+    if isinstance(kind, T.TimestampType):
+        return pa.timestamp("us", tz="UTC")
+    if isinstance(kind, T.TimestampNTZType):
+        return pa.timestamp("us")
+    if isinstance(kind, (T.LongType, T.IntegerType, T.ShortType, T.ByteType)):
+        return pa.int64()
+    if name == HEADERS and _is_headers(kind):
+        return _ARROW_HEADERS
+    raise InvalidSinkInput(f"column {name!r} of type {kind.simpleString()} is not one the llog sink reads")

@@ -11,6 +11,12 @@ created with it, else with ``LLOG_DEFAULT_PARTITIONS``, when the first batch com
 existing topic, it must be the topic's count: docs/topics.md), ``compression`` (``zstd``, ``lz4`` or ``none``; default: the
 topic's ``compression.type``), and any ``llog.*`` setting (``llog.s3.bucket``,
 ``llog.oxia.service.address``, ...; see ``llog/config.py``).
+
+pyspark 4.0 has no ``DataSourceStreamArrowWriter``: there ``writeStream`` gets
+:class:`LlogStreamRowWriter`, which is handed Rows and puts them back into Arrow batches
+(``rows.row_batches``) for the same staging; the records written are the same, the conversion
+costs CPU in the Python workers. ``LlogStreamWriter`` is the writer this pyspark gets
+(``pyspark_llog.compat``).
 """
 
 from __future__ import annotations
@@ -20,14 +26,16 @@ from collections.abc import Iterator, Mapping
 
 import pyarrow as pa
 from pyspark import TaskContext
-from pyspark.sql.datasource import DataSourceArrowWriter, DataSourceStreamArrowWriter
+from pyspark.sql import Row
+from pyspark.sql.datasource import DataSourceArrowWriter, DataSourceStreamWriter
 from pyspark.sql.types import StructType
 
 from llog.config import COMPRESSION_TYPES, Config
 from llog.process_clients import log_writer
 from llog_sink.commit import commit_batch, sink_partition_count
-from llog_sink.rows import InvalidSinkInput, SinkLayout
+from llog_sink.rows import InvalidSinkInput, SinkLayout, row_batches
 from llog_sink.task_writer import SinkCommitMessage, write_task
+from pyspark_llog.compat import DataSourceStreamArrowWriter
 
 #: Options the sink reads itself; ``llog.*`` options go to the core config.
 SINK_ID_OPTION, BATCH_ID_OPTION = "llog.sink.id", "llog.sink.batch.id"
@@ -48,6 +56,7 @@ class _SinkSettings:
     """Parsed once on the driver; pickled with the writer to the tasks."""
 
     def __init__(self, schema: StructType, options: Mapping[str, str]):
+        self.schema = schema
         self.config = Config.load({k: v for k, v in options.items() if k not in _OWN}).require(
             "oxia_service_address", "s3_bucket")
         option = _int_option(options, "partitions", None)
@@ -78,17 +87,17 @@ def _task_id() -> int:
     return context.partitionId() if context is not None else 0
 
 
-class LlogStreamWriter(DataSourceStreamArrowWriter):
-    """``df.writeStream.format("llog")``."""
+class _StreamWriting:
+    """``df.writeStream.format("llog")``: what the Arrow and the Row stream writers share."""
 
     def __init__(self, schema: StructType, options: Mapping[str, str]):
         self.settings = _SinkSettings(schema, options)
 
-    def write(self, iterator: Iterator[pa.RecordBatch]) -> SinkCommitMessage:
+    def _write(self, batches: Iterator[pa.RecordBatch]) -> SinkCommitMessage:
         context = TaskContext.get()
         batch_id = int(context.getLocalProperty("streaming.sql.batchId") or 0)
         sink_id = self.settings.sink_id or context.getLocalProperty("sql.streaming.queryId")
-        return write_task(iterator, self.settings.layout, self.settings.config, _task_id(), batch_id, sink_id,
+        return write_task(batches, self.settings.layout, self.settings.config, _task_id(), batch_id, sink_id,
                           self.settings.compression)
 
     def commit(self, messages: list[SinkCommitMessage | None], batchId: int) -> None:  # noqa: N803 - Spark's name
@@ -96,6 +105,25 @@ class LlogStreamWriter(DataSourceStreamArrowWriter):
 
     def abort(self, messages: list[SinkCommitMessage | None], batchId: int) -> None:  # noqa: N803
         pass  # nothing of this batch is in Oxia; its blobs are garbage for GC
+
+
+class LlogStreamRowWriter(_StreamWriting, DataSourceStreamWriter):
+    """``df.writeStream.format("llog")`` on pyspark 4.0, which hands stream writers Rows."""
+
+    def write(self, iterator: Iterator[Row]) -> SinkCommitMessage:
+        return self._write(row_batches(iterator, self.settings.schema, self.settings.layout.input_columns))
+
+
+if DataSourceStreamArrowWriter is not None:
+    class LlogStreamArrowWriter(_StreamWriting, DataSourceStreamArrowWriter):
+        """``df.writeStream.format("llog")`` on pyspark >= 4.1: Arrow batches in."""
+
+        def write(self, iterator: Iterator[pa.RecordBatch]) -> SinkCommitMessage:
+            return self._write(iterator)
+
+    LlogStreamWriter = LlogStreamArrowWriter
+else:
+    LlogStreamWriter = LlogStreamRowWriter
 
 
 class LlogBatchWriter(DataSourceArrowWriter):

@@ -9,6 +9,20 @@ plans the next one, and never for the last batch of an ``availableNow`` run. But
 runs one batch at a time and asks for the next end only after the previous batch is in its
 commit log; on restart it re-runs an uncommitted batch before asking). So ``start`` is
 committed there, and in ``commit(end)`` too, whichever comes first.
+
+pyspark 4.0 and 4.1 (no admission control for Python sources, ``pyspark_llog.compat``) call
+``latestOffset()`` without the start: it returns the ends of every partition found, and what
+needs the start moves to ``partitions(start, end)``, the first call that has it: data loss
+(a partition gone, or whose end moved back) is reported there, the consumer group committed at
+``start`` and the batch logged (``lag.report_batch``). A later ``latestOffset()`` commits the
+end of the batch last planned: Spark asks for the next end only after that batch completed.
+``maxOffsetsPerTrigger`` is refused when the query starts, naming the pyspark version: a limit
+needs the start, and after a restart the reader has none until Spark plans with it, too late to
+bound that batch. ``availableNow`` runs as Spark's wrapper for sources without it: one batch up
+to the ends found when the run starts, and no ``latestOffset()`` after it, so a group's offsets
+for a run's last batch are committed when a later run plans a batch. Progress has no
+``latestOffset`` (no ``reportLatestOffset``), so :func:`~llog_source.lag.offsets_behind_latest`
+reads zero; the batch log line still has the lag.
 """
 
 from __future__ import annotations
@@ -17,7 +31,6 @@ from collections.abc import Iterator, Mapping
 
 import pyarrow as pa
 from pyspark.sql.datasource import DataSourceReader, DataSourceStreamReader
-from pyspark.sql.streaming.datasource import ReadAllAvailable, ReadLimit, ReadMaxRows, SupportsTriggerAvailableNow
 
 from llog.consumer_groups import commit_offsets
 from llog.keys import TopicPartition
@@ -26,10 +39,16 @@ from llog_source.lag import report_batch
 from llog_source.options import InvalidSourceOption, SourceOptions
 from llog_source.partition_reader import read_split
 from llog_source.planning import (
-    LlogSplit, PartitionOffsets, Positions, advance, check_subscription, from_spark, partition_offsets, plan_splits,
-    rate_limit, resolve_positions, subscription_offsets, to_spark,
+    LlogSplit, PartitionOffsets, Positions, advance, check_subscription, data_loss, from_spark, partition_offsets,
+    plan_splits, rate_limit, resolve_positions, subscription_offsets, to_spark,
 )
 from llog_source.schema import source_schema
+from pyspark_llog.compat import (
+    ADMISSION_CONTROL, PYSPARK_VERSION, ReadAllAvailable, ReadLimit, ReadMaxRows, SupportsTriggerAvailableNow,
+)
+
+#: Spark's availableNow interface, where this pyspark has it (module doc).
+_AVAILABLE_NOW = (SupportsTriggerAvailableNow,) if ADMISSION_CONTROL else ()
 
 
 class _Planner:
@@ -60,12 +79,18 @@ class _Planner:
         return read_split(split, self.options.config, self.options.fail_on_data_loss, self.options.include_headers)
 
 
-class LlogStreamReader(_Planner, DataSourceStreamReader, SupportsTriggerAvailableNow):
+class LlogStreamReader(_Planner, DataSourceStreamReader, *_AVAILABLE_NOW):
     def __init__(self, options: SourceOptions):
+        if options.max_offsets_per_trigger and not ADMISSION_CONTROL:
+            raise InvalidSourceOption(
+                f"maxOffsetsPerTrigger needs pyspark >= 4.2 (admission control for Python data sources); this is "
+                f"pyspark {PYSPARK_VERSION}. Leave it out (each micro-batch reads all that is new) or bound tasks "
+                "with maxRecordsPerPartition")
         super().__init__(options)
         self._target: Positions | None = None  # availableNow: the ends found when the run began
         self._latest: Positions | None = None
         self._committed: Positions = {}
+        self._planned: Positions | None = None  # pyspark < 4.2: the end of the batch last planned
         self._name = f"group {options.group_id}" if options.group_id else options.subscription.describe()
 
     def initialOffset(self) -> dict:  # noqa: N802 - Spark's names
@@ -81,7 +106,13 @@ class LlogStreamReader(_Planner, DataSourceStreamReader, SupportsTriggerAvailabl
         limit = self.options.max_offsets_per_trigger
         return ReadMaxRows(limit) if limit else ReadAllAvailable()
 
-    def latestOffset(self, start: dict, limit: ReadLimit) -> dict:  # noqa: N802
+    def latestOffset(self, start: dict | None = None, limit: ReadLimit | None = None) -> dict:  # noqa: N802
+        """The next batch's end. pyspark < 4.2 gives neither argument (module doc)."""
+        if start is None:
+            if self._planned is not None:
+                self._commit_group(self._planned)  # that batch is done (module doc)
+            self._latest = {tp: offsets.latest for tp, offsets in self.found().items()}
+            return to_spark(self._latest)
         previous_end = from_spark(start)
         self._commit_group(previous_end)  # the batch that ended there is done (module doc)
         begin, latest = advance(previous_end, self.found(), self.options.fail_on_data_loss, self._target)
@@ -105,12 +136,32 @@ class LlogStreamReader(_Planner, DataSourceStreamReader, SupportsTriggerAvailabl
         was taken. A position below the log start is left to the tasks: they fail naming the
         removed offsets, or skip them (``read_split``), as ``advance`` did on the driver."""
         begin, finish = from_spark(start), from_spark(end)
+        if not ADMISSION_CONTROL:
+            self._settle(begin, finish)
         anew = [tp for tp in finish if tp not in begin or begin[tp] > finish[tp]]
         begin.update(self.log_starts(anew) if anew else {})
+        if not ADMISSION_CONTROL:
+            self._planned = finish
+            records = sum(max(0, n - begin[tp]) for tp, n in finish.items())
+            if records:
+                report_batch(self._name, finish, self._latest or finish, records)
         return self.splits(begin, finish)
 
     def commit(self, end: dict) -> None:
         self._commit_group(from_spark(end))
+
+    def _settle(self, begin: Positions, finish: Positions) -> None:
+        """pyspark < 4.2: the group commit and data loss checks ``latestOffset`` does with the
+        start where it has it (module doc). The batch ending at ``begin`` is done; ``finish`` lists
+        every partition found when it was taken."""
+        self._commit_group(begin)
+        fail = self.options.fail_on_data_loss
+        for tp in sorted(begin):
+            if tp not in finish:
+                data_loss(fail, f"partition {tp} no longer exists", "dropping it from the query")
+            elif begin[tp] > finish[tp]:
+                data_loss(fail, f"{tp} was at offset {begin[tp]} but its high watermark is now {finish[tp] - 1}",
+                          "reading it again from its log start offset")
 
     def _commit_group(self, positions: Mapping[TopicPartition, int]) -> None:
         group = self.options.group_id

@@ -3,6 +3,8 @@ and registers its ``DefaultSource`` under the source's ``name()``."""
 
 from __future__ import annotations
 
+# First: on a pyspark without Python data sources (< 4.0) the import fails saying so.
+from pyspark_llog.compat import PYSPARK_VERSION  # noqa: F401
 from pyspark.sql.datasource import DataSource
 
 
