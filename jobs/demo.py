@@ -50,7 +50,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--records", type=int, default=1000, help="records per partition per batch")
     parser.add_argument("--events", type=int, default=20_000, help="events per micro-batch streamed through Spark")
     parser.add_argument("--micro-batches", type=int, default=3, help="micro-batches streamed through Spark")
-    parser.add_argument("--max-per-batch", type=int, default=15_000,
+    parser.add_argument("--max-per-batch", type=int, default=25_000,
                         help="records per micro-batch of the llog -> Delta job, at most")
     args = parser.parse_args(argv)
     topics = args.topics.split(",")
@@ -247,7 +247,7 @@ class DeltaOutcome:
 
 
 def events_to_delta(spark, config: Config, before: dict[int, int], after: dict[int, int],
-                    group: str = "llog-demo-to-delta", max_per_batch: int = 15_000) -> DeltaOutcome:
+                    group: str = "llog-demo-to-delta", max_per_batch: int = 25_000) -> DeltaOutcome:
     """The llog -> Delta job on the events just streamed (from the offsets they start at),
     ``availableNow``, through the quality gate of ``conf/expectations/events.json``, into a
     fresh Delta table and quarantine under ``.cache/demo`` (``$LLOG_HOME/demo``), sampling the
