@@ -14,7 +14,9 @@ resolves the Delta jar (``spark.jars.packages``) and its dependencies from Maven
 ``.cache/ivy`` of the checkout (``spark.jars.ivy``, git-ignored); which jars it retrieved is
 written next to them (:data:`RESOLVED_JARS_FILE`). Later sessions load those jars directly as
 ``spark.jars``: no network, no Ivy run, and none of the ~20 lines Ivy prints on every resolution
-(its console logger is fixed at INFO; nothing in Spark or Ivy's settings turns it off).
+(its console logger is fixed at INFO; nothing in Spark or Ivy's settings turns it off). A session
+that asks for more ``packages`` (say Spark's Kafka connector, for ``bench.kafka``) has them
+resolved, cached and recorded the same way.
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ import json
 import os
 import re
 import sys
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from urllib.parse import unquote, urlparse
 
@@ -38,21 +41,26 @@ SPARK_DEFAULTS = CHECKOUT / "conf" / "spark-defaults.conf"
 DELTA_KEYS = ("spark.jars.", "spark.sql.extensions", "spark.sql.catalog.spark_catalog", "spark.databricks.delta.",
               "spark.delta.")
 #: In the ``spark.jars.ivy`` directory: the jars Ivy retrieved for the ``spark.jars.*`` settings
-#: it resolved, relative to that directory (JSON), so the next session need not run Ivy.
+#: it resolved, relative to that directory (JSON), so the next session need not run Ivy. A session
+#: with more ``packages`` keeps its record in a file of its own (:func:`resolved_jars_file`), so
+#: that sessions with and without them each find theirs, whichever ran last.
 RESOLVED_JARS_FILE = "llog-resolved-jars.json"
 #: A class of the Delta jar: whether a running JVM has it.
 _DELTA_PROBE_CLASS = "io.delta.sql.DeltaSparkSessionExtension"
 _PLACEHOLDER = re.compile(r"\{(\w+)\}")
 
 
-def local_spark(app: str, cores: int = 2, task_retries: int = 1, delta: bool = False):
+def local_spark(app: str, cores: int = 2, task_retries: int = 1, delta: bool = False,
+                packages: Mapping[str, str] | None = None):
     """``local[cores,task_retries]`` with the settings of :data:`SPARK_DEFAULTS`; the env is set
     before the JVM starts.
 
     ``delta=True`` adds the Delta settings (:data:`DELTA_KEYS`): the jar, its SQL extension and
-    its catalog. Jars are only loaded when the JVM starts: if this process already runs a Spark
-    JVM without Delta (a session made earlier with ``delta=False``), that JVM is stopped and a
-    new one started.
+    its catalog. ``packages`` adds more jars, resolved as Delta's are (:func:`spark_defaults`):
+    Maven coordinates, each with a class of its jar that shows whether a JVM has it. Jars are
+    only loaded when the JVM starts: if this process already runs a Spark JVM without one of
+    them (a session made earlier with ``delta=False``, or without the packages), that JVM is
+    stopped and a new one started.
     """
     os.environ["PYSPARK_PYTHON"] = sys.executable
     os.environ["PYSPARK_DRIVER_PYTHON"] = sys.executable
@@ -60,27 +68,37 @@ def local_spark(app: str, cores: int = 2, task_retries: int = 1, delta: bool = F
     os.environ["PYTHONPATH"] = os.pathsep.join(p for p in (str(CHECKOUT), os.environ.get("PYTHONPATH")) if p)
     from pyspark.sql import SparkSession
 
-    settings = spark_defaults(cores=cores, delta=delta)
+    packages = dict(packages or {})
+    settings = spark_defaults(cores=cores, delta=delta, packages=list(packages))
+    probe_classes = [*([_DELTA_PROBE_CLASS] if delta else []), *packages.values()]
+    record = resolved_jars_file(settings) if packages else RESOLVED_JARS_FILE
     jars = None
-    if delta:
-        _stop_jvm_without_delta()
+    if probe_classes:
+        _stop_jvm_without(probe_classes)
         if "spark.jars.ivy" in settings:
             Path(settings["spark.jars.ivy"]).mkdir(parents=True, exist_ok=True)
-        jars = resolved_jars(settings)
+        jars = resolved_jars(settings, record)
     builder = SparkSession.builder.master(f"local[{cores},{task_retries}]").appName(app)
     for key, value in (with_resolved_jars(settings, jars) if jars else settings).items():
         builder = builder.config(key, value)
     spark = builder.getOrCreate()
-    if delta and jars is None and "spark.jars.packages" in settings and "spark.jars.ivy" in settings:
-        record_resolved_jars(settings, spark.sparkContext.getConf().get("spark.jars", ""))
+    if probe_classes and jars is None and "spark.jars.packages" in settings and "spark.jars.ivy" in settings:
+        record_resolved_jars(settings, spark.sparkContext.getConf().get("spark.jars", ""), record)
     return spark
 
 
-def spark_defaults(cores: int = 2, delta: bool = False, path: Path = SPARK_DEFAULTS) -> dict[str, str]:
+def spark_defaults(cores: int = 2, delta: bool = False, path: Path = SPARK_DEFAULTS,
+                   packages: Sequence[str] = ()) -> dict[str, str]:
     """The settings of a local session from ``path``: ``{checkout}`` and ``{cores}`` filled in,
-    and without :data:`DELTA_KEYS` unless ``delta``."""
+    and without :data:`DELTA_KEYS` unless ``delta``. ``packages`` (Maven coordinates) are added
+    to ``spark.jars.packages``, with the file's other ``spark.jars.*`` settings (where Ivy caches
+    and how it resolves) whether or not the session has Delta."""
     settings = read_spark_conf(path, {"checkout": str(CHECKOUT), "cores": str(cores)})
-    return settings if delta else {k: v for k, v in settings.items() if not is_delta_key(k)}
+    chosen = dict(settings) if delta else {k: v for k, v in settings.items() if not is_delta_key(k)}
+    if packages:
+        chosen.update({k: v for k, v in settings.items() if k.startswith("spark.jars.") and k != "spark.jars.packages"})
+        chosen["spark.jars.packages"] = ",".join([*filter(None, [chosen.get("spark.jars.packages")]), *packages])
+    return chosen
 
 
 def is_delta_key(key: str) -> bool:
@@ -128,15 +146,22 @@ def _resolution_key(settings: dict[str, str]) -> dict[str, str]:
     return {k: v for k, v in sorted(settings.items()) if k.startswith("spark.jars.") and k != "spark.jars.ivy"}
 
 
-def resolved_jars(settings: dict[str, str]) -> list[Path] | None:
+def resolved_jars_file(settings: dict[str, str]) -> str:
+    """The name of the record of a session with more packages than the file's: its
+    ``spark.jars.packages``, in characters a file name can hold."""
+    packages = re.sub(r"[^\w.-]+", "_", settings["spark.jars.packages"])
+    return f"{Path(RESOLVED_JARS_FILE).stem}-{packages}.json"
+
+
+def resolved_jars(settings: dict[str, str], record: str = RESOLVED_JARS_FILE) -> list[Path] | None:
     """The jars an earlier session's Ivy retrieved for the same ``spark.jars.*`` settings, as
-    :data:`RESOLVED_JARS_FILE` in ``spark.jars.ivy`` lists them, if they are all still there;
-    else None (there is nothing to resolve, or Ivy must)."""
+    ``record`` in ``spark.jars.ivy`` lists them, if they are all still there; else None (there
+    is nothing to resolve, or Ivy must)."""
     if "spark.jars.packages" not in settings or "spark.jars.ivy" not in settings:
         return None
     ivy_dir = Path(settings["spark.jars.ivy"])
     try:
-        recorded = json.loads((ivy_dir / RESOLVED_JARS_FILE).read_text())
+        recorded = json.loads((ivy_dir / record).read_text())
         jars = [ivy_dir / name for name in recorded["jars"]]
         if recorded["resolved_for"] == _resolution_key(settings) and jars and all(j.is_file() for j in jars):
             return jars
@@ -154,10 +179,10 @@ def with_resolved_jars(settings: dict[str, str], jars: list[Path]) -> dict[str, 
     return loaded
 
 
-def record_resolved_jars(settings: dict[str, str], spark_jars: str) -> list[str]:
-    """Write :data:`RESOLVED_JARS_FILE`: of a session's ``spark.jars`` (comma-separated URIs or
-    paths), those Ivy retrieved (in ``<spark.jars.ivy>/jars``), for its ``spark.jars.*`` settings.
-    Returns them, relative to ``spark.jars.ivy``; writes nothing when there are none."""
+def record_resolved_jars(settings: dict[str, str], spark_jars: str, record: str = RESOLVED_JARS_FILE) -> list[str]:
+    """Write ``record`` (in ``spark.jars.ivy``): of a session's ``spark.jars`` (comma-separated
+    URIs or paths), those Ivy retrieved (in ``<spark.jars.ivy>/jars``), for its ``spark.jars.*``
+    settings. Returns them, relative to ``spark.jars.ivy``; writes nothing when there are none."""
     ivy_dir = Path(settings["spark.jars.ivy"]).resolve()
     retrieved = []
     for uri in filter(None, spark_jars.split(",")):
@@ -165,7 +190,7 @@ def record_resolved_jars(settings: dict[str, str], spark_jars: str) -> list[str]
         if path.parent == ivy_dir / "jars" and path.is_file():
             retrieved.append(path.relative_to(ivy_dir).as_posix())
     if retrieved:
-        target = ivy_dir / RESOLVED_JARS_FILE
+        target = ivy_dir / record
         partial = target.with_name(f"{target.name}.{os.getpid()}.tmp")
         partial.write_text(json.dumps({"resolved_for": _resolution_key(settings), "jars": retrieved}, indent=1)
                            + "\n")
@@ -190,16 +215,17 @@ def job_spark(app: str, delta: bool = False):
     return local_spark(app, delta=delta), True
 
 
-def _stop_jvm_without_delta() -> None:
-    """Stop this process's Spark JVM if it was started without the Delta jar, so the next
-    session starts one with it (``spark.jars.packages`` is read only at JVM start)."""
+def _stop_jvm_without(probe_classes: Sequence[str]) -> None:
+    """Stop this process's Spark JVM if it was started without the jar of one of
+    ``probe_classes`` (the Delta jar, a package's), so the next session starts one with them
+    (``spark.jars.packages`` is read only at JVM start)."""
     from pyspark import SparkContext
     from pyspark.sql import SparkSession
 
     gateway = SparkContext._gateway
     if gateway is None:
         return
-    if gateway.jvm.org.apache.spark.util.Utils.classIsLoadable(_DELTA_PROBE_CLASS):
+    if all(gateway.jvm.org.apache.spark.util.Utils.classIsLoadable(c) for c in probe_classes):
         return
     active = SparkSession.getActiveSession()
     if active is not None:

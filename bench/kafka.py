@@ -1,0 +1,313 @@
+"""``python -m bench kafka``: llog against a real Apache Kafka broker, both written and read by
+Spark's own streaming connectors on the same machine.
+
+The broker (:mod:`bench.kafka_broker`) is Kafka 4.4.0 in KRaft mode, one node that is broker and
+controller at once, on loopback, with the stock settings; Spark talks to it through its own
+connector, ``spark-sql-kafka-0-10`` 4.2.0 (``local_spark(packages=...)``). The workloads are
+those of ``bench.sink`` and ``bench.source``, reusing their code, on ``local[2]``:
+
+- **sink**: ``rate-micro-batch``, ``BENCH_KAFKA_ROWS`` rows (1,000,000) of 100-byte values per
+  micro-batch, into ``writeStream.format("kafka")`` (an 8-partition topic) with the producer's
+  defaults ("kafka_default": the connector's kafka-clients 3.9, ``acks=all``, idempotent,
+  ``linger.ms=0``, 16 KiB batches) and tuned for throughput ("kafka_tuned": ``linger.ms=20``,
+  ``batch.size=524288``), into ``writeStream.format("llog")`` (8 partitions), and into
+  ``bench.sink``'s sink that drops its input ("drop": what Spark alone costs). Records/s are rows
+  over the median micro-batch time (Spark's ``triggerExecution``) of ``BENCH_KAFKA_BATCHES`` (4)
+  timed micro-batches per query, after each query's warm-up batch.
+- **source**: ``BENCH_KAFKA_RECORDS`` records (8 x the rows per batch: 8,000,000) of 100 bytes in 8
+  partitions, preloaded into both systems (not timed), each read whole with
+  ``trigger(availableNow=True)`` into Spark's ``noop`` sink, as ``bench.source`` does: by
+  ``readStream.format("kafka")`` with the consumer's defaults ("kafka_default") and with fetches
+  the size of the llog source's reads ("kafka_tuned": 8 MiB per partition per fetch, as many
+  records per poll as fill one; no ``maxOffsetsPerTrigger``, so that, as the llog source, it
+  reads everything in one micro-batch), and by ``readStream.format("llog")`` (its blobs 8 MB per
+  partition, as the llog sink writes them). Records/s are records over the median run, from
+  ``start()`` to termination.
+
+The cases take turns round by round (one untimed round first, then ``BENCH_KAFKA_ROUNDS``, 3),
+so a machine that speeds up or slows down moves them all alike. The result is one JSON line:
+llog's records/s over Kafka's (tuned and default) for the sink and the source, the same ratio in
+each round, records/s per case, and CPU seconds per batch (of ``BENCH_KAFKA_ROWS`` records) of
+the whole machine, of the Kafka broker and of the S3 server (SeaweedFS).
+
+Fairness, which the numbers do not show:
+
+- Durability differs. Kafka here keeps one replica and does not fsync (its default: durability
+  comes from replication, of which one node has none), so a write is acknowledged once the one
+  broker has it in the page cache. llog acknowledges a micro-batch once its blobs are PUT to S3
+  and its offsets committed in Oxia: durable as S3 and Oxia are.
+- Delivery differs. Spark's Kafka sink is at-least-once: a micro-batch Spark replays after a
+  failure is written again. llog's sink is exactly-once (it commits each micro-batch once per
+  partition, under the query's id).
+- Placement differs a little. Rows without keys go where each side's default puts them: Kafka's
+  producer moves to another partition with every batch it fills, llog's sink sends each task's
+  rows to one partition (so 2 of the 8 per micro-batch here).
+- The servers share the machine's 2 cores with Spark: the Kafka broker in the Kafka cases, the
+  S3 server (and Oxia) in the llog cases. Proper S3 would take none of this machine's CPU; a
+  Kafka cluster would run on machines of its own too. The CPU columns show how much each took.
+"""
+
+from __future__ import annotations
+
+import statistics
+import tempfile
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass
+from itertools import count
+from pathlib import Path
+from urllib.parse import urlsplit
+
+from bench import sink, source
+from bench.kafka_broker import KAFKA_VERSION, KafkaBroker, kafka_broker
+from bench.report import CpuMeter, emit, env_int, progress
+from jobs.local_spark import local_spark
+from llog import progress as llog_progress
+from llog.config import Config
+
+#: Spark's Kafka connector, for the pyspark this project pins, with a class of its jar.
+SPARK_KAFKA_PACKAGE = "org.apache.spark:spark-sql-kafka-0-10_2.13:4.2.0"
+SPARK_KAFKA = {SPARK_KAFKA_PACKAGE: "org.apache.spark.sql.kafka010.KafkaSourceProvider"}
+PARTITIONS = sink.PARTITIONS
+VALUE_BYTES = sink.VALUE_BYTES
+SINK_TOPIC = "bench-sink"
+SOURCE_TOPIC = "bench-source"
+#: What the llog source reads of a partition per GET: one blob's body of 80,000 records of 100
+#: bytes, 8 MB (``bench.source``'s default fill, one partition per blob as the sink writes them).
+RECORDS_PER_BLOB = 80_000
+#: The producer tuned for throughput: batches up to 512 KiB (default 16 KiB), waiting up to 20 ms
+#: to fill them (the connector's kafka-clients 3.9 waits 0 ms by default).
+TUNED_PRODUCER = {"kafka.linger.ms": "20", "kafka.batch.size": "524288"}
+#: The consumer tuned to read as the llog source does: fetches of a blob's size, 8 MiB per
+#: partition (default 1 MiB; each Spark task reads one partition), about all of it handed over
+#: per poll (default 500 records).
+TUNED_CONSUMER = {"kafka.max.partition.fetch.bytes": str(8 << 20), "kafka.max.poll.records": str(RECORDS_PER_BLOB)}
+#: The ratios' denominators: the Kafka cases, by the name their ratio carries.
+KAFKA_CASES = {"tuned": "kafka_tuned", "default": "kafka_default"}
+ADMIN_TIMEOUT_S = 60
+
+
+@dataclass(frozen=True)
+class Sizes:
+    """From the environment, for quick runs: ``BENCH_KAFKA_ROWS`` (rows per sink micro-batch,
+    1,000,000), ``BENCH_KAFKA_BATCHES`` (timed micro-batches per sink query, 4),
+    ``BENCH_KAFKA_RECORDS`` (records the source reads, 8 x the rows; rounded down to a multiple
+    of the partitions), ``BENCH_KAFKA_ROUNDS`` (timed rounds, 3)."""
+
+    rows: int
+    batches: int
+    records: int
+    rounds: int
+
+    @classmethod
+    def from_env(cls) -> "Sizes":
+        rows = env_int("BENCH_KAFKA_ROWS", sink.ROWS_PER_BATCH)
+        records = env_int("BENCH_KAFKA_RECORDS", PARTITIONS * rows, minimum=PARTITIONS) // PARTITIONS * PARTITIONS
+        return cls(rows, env_int("BENCH_KAFKA_BATCHES", sink.BATCHES), records, env_int("BENCH_KAFKA_ROUNDS", 3))
+
+    @property
+    def per_partition(self) -> int:
+        return self.records // PARTITIONS
+
+
+class ServerMeters:
+    """CPU seconds of the machine, the Kafka broker and the S3 server, read together (the
+    interface of :class:`~bench.report.CpuMeter` that ``sink.micro_batch_seconds`` uses)."""
+
+    def __init__(self, kafka_marker: str, s3_marker: str):
+        self.kafka, self.s3 = CpuMeter(kafka_marker), CpuMeter(s3_marker)
+
+    def start(self) -> "ServerMeters":
+        self.kafka.start()
+        self.s3.start()
+        return self
+
+    def stop(self) -> "ServerMeters":
+        self.kafka.stop()
+        self.s3.stop()
+        return self
+
+
+@dataclass
+class Measured:
+    """One case's query in one round: its timed seconds (micro-batches of the sink, the one
+    run of the source), the batches of ``Sizes.rows`` records the meters saw, and the meters."""
+
+    seconds: list[float]
+    batches: float
+    meters: ServerMeters
+
+
+def run(config: Config) -> dict:
+    sizes = Sizes.from_env()
+    config = config.replace(root_prefix=f"bench-{uuid.uuid4().hex[:8]}")
+    with tempfile.TemporaryDirectory(prefix="llog-bench-kafka-") as tmp:
+        progress(f"kafka: starting Kafka {KAFKA_VERSION} (KRaft, one node) in {tmp}/kafka")
+        with kafka_broker(Path(tmp) / "kafka") as broker:
+            spark = local_spark("llog-bench-kafka", cores=2, task_retries=1, packages=SPARK_KAFKA)
+            try:
+                spark.dataSource.register(sink.DropSource)
+                _create_topics(spark, broker.bootstrap_servers, [SINK_TOPIC, SOURCE_TOPIC])
+                cases = _Cases(spark, config, broker, sizes, Path(tmp))
+                sink_runs = cases.sink_rounds()
+                fill = cases.preload()
+                source_runs = cases.source_rounds()
+            finally:
+                _close_cached_producers(spark)
+                spark.stop()
+            progress("kafka: stopping the broker")
+    summary = _summary(sizes, sink_runs, source_runs, fill)
+    emit(summary)
+    return summary
+
+
+class _Cases:
+    """The cases of one run: each measures one query on the same session, broker and stack."""
+
+    def __init__(self, spark, config: Config, broker: KafkaBroker, sizes: Sizes, tmp: Path):
+        self.spark, self.config, self.broker, self.sizes = spark, config, broker, sizes
+        self.checkpoints = (tmp / f"ck-{i}" for i in count())
+        self.kafka = {"kafka.bootstrap.servers": broker.bootstrap_servers}
+        self.llog = {k.lower(): v for k, v in config.to_options().items()}
+        self.s3_marker = f"-s3.port={urlsplit(config.s3_endpoint_url).port}"  # the local SeaweedFS's command line
+
+    def sink_rounds(self) -> dict[str, list[Measured]]:
+        progress(f"kafka: sink, {self.sizes.rounds} round(s) after an untimed one, {self.sizes.batches} timed "
+                 f"micro-batches of {self.sizes.rows:,} rows per case and round")
+        return _in_rounds("sink", {
+            "kafka_default": lambda warm_up: self._sink("kafka", {**self.kafka, "topic": SINK_TOPIC}, warm_up),
+            "kafka_tuned": lambda warm_up: self._sink("kafka", {**self.kafka, **TUNED_PRODUCER, "topic": SINK_TOPIC},
+                                                      warm_up),
+            "llog": lambda warm_up: self._sink("llog", {**self.llog, "topic": "bench", "partitions": str(PARTITIONS)},
+                                               warm_up),
+            "drop": lambda warm_up: self._sink("llog_bench_drop", {}, warm_up),
+        }, self.sizes.rounds)
+
+    def source_rounds(self) -> dict[str, list[Measured]]:
+        progress(f"kafka: source, {self.sizes.rounds} round(s) after an untimed one, an availableNow read of "
+                 f"{self.sizes.records:,} records per case and round")
+        kafka = {**self.kafka, "subscribe": SOURCE_TOPIC, "startingOffsets": "earliest"}
+        return _in_rounds("source", {
+            "kafka_default": lambda warm_up: self._source("kafka", kafka),
+            "kafka_tuned": lambda warm_up: self._source("kafka", {**kafka, **TUNED_CONSUMER}),
+            "llog": lambda warm_up: self._source("llog", {**self.llog, "topics": SOURCE_TOPIC,
+                                                          "startingOffsets": "earliest"}),
+        }, self.sizes.rounds)
+
+    def preload(self) -> dict:
+        """The source's records in both systems, not timed: into llog as ``bench.source`` fills
+        a topic (``append_shared``, one partition per 8 MB blob), into Kafka by a Spark batch
+        write (``sizes.per_partition`` records to each partition, the tuned producer)."""
+        from pyspark.sql import functions as F
+
+        sizes = self.sizes
+        progress(f"kafka: preloading {sizes.records:,} records into llog and into Kafka")
+        per_append = min(RECORDS_PER_BLOB, sizes.per_partition)
+        llog_fill = source._fill(self.config, SOURCE_TOPIC, source.Sizes(sizes.records, PARTITIONS, per_append, 1, 1),
+                                 sizes.per_partition)
+        with llog_progress.task("kafka: preloading Kafka"):
+            (self.spark.range(sizes.records)
+             .select(F.lpad(F.col("id").cast("string"), VALUE_BYTES, "x").cast("binary").alias("value"),
+                     (F.col("id") % PARTITIONS).cast("int").alias("partition"))
+             .write.format("kafka").options(**self.kafka, **TUNED_PRODUCER).option("topic", SOURCE_TOPIC).save())
+        return {"llog_s": llog_fill["seconds"], "llog_blob_mb": llog_fill["blob_mb"]}
+
+    def _meters(self) -> ServerMeters:
+        return ServerMeters(self.broker.marker, self.s3_marker)
+
+    def _sink(self, fmt: str, options: dict[str, str], warm_up: bool) -> Measured:
+        """``sink.micro_batch_seconds`` of one query (one timed micro-batch when warming up)."""
+        meters = self._meters()
+        seconds, batches = sink.micro_batch_seconds(self.spark, sink._values(), fmt, options, next(self.checkpoints),
+                                                    meters, rows=self.sizes.rows,
+                                                    batches=1 if warm_up else self.sizes.batches)
+        return Measured(seconds, batches, meters)
+
+    def _source(self, fmt: str, options: dict[str, str]) -> Measured:
+        """``source._stream``: one availableNow read of every preloaded record."""
+        meters = self._meters().start()
+        read = source._stream(self.spark, fmt, options, next(self.checkpoints), self.sizes.records)
+        meters.stop()
+        return Measured([read["seconds"]], self.sizes.records / self.sizes.rows, meters)
+
+
+def _in_rounds(direction: str, cases: dict[str, Callable[[bool], Measured]], rounds: int) -> dict[str, list[Measured]]:
+    """Each case once per round, in turn (a, b, c, a, b, c, ...), after one untimed round (called
+    with ``warm_up=True``): what each timed call measured, per case."""
+    measured: dict[str, list[Measured]] = {case: [] for case in cases}
+    with llog_progress.task(f"kafka: {direction} rounds", total=rounds + 1, unit="rounds") as advance:
+        for round_number in range(rounds + 1):
+            for case, measure in cases.items():
+                progress(f"kafka: {direction} {case}, " + (f"round {round_number} of {rounds}" if round_number
+                                                           else "untimed round"))
+                result = measure(round_number == 0)
+                if round_number:
+                    measured[case].append(result)
+            advance()
+    return measured
+
+
+def _create_topics(spark, bootstrap_servers: str, topics: list[str]) -> None:
+    """``topics`` with :data:`PARTITIONS` partitions each, all on the one node (replication
+    factor 1), made by Kafka's ``Admin`` client in Spark's JVM (the connector brings it)."""
+    jvm = spark._jvm
+    admin_api = jvm.org.apache.kafka.clients.admin
+    properties = jvm.java.util.Properties()
+    properties.setProperty("bootstrap.servers", bootstrap_servers)
+    admin = admin_api.Admin.create(properties)
+    try:
+        assignment = {partition: [1] for partition in range(PARTITIONS)}  # node.id 1 (bench.kafka_broker)
+        created = admin.createTopics([admin_api.NewTopic(topic, assignment) for topic in topics])
+        created.all().get(ADMIN_TIMEOUT_S, jvm.java.util.concurrent.TimeUnit.SECONDS)
+    finally:
+        admin.close()
+
+
+def _close_cached_producers(spark) -> None:
+    """Close the producers Spark's Kafka sink keeps for later queries (``InternalKafkaProducerPool``,
+    internal to the connector), while the broker still runs: left open, they would try to reach
+    it again, logging a warning each time, for as long as this process's JVM lives."""
+    pool = getattr(getattr(spark._jvm, "org.apache.spark.sql.kafka010.producer.InternalKafkaProducerPool$"), "MODULE$")
+    pool.reset()
+
+
+def _summary(sizes: Sizes, sink_runs: dict[str, list[Measured]], source_runs: dict[str, list[Measured]],
+             fill: dict) -> dict:
+    """The one JSON line: llog's records/s over Kafka's (overall and per round), then per case."""
+    directions = {"sink": sink_runs, "source": source_runs}
+    summary: dict = {"bench": "kafka"}
+    summary.update({f"{direction}_ratio_vs_{name}": _ratio(runs["llog"], runs[case])
+                    for direction, runs in directions.items() for name, case in KAFKA_CASES.items()})
+    summary.update({f"{direction}_ratio_vs_{name}_per_round": [_ratio([llog], [kafka])
+                                                               for llog, kafka in zip(runs["llog"], runs[case])]
+                    for direction, runs in directions.items() for name, case in KAFKA_CASES.items()})
+    for direction, runs, records in (("sink", sink_runs, sizes.rows), ("source", source_runs, sizes.records)):
+        summary[direction] = {case: _case_summary(measured, records) for case, measured in runs.items()}
+    summary.update({"kafka_version": KAFKA_VERSION, "spark_kafka": SPARK_KAFKA_PACKAGE, "partitions": PARTITIONS,
+                    "value_bytes": VALUE_BYTES, "rows_per_batch": sizes.rows, "timed_batches_per_query": sizes.batches,
+                    "source_records": sizes.records, "rounds": sizes.rounds, "fill": fill})
+    return summary
+
+
+def _ratio(llog: list[Measured], kafka: list[Measured]) -> float:
+    """llog's records/s over Kafka's, at each one's median time over ``llog`` and ``kafka``."""
+    return round(_median(kafka) / _median(llog), 3)
+
+
+def _median(measured: list[Measured]) -> float:
+    return statistics.median(s for m in measured for s in m.seconds)
+
+
+def _case_summary(measured: list[Measured], records: int) -> dict:
+    """Records/s at the median time; CPU seconds per batch (of ``Sizes.rows`` records) of the
+    machine, the Kafka broker and the S3 server, over every timed round."""
+    batches = sum(m.batches for m in measured)
+
+    def per_batch(readings: list[float | None]) -> float | None:
+        return None if None in readings or batches <= 0 else round(sum(readings) / batches, 3)
+
+    return {"records_per_s": round(records / _median(measured)), "median_s": round(_median(measured), 3),
+            "seconds": [round(s, 3) for m in measured for s in m.seconds],
+            "cpu_s_per_batch": per_batch([m.meters.kafka.machine_s for m in measured]),
+            "kafka_cpu_s_per_batch": per_batch([m.meters.kafka.process_s for m in measured]),
+            "s3_server_cpu_s_per_batch": per_batch([m.meters.s3.process_s for m in measured])}
