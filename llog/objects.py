@@ -91,6 +91,9 @@ def make_s3_client(config: Config, max_pool_connections: int = 32, attempts: int
                 request_checksum_calculation="when_required",
                 response_checksum_validation="when_required",
                 s3={"addressing_style": "path", "payload_signing_enabled": False},  # module doc
+                # SigV4 for presigned URLs too: botocore presigns with SigV2 otherwise, which S3
+                # regions opened since 2014 and other S3 servers (versitygw) refuse.
+                signature_version="s3v4",
             ),
         )
     except (ValueError, botocore.exceptions.BotoCoreError) as e:
