@@ -75,7 +75,8 @@ def check_partition_count(topics: TopicCache, topic: str, partitions: int) -> No
     """At commit: ``topic`` (created with ``partitions`` if missing and allowed) has the count the
     batch's rows were placed by; else :class:`PartitionCountMismatch` (the topic was created with
     another count meanwhile, or grew: restart the query to place rows by the new count)."""
-    record = topics.require(topic, create_partitions=partitions)
+    # Fresh: a record cached in this (reused) worker would hide the very change this checks.
+    record = topics.require(topic, create_partitions=partitions, fresh=True)
     if record is not None and record.partitions != partitions:
         raise PartitionCountMismatch(
             f"this batch placed the rows of topic {topic!r} by {partitions} partition(s), but the topic now has "
