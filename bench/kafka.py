@@ -28,7 +28,7 @@ The cases take turns round by round (one untimed round first, then ``BENCH_KAFKA
 so a machine that speeds up or slows down moves them all alike. The result is one JSON line:
 llog's records/s over Kafka's (tuned and default) for the sink and the source, the same ratio in
 each round, records/s per case, and CPU seconds per batch (of ``BENCH_KAFKA_ROWS`` records) of
-the whole machine, of the Kafka broker and of the S3 server (SeaweedFS).
+the whole machine, of the Kafka broker and of the S3 server (versitygw).
 
 Fairness, which the numbers do not show:
 
@@ -56,11 +56,10 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from itertools import count
 from pathlib import Path
-from urllib.parse import urlsplit
 
 from bench import sink, source
 from bench.kafka_broker import KAFKA_VERSION, KafkaBroker, kafka_broker
-from bench.report import CpuMeter, emit, env_int, progress
+from bench.report import CpuMeter, emit, env_int, progress, s3_server_marker
 from jobs.local_spark import local_spark
 from llog import progress as llog_progress
 from llog.config import Config
@@ -169,7 +168,7 @@ class _Cases:
         self.checkpoints = (tmp / f"ck-{i}" for i in count())
         self.kafka = {"kafka.bootstrap.servers": broker.bootstrap_servers}
         self.llog = {k.lower(): v for k, v in config.to_options().items()}
-        self.s3_marker = f"-s3.port={urlsplit(config.s3_endpoint_url).port}"  # the local SeaweedFS's command line
+        self.s3_marker = s3_server_marker(config.s3_endpoint_url)
 
     def sink_rounds(self) -> dict[str, list[Measured]]:
         progress(f"kafka: sink, {self.sizes.rounds} round(s) after an untimed one, {self.sizes.batches} timed "

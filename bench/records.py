@@ -46,7 +46,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from bench.report import CpuMeter, emit, env_int, progress, random_values, timed_together
+from bench.report import CpuMeter, emit, env_int, progress, random_values, s3_server_marker, timed_together
 from llog import progress as llog_progress
 from llog.codec import HEADERS_TYPE
 from llog.config import Config
@@ -207,8 +207,6 @@ def run_sink(config: Config, rows: int, batches: int, rounds: int, metrics_file:
     """The sink cases in turn. ``metrics_file``: the sink's metrics file of a Spark that is
     already running in this process (Spark's JVM, and the Python workers it starts, keep the
     environment it was started with: a variable set later does not reach the sink's commits)."""
-    from urllib.parse import urlsplit
-
     from bench.sink import DropSource, micro_batch_seconds
     from jobs.local_spark import local_spark
     from llog_sink.commit import METRICS_FILE_ENV
@@ -216,7 +214,7 @@ def run_sink(config: Config, rows: int, batches: int, rounds: int, metrics_file:
     seconds: dict[str, list[float]] = {case: [] for case in SINK_CASES}
     cpu: dict[str, list[tuple[float | None, float | None, int]]] = {case: [] for case in SINK_CASES}
     commits: dict[str, list[dict]] = {case: [] for case in SINK_CASES}
-    s3_server = f"-s3.port={urlsplit(config.s3_endpoint_url).port}"
+    s3_server = s3_server_marker(config.s3_endpoint_url)
     with tempfile.TemporaryDirectory(prefix="llog-bench-records-") as tmp:
         own_metrics = metrics_file is None
         if own_metrics:

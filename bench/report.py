@@ -11,6 +11,7 @@ import statistics
 import sys
 import time
 from collections.abc import Callable
+from urllib.parse import urlsplit
 
 import numpy as np
 import pyarrow as pa
@@ -103,6 +104,13 @@ class CpuMeter:
         self.machine_s, self.process_s = (None if a is None or b is None else b - a
                                           for a, b in zip(self._begin, end))
         return self
+
+
+def s3_server_marker(endpoint_url: str) -> str:
+    """What the local stack's S3 server (versitygw) has in its command line when it serves
+    ``endpoint_url``: its listen address (``llog.local_stack``)."""
+    parts = urlsplit(endpoint_url)
+    return f"--port {parts.hostname}:{parts.port} "
 
 
 def _processes():

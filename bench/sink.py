@@ -6,7 +6,7 @@ Workload (issue 3): ``rate-micro-batch`` with 1,000,000 rows per micro-batch, ea
 producing the rows and handing them to Python as Arrow. Records/s are rows over the median
 micro-batch time (Spark's ``triggerExecution``). S3 PUTs (blobs) and commit times per batch
 come from the sink's own metrics (``LLOG_SINK_METRICS_FILE``). CPU seconds per batch, of the
-whole machine and of the local S3 server (SeaweedFS), show where the difference goes: the S3
+whole machine and of the local S3 server (versitygw), show where the difference goes: the S3
 server shares Spark's two cores here, as S3 proper would not. Then one round of
 ``bench.records``' sink cases: values alone against 16-byte keys and one header (records-v2).
 """
@@ -20,12 +20,11 @@ import tempfile
 import time
 import uuid
 from pathlib import Path
-from urllib.parse import urlsplit
 
 from pyspark.sql.datasource import DataSource, DataSourceStreamArrowWriter, WriterCommitMessage
 
 from bench.records import run_sink
-from bench.report import CpuMeter, emit, progress
+from bench.report import CpuMeter, emit, progress, s3_server_marker
 from jobs.local_spark import local_spark, wait_for_running_tasks
 from llog import progress as llog_progress
 from llog.config import Config
@@ -112,7 +111,7 @@ def run(config: Config) -> dict:
     with tempfile.TemporaryDirectory(prefix="llog-bench-sink-") as tmp:
         metrics_file = Path(tmp) / "commits.jsonl"
         os.environ[METRICS_FILE_ENV] = str(metrics_file)
-        s3_server = f"-s3.port={urlsplit(config.s3_endpoint_url).port}"  # the local SeaweedFS's command line
+        s3_server = s3_server_marker(config.s3_endpoint_url)
         spark = local_spark("llog-bench-sink", cores=2, task_retries=1)
         try:
             spark.dataSource.register(DropSource)
@@ -155,7 +154,7 @@ def run(config: Config) -> dict:
 
 
 def _cpu_per_batch(case: str, meter: CpuMeter, batches: int) -> dict:
-    """CPU seconds per micro-batch used by the machine and by the S3 server (SeaweedFS, on
+    """CPU seconds per micro-batch used by the machine and by the S3 server (versitygw, on
     the same cores as Spark here; S3 proper would use none of this machine's CPU)."""
     def per_batch(seconds):
         return None if seconds is None or batches < 1 else round(seconds / batches, 3)

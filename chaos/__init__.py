@@ -1,10 +1,10 @@
 """The chaos run: ``python -m chaos`` (``make chaos``).
 
 Writers, compactors, a GC loop and readers, each its own process, work on one topic of a real
-local stack (Oxia + SeaweedFS) for a set time, with the grace period ``G`` small so that pauses
+local stack (Oxia + versitygw) for a set time, with the grace period ``G`` small so that pauses
 matter, while the controller, from a seed, pauses processes with SIGSTOP (up to a few seconds
 past the materialization budget ``G/4`` and the compactors' Oxia session), kills them with
-SIGKILL and starts them again, and restarts Oxia and SeaweedFS once each. Every writer records
+SIGKILL and starts them again, and restarts Oxia and the S3 server once each. Every writer records
 each append it was acknowledged, after the acknowledgement.
 
 At the end it finishes what a killed writer left pending, runs a last GC pass (it must

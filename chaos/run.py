@@ -106,11 +106,11 @@ def _progress(message: str) -> None:
 
 def _disturb(run: Run) -> None:
     """The chaos: until the time is up, at random moments pause or kill a random actor;
-    restart Oxia and SeaweedFS once each, between 15% and 85% of the run."""
+    restart Oxia and the S3 server once each, between 15% and 85% of the run."""
     args, rng = run.args, run.rng
     began = time.monotonic()
     restarts = {} if args.no_server_restarts else {
-        service: began + args.seconds * rng.uniform(0.15, 0.85) for service in ("oxia", "seaweedfs")}
+        service: began + args.seconds * rng.uniform(0.15, 0.85) for service in ("oxia", "s3")}
     budget_s = run.config.gc_grace_ms / 4 / 1000
     longest_pause = max(budget_s, run.config.oxia_session_timeout_ms / 1000) + 3
     next_event = began + rng.uniform(0.5, 2)
@@ -205,7 +205,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--partitions", type=int, default=4)
     parser.add_argument("--grace-ms", type=int, default=12_000,
                         help="LLOG_GC_GRACE_MS G (default 12000: budget G/4 = 3 s, blobs refused past G/2 = 6 s)")
-    parser.add_argument("--no-server-restarts", action="store_true", help="do not restart Oxia and SeaweedFS")
+    parser.add_argument("--no-server-restarts", action="store_true", help="do not restart Oxia and the S3 server")
     parser.add_argument("--settings", type=Path, default=None,
                         help="a running stack's settings.json (default: start a private stack; server restarts "
                              "need a stack this run started)")

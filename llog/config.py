@@ -145,7 +145,7 @@ class Config:
     #: The bucket of WAL blobs and compacted objects (every component that reads or writes a log
     #: needs it).
     s3_bucket: str | None = None
-    #: The S3 endpoint, e.g. ``http://127.0.0.1:8333`` for the local stack's SeaweedFS; unset: AWS
+    #: The S3 endpoint, e.g. ``http://127.0.0.1:18333`` for the local stack's versitygw; unset: AWS
     #: S3 in the region below.
     s3_endpoint_url: str | None = None
     #: The bucket's region (also the one whose S3 prices ``llog topics describe`` uses).

@@ -2,7 +2,7 @@
 so a sink task's S3 client, the driver-side commit's writer and a source's reader are built once
 per config, and closed at exit (or by :func:`close_all`). Only a client that was built is kept:
 one whose creation failed (its bounded connect gave up) is not, so the next call tries again. A
-kept client rides through a restart of Oxia or SeaweedFS (:mod:`llog.coordination`,
+kept client rides through a restart of Oxia or the S3 server (:mod:`llog.coordination`,
 :mod:`llog.objects`)."""
 
 from __future__ import annotations

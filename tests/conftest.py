@@ -1,4 +1,4 @@
-"""Shared fixtures: one local stack (real Oxia + SeaweedFS) per test session."""
+"""Shared fixtures: one local stack (real Oxia + versitygw) per test session."""
 
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ _INTEGRATION_DIR = Path(__file__).parent / "integration"
 
 
 def pytest_configure(config: pytest.Config) -> None:
-    config.addinivalue_line("markers", "integration: needs real processes (Oxia, SeaweedFS, Spark)")
+    config.addinivalue_line("markers", "integration: needs real processes (Oxia, S3, Spark)")
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:

@@ -7,7 +7,7 @@ For each version: a throwaway venv ``.cache/compat/pyspark-<version>`` (git-igno
 reused, so a second run installs nothing) gets that pyspark from PyPI, the way a cluster has its
 own, then llog's wheel built from this checkout, installed as a cluster would install it: with
 its dependencies, none of which may replace that pyspark (checked). Then ``smoke.py`` runs in
-that venv, from outside the checkout, against a local stack (Oxia and SeaweedFS, started from
+that venv, from outside the checkout, against a local stack (Oxia and the S3 server, started from
 this Python's environment for the run and purged after): imports, then batch and stream writes,
 ``foreachBatch``, batch and stream reads with a consumer group, and ``maxOffsetsPerTrigger``.
 

@@ -1,4 +1,4 @@
-"""The broker's group commit (``broker_lite.batcher``) on real Oxia and SeaweedFS: concurrent
+"""The broker's group commit (``broker_lite.batcher``) on real Oxia and the S3 server: concurrent
 requests share one PUT and each gets its own offsets, a lone request waits for no window,
 batches seal at the byte limit and never run two at once on one partition, backpressure refuses
 and recovers with nothing lost, a failed flush fails exactly its requests, per partition, bad

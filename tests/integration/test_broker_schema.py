@@ -1,5 +1,5 @@
 """The broker against its own OpenAPI document: schemathesis fuzzes every operation of a real
-broker process on the real stack (Oxia + SeaweedFS) and checks each answer: no server error but a
+broker process on the real stack (Oxia + versitygw) and checks each answer: no server error but a
 documented 503, the status documented, the body and headers (Retry-After, WWW-Authenticate)
 matching their schemas, schema-valid requests accepted and invalid ones refused.
 

@@ -1,5 +1,5 @@
 """A short chaos run (``python -m chaos``, see :mod:`chaos`): writers, compactors, GC and readers
-paused, killed and restarted, Oxia and SeaweedFS restarted, on a private stack; every
+paused, killed and restarted, Oxia and the S3 server restarted, on a private stack; every
 acknowledged record reads back exactly once and the invariants hold."""
 
 from __future__ import annotations

@@ -1,5 +1,5 @@
 """Compaction (PROTOCOL.md section 6) and WAL garbage collection (section 9) on real Oxia and
-SeaweedFS: same bytes after compaction, continuous readability, a compactor killed at every step
+S3 (versitygw): same bytes after compaction, continuous readability, a compactor killed at every step
 and resumed by another, racing compactors, and GC deleting exactly the old unreferenced blobs."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""The compaction job (``compaction_job``) on real Spark (local mode) over real Oxia and SeaweedFS,
+"""The compaction job (``compaction_job``) on real Spark (local mode) over real Oxia and the S3 server,
 and ``llog compact`` / ``llog gc``: the report's numbers, every record read back with the same
 bytes, exactly the old unreferenced blobs collected, a killed compactor recovered, bad
 arguments refused with a clear error."""

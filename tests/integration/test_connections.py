@@ -93,7 +93,7 @@ def test_oxia_calls_ride_through_an_oxia_restart(own_stack):
         assert time.monotonic() - started < 6
 
 
-def test_s3_calls_ride_through_a_seaweedfs_restart(own_stack):
+def test_s3_calls_ride_through_an_s3_server_restart(own_stack):
     stack_dir, config = own_stack
     store = ObjectStore(config)
     try:
@@ -104,7 +104,7 @@ def test_s3_calls_ride_through_a_seaweedfs_restart(own_stack):
             assert store.get(uri, 10, 5) == b"xxxxx"
 
         started = time.monotonic()
-        assert _call_during(call, lambda: restart_service(stack_dir, "seaweedfs")) == []
+        assert _call_during(call, lambda: restart_service(stack_dir, "s3")) == []
         assert time.monotonic() - started < 60
         assert status(stack_dir)["running"]
         assert [o.key for o in store.list("before")] == ["before"]
@@ -113,7 +113,7 @@ def test_s3_calls_ride_through_a_seaweedfs_restart(own_stack):
         store.close()
 
 
-@pytest.mark.parametrize("service", ["oxia", "seaweedfs"])
+@pytest.mark.parametrize("service", ["oxia", "s3"])
 def test_a_writer_and_reader_go_on_after_a_server_restart(own_stack, service):
     stack_dir, config = own_stack
     with LogWriter(config, auto_initialize=True) as writer, LogReader(config) as reader:

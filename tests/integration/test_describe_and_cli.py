@@ -1,4 +1,4 @@
-"""Partition discovery, ``llog describe`` and the CLI, on real Oxia and SeaweedFS."""
+"""Partition discovery, ``llog describe`` and the CLI, on real Oxia and the S3 server."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""jobs.llog_to_delta from real Spark (local mode, with Delta) over real Oxia and SeaweedFS: the
+"""jobs.llog_to_delta from real Spark (local mode, with Delta) over real Oxia and the S3 server: the
 Delta table holds every record exactly once, also when the driver is killed in the middle of a
 run and the job is restarted from its checkpoint."""
 

@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 import argparse
+import json
 import socket
-from dataclasses import replace
+from dataclasses import asdict, replace
 from pathlib import Path
 
 import boto3
@@ -18,6 +19,7 @@ from llog.local_stack import (
     DEFAULT_PORTS,
     S3_ACCESS_KEY_ID,
     S3_SECRET_ACCESS_KEY,
+    S3_SERVER_VERSION,
     add_stack_command,
     down,
     free_ports,
@@ -62,10 +64,10 @@ def test_up_status_use_idempotent_down(tmp_path: Path) -> None:
     try:
         info = up(stack_dir=tmp_path, ports=ports, bucket="llog-test")
         assert info["running"]
-        assert info["oxia"]["healthy"] and info["seaweedfs"]["healthy"]
+        assert info["oxia"]["healthy"] and info["s3"]["healthy"]
         assert info["oxia"]["port"] == ports.oxia and info["oxia"]["metrics_port"] == ports.oxia_metrics
-        assert info["seaweedfs"]["s3_port"] == ports.s3 and info["seaweedfs"]["filer_port"] == ports.filer
-        pids = info["oxia"]["pid"], info["seaweedfs"]["pid"]
+        assert info["s3"]["port"] == ports.s3 and info["s3"]["server"] == f"versitygw {S3_SERVER_VERSION}"
+        pids = info["oxia"]["pid"], info["s3"]["pid"]
         assert all(_pid_exists(pid) for pid in pids)
         assert status(tmp_path) == info
 
@@ -80,6 +82,7 @@ def test_up_status_use_idempotent_down(tmp_path: Path) -> None:
         )
         s3.put_object(Bucket="llog-test", Key="a/b", Body=b"hello")
         assert s3.get_object(Bucket="llog-test", Key="a/b")["Body"].read() == b"hello"
+        assert (tmp_path / "s3" / "llog-test" / "a" / "b").read_bytes() == b"hello"  # POSIX backend
 
         client = oxia.Client(config.oxia_service_address)
         try:
@@ -90,12 +93,12 @@ def test_up_status_use_idempotent_down(tmp_path: Path) -> None:
             client.close()
 
         again = up(stack_dir=tmp_path, ports=ports, bucket="llog-test")
-        assert (again["oxia"]["pid"], again["seaweedfs"]["pid"]) == pids and again["broker"] is None
+        assert (again["oxia"]["pid"], again["s3"]["pid"]) == pids and again["broker"] is None
 
         # `llog stack up --broker` on a running stack adds the HTTP broker, on the stack's settings.
         with_broker = up(stack_dir=tmp_path, ports=ports, bucket="llog-test", broker_port=free_port())
         broker = with_broker["broker"]
-        assert broker["healthy"] and (with_broker["oxia"]["pid"], with_broker["seaweedfs"]["pid"]) == pids
+        assert broker["healthy"] and (with_broker["oxia"]["pid"], with_broker["s3"]["pid"]) == pids
         produced = httpx.post(f"{broker['url']}/produce", json={"topic_partitions": [
             {"topic": "stack", "partition": 0, "records": ["via the broker"]}]}, timeout=30)
         assert produced.status_code == 200, produced.text
@@ -105,12 +108,27 @@ def test_up_status_use_idempotent_down(tmp_path: Path) -> None:
         assert len(stopped) == 3 and all(str(pid) in " ".join(stopped) for pid in pids)
         assert not any(_pid_exists(pid) for pid in pids)
         after = status(tmp_path)
-        assert not after["running"] and after["oxia"]["pid"] is None and after["seaweedfs"]["pid"] is None
+        assert not after["running"] and after["oxia"]["pid"] is None and after["s3"]["pid"] is None
         assert not (tmp_path / "settings.json").exists() and not (tmp_path / "stack.json").exists()
         assert down(tmp_path) == []
     finally:
         down(tmp_path, purge=True)
-    assert not (tmp_path / "oxia").exists() and not (tmp_path / "seaweedfs").exists()
+    assert not (tmp_path / "oxia").exists() and not (tmp_path / "s3").exists()
+
+
+def test_record_of_a_stack_from_before_versitygw_reads_as_not_running(tmp_path: Path) -> None:
+    """A stack.json written when SeaweedFS was the S3 server (its ports, a ``seaweedfs`` entry)
+    is read, not refused: the stack is not running, so ``up`` stops what is left and starts
+    afresh."""
+    ports = free_ports()
+    (tmp_path / "stack.json").write_text(json.dumps({
+        "bucket": "llog", "ports": {**asdict(ports), "master": 1, "volume": 2, "filer": 3, "admin": 4},
+        "oxia": {"pid": 2 ** 22 + 1, "binary": "/nonexistent/oxia"},
+        "seaweedfs": {"pid": 2 ** 22 + 2, "binary": "/nonexistent/weed"},
+    }))
+    info = status(tmp_path)
+    assert not info["running"] and info["s3"]["pid"] is None and info["s3"]["port"] == ports.s3
+    assert down(tmp_path) == [] and not (tmp_path / "stack.json").exists()
 
 
 def test_port_in_use_is_named_and_nothing_starts(tmp_path: Path) -> None:
@@ -118,7 +136,7 @@ def test_port_in_use_is_named_and_nothing_starts(tmp_path: Path) -> None:
     with socket.socket() as squatter:
         squatter.bind(("127.0.0.1", ports.s3))
         squatter.listen()
-        with pytest.raises(LlogError, match=rf"port {ports.s3} \(SeaweedFS S3\) on 127.0.0.1 is already in use"):
+        with pytest.raises(LlogError, match=rf"port {ports.s3} \(S3\) on 127.0.0.1 is already in use"):
             up(stack_dir=tmp_path, ports=ports)
     assert not status(tmp_path)["running"]
     assert not (tmp_path / "stack.json").exists()
@@ -140,7 +158,8 @@ def test_cli_status_of_empty_stack_dir(tmp_path: Path, capsys: pytest.CaptureFix
 
 def test_port_flags_override_env_override_defaults() -> None:
     args = _parser().parse_args(["stack", "up", "--oxia-port", "21000", "--s3-port", "21001"])
-    assert (args.oxia_port, args.s3_port, args.master_port) == (21000, 21001, None)
-    env = {"LLOG_STACK_OXIA_PORT": "22000", "LLOG_STACK_MASTER_PORT": "22001"}
-    ports = resolve_ports({"oxia": args.oxia_port, "s3": args.s3_port, "master": args.master_port}, env=env)
-    assert ports == replace(DEFAULT_PORTS, oxia=21000, s3=21001, master=22001)
+    assert (args.oxia_port, args.s3_port, args.oxia_metrics_port) == (21000, 21001, None)
+    env = {"LLOG_STACK_OXIA_PORT": "22000", "LLOG_STACK_OXIA_METRICS_PORT": "22001"}
+    ports = resolve_ports({"oxia": args.oxia_port, "s3": args.s3_port, "oxia_metrics": args.oxia_metrics_port},
+                          env=env)
+    assert ports == replace(DEFAULT_PORTS, oxia=21000, s3=21001, oxia_metrics=22001)

@@ -1,4 +1,4 @@
-"""The S3 access layer against real SeaweedFS: GETs (presigned, over urllib3) and their errors."""
+"""The S3 access layer against a real S3 server (versitygw): GETs (presigned, over urllib3) and their errors."""
 
 from __future__ import annotations
 

@@ -1,6 +1,6 @@
 """``llog compact`` and ``llog gc`` as a script runs them: with pipes, no progress at all (stdout
 is the JSON alone, stderr has no escape sequences); forced on (``LLOG_PROGRESS=1``), the bars go
-to stderr and stdout is still the JSON alone. Real Oxia and SeaweedFS, the commands as processes."""
+to stderr and stdout is still the JSON alone. Real Oxia and the S3 server, the commands as processes."""
 
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
 """The connectors' fallbacks for pyspark 4.0 and 4.1 (pyspark_llog.compat), exercised on this
-venv's pyspark against real Oxia and SeaweedFS: the Row stream writer through real Spark (which
+venv's pyspark against real Oxia and the S3 server: the Row stream writer through real Spark (which
 hands a ``DataSourceStreamWriter`` Rows on every version), and the stream reader without
 admission control driven as pyspark 4.0 drives it (``latestOffset()`` without the start). The
 same paths on the real old versions: tests/compat/check_pyspark.py."""

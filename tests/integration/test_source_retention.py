@@ -1,5 +1,5 @@
 """format("llog") reads and retention (docs/topics.md section 3), with real Spark over real Oxia and
-SeaweedFS: ``earliest`` is each partition's log start offset; a position below it is data loss
+S3 (versitygw): ``earliest`` is each partition's log start offset; a position below it is data loss
 (``failOnDataLoss``), on the driver when a batch is planned and in the tasks when retention moved
 the start after that; a read never returns another offset's record."""
 

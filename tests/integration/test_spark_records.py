@@ -1,6 +1,6 @@
 """Kafka's record model through Spark (docs/records-v2.md): keys, headers, event times,
 tombstones and compression written with ``df.write.format("llog")`` and read back with
-``spark.read`` / ``spark.readStream.format("llog")``, on real Oxia and SeaweedFS."""
+``spark.read`` / ``spark.readStream.format("llog")``, on real Oxia and the S3 server."""
 
 from __future__ import annotations
 

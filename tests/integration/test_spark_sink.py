@@ -1,4 +1,4 @@
-"""format("llog") from real Spark (local mode) into real Oxia and SeaweedFS."""
+"""format("llog") from real Spark (local mode) into real Oxia and the S3 server."""
 
 from __future__ import annotations
 

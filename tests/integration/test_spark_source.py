@@ -1,5 +1,5 @@
 """spark.read / spark.readStream .format("llog") from real Spark (local mode) over real Oxia and
-SeaweedFS."""
+S3 (versitygw)."""
 
 from __future__ import annotations
 

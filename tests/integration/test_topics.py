@@ -1,4 +1,4 @@
-"""Topics as objects (docs/topics.md sections 1, 2 and 4) on real Oxia and SeaweedFS: create,
+"""Topics as objects (docs/topics.md sections 1, 2 and 4) on real Oxia and the S3 server: create,
 list, describe, alter and delete; auto-creation by writers; writers that disagree on the
 partition count; delete and re-create; a delete that is interrupted and finished; partitions
 written before topic records, adopted."""

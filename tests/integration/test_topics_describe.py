@@ -1,4 +1,4 @@
-"""``llog topics describe`` (llog/describe.py) on real Oxia and SeaweedFS: each partition's log
+"""``llog topics describe`` (llog/describe.py) on real Oxia and the S3 server: each partition's log
 start and end offsets, records, its share of shared WAL blobs and its compacted objects' sizes,
 after compaction, retention and interrupted appends; per topic its record, effective config,
 total bytes and the monthly storage cost at S3 Standard list prices (conf/s3_prices.json)."""

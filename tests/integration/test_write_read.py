@@ -1,4 +1,4 @@
-"""Write and read through real Oxia and SeaweedFS: shared blobs, random reads, scans, Arrow
+"""Write and read through real Oxia and the S3 server: shared blobs, random reads, scans, Arrow
 batches, one GET per blob."""
 
 from __future__ import annotations
