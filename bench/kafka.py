@@ -135,6 +135,9 @@ class Measured:
     seconds: list[float]
     batches: float
     meters: ServerMeters
+    #: The source's run: from ``load()`` to its first trigger, and in triggers (``bench.source._stream``).
+    startup_s: float | None = None
+    triggers_s: float | None = None
 
 
 def run(config: Config) -> dict:
@@ -227,7 +230,8 @@ class _Cases:
         meters = self._meters().start()
         read = source._stream(self.spark, fmt, options, next(self.checkpoints), self.sizes.records)
         meters.stop()
-        return Measured([read["seconds"]], self.sizes.records / self.sizes.rows, meters)
+        return Measured([read["seconds"]], self.sizes.records / self.sizes.rows, meters, read["startup_s"],
+                        read["triggers_s"])
 
 
 def _in_rounds(direction: str, cases: dict[str, Callable[[bool], Measured]], rounds: int) -> dict[str, list[Measured]]:
@@ -309,4 +313,6 @@ def _case_summary(measured: list[Measured], records: int) -> dict:
             "seconds": [round(s, 3) for m in measured for s in m.seconds],
             "cpu_s_per_batch": per_batch([m.meters.kafka.machine_s for m in measured]),
             "kafka_cpu_s_per_batch": per_batch([m.meters.kafka.process_s for m in measured]),
-            "s3_server_cpu_s_per_batch": per_batch([m.meters.s3.process_s for m in measured])}
+            "s3_server_cpu_s_per_batch": per_batch([m.meters.s3.process_s for m in measured]),
+            **({"startup_s": [round(m.startup_s, 2) for m in measured],
+                "triggers_s": [round(m.triggers_s, 2) for m in measured]} if measured[0].startup_s is not None else {})}

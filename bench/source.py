@@ -34,6 +34,7 @@ import time
 import uuid
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
+from datetime import datetime
 from itertools import count
 from pathlib import Path
 
@@ -195,8 +196,10 @@ def _fill(config: Config, topic: str, sizes: Sizes, per_partition: int) -> dict:
 
 
 def _stream(spark, fmt: str, options: dict[str, str], checkpoint: Path, expected: int) -> dict:
-    """One ``availableNow`` run of ``fmt`` into ``noop``, from ``start()`` to termination."""
-    started = time.perf_counter()
+    """One ``availableNow`` run of ``fmt`` into ``noop``, from ``start()`` to termination; also
+    ``startup_s``, from ``load()`` to the first trigger (the source's planner starting, Python
+    for a Python source), and ``triggers_s``, Spark's ``triggerExecution`` over all batches."""
+    started, started_at = time.perf_counter(), time.time()
     query = (spark.readStream.format(fmt).options(**options).load()
              .writeStream.format("noop").option("checkpointLocation", str(checkpoint))
              .trigger(availableNow=True).start())
@@ -211,8 +214,11 @@ def _stream(spark, fmt: str, options: dict[str, str], checkpoint: Path, expected
     rows = sum(p["numInputRows"] for p in progresses)
     if rows != expected:
         raise RuntimeError(f"{fmt}: read {rows} records, expected {expected}")
+    first_trigger = datetime.fromisoformat(query.recentProgress[0]["timestamp"].replace("Z", "+00:00")).timestamp()
     return {"seconds": seconds, "batches": len(progresses),
-            "add_batch_s": sum(p["durationMs"].get("addBatch", 0) for p in progresses) / 1000}
+            "add_batch_s": sum(p["durationMs"].get("addBatch", 0) for p in progresses) / 1000,
+            "startup_s": first_trigger - started_at,
+            "triggers_s": sum(p["durationMs"].get("triggerExecution", 0) for p in query.recentProgress) / 1000}
 
 
 def _direct_read(config: Config, topic: str, sizes: Sizes) -> dict:
@@ -281,6 +287,7 @@ def run(config: Config) -> dict:
               "median_s": round(statistics.median(seconds), 3), "min_s": round(min(seconds), 3),
               "max_s": round(max(seconds), 3), "seconds": [round(x, 2) for x in seconds],
               "add_batch_s_median": round(statistics.median(r["add_batch_s"] for r in results), 3),
+              "startup_s_median": round(statistics.median(r["startup_s"] for r in results), 3),
               "micro_batches": results[0]["batches"]})
     emit({"bench": "source", "case": "read_split_direct", "records": total, **direct})
     records_per_s = total / statistics.median(r["seconds"] for r in runs["llog"])

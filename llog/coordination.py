@@ -298,7 +298,9 @@ def _wait_ready(address: str, timeout_s: float) -> None:
     except grpc.FutureTimeoutError:
         raise RuntimeError(f"no connection within {timeout_s:.1f} s") from None
     finally:
-        channel.close()
+        # Closing waits for the readiness future's polling thread, 0.2 s: on a thread of its
+        # own, so that making a client (a stream's planner starting, say) does not wait for it.
+        threading.Thread(target=channel.close, name="llog-oxia-probe-close", daemon=True).start()
 
 
 class Coordination:

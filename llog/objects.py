@@ -32,10 +32,8 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import TypeVar
 
-import boto3
 import botocore.exceptions
 import urllib3
-from botocore.config import Config as BotoConfig
 from tenacity import Retrying, retry_if_exception, stop_after_attempt, wait_exponential_jitter
 
 from llog.config import Config
@@ -75,6 +73,11 @@ class ObjectInfo:
 def make_s3_client(config: Config, max_pool_connections: int = 32, attempts: int | None = None):
     """A boto3 S3 client for ``config``, making ``attempts`` attempts per request with botocore's
     standard retries (default ``LLOG_S3_MAX_ATTEMPTS``; benchmarks use it for raw baselines)."""
+    # Imported here: a third of a second that a process which never calls S3 (a stream's
+    # planner on the driver) should not pay.
+    import boto3
+    from botocore.config import Config as BotoConfig
+
     try:
         return boto3.session.Session().client(
             "s3",
@@ -107,13 +110,25 @@ class ObjectStore:
     def __init__(self, config: Config):
         self.config = config
         self._endpoint = config.s3_endpoint_url or f"AWS S3 ({config.s3_region_name})"
-        self._s3 = make_s3_client(config, attempts=1)  # retried by _call
+        self._client = None  # boto3's, made when first needed (:attr:`_s3`)
         self._lock = threading.Lock()
         self.stats: collections.Counter[str] = collections.Counter()
         self._http = urllib3.PoolManager(
             maxsize=32, retries=False,
             timeout=urllib3.Timeout(connect=min(config.s3_timeout_s, 10.0), read=config.s3_timeout_s))
         self._urls: dict[tuple[str, str], tuple[str, float]] = {}
+
+    @property
+    def _s3(self):
+        """boto3's S3 client, made on first use: making one takes a quarter of a second of CPU
+        (its service model is read from JSON), which a process that never calls S3 is spared."""
+        client = self._client
+        if client is None:
+            with self._lock:
+                if self._client is None:
+                    self._client = make_s3_client(self.config, attempts=1)  # retried by _call
+                client = self._client
+        return client
 
     def _count(self, op: str, nbytes: int = 0) -> None:
         with self._lock:
@@ -271,4 +286,5 @@ class ObjectStore:
 
     def close(self) -> None:
         self._http.clear()
-        self._s3.close()
+        if self._client is not None:
+            self._client.close()
