@@ -17,18 +17,32 @@ written next to them (:data:`RESOLVED_JARS_FILE`). Later sessions load those jar
 (its console logger is fixed at INFO; nothing in Spark or Ivy's settings turns it off). A session
 that asks for more ``packages`` (say Spark's Kafka connector, for ``bench.kafka``) has them
 resolved, cached and recorded the same way.
+
+Spark puts ``$SPARK_HOME/python/lib/pyspark.zip`` first on the path of every Python process it
+starts (the planner of each streaming query and of each Python data source read, the workers'
+daemon, a sink's commit worker), and a pip-installed pyspark is its own ``SPARK_HOME``: each such
+process then imports pyspark from that zip, compiling its modules anew (Python caches no bytecode
+for a zip), about a second of CPU before it does anything. Unless ``SPARK_HOME`` is already set,
+the session's JVM gets a ``SPARK_HOME`` of its own (:func:`spark_home_without_zip`): the installed
+pyspark's ``bin`` and ``jars``, without ``python/lib``, so those processes import the installed
+pyspark, whose bytecode is cached. A streaming query over a Python source starts about 1.8 s
+sooner (the first trigger 1.0 s after ``start()`` instead of 2.8 s).
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import re
+import shutil
 import sys
+import tempfile
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from urllib.parse import unquote, urlparse
 
+from llog.config import llog_home
 from llog.errors import ConfigError
 
 CHECKOUT = Path(__file__).resolve().parents[1]
@@ -66,6 +80,10 @@ def local_spark(app: str, cores: int = 2, task_retries: int = 1, delta: bool = F
     os.environ["PYSPARK_DRIVER_PYTHON"] = sys.executable
     os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
     os.environ["PYTHONPATH"] = os.pathsep.join(p for p in (str(CHECKOUT), os.environ.get("PYTHONPATH")) if p)
+    if not os.environ.get("SPARK_HOME"):
+        home = spark_home_without_zip()
+        if home is not None:
+            os.environ["SPARK_HOME"] = str(home)
     from pyspark.sql import SparkSession
 
     packages = dict(packages or {})
@@ -85,6 +103,41 @@ def local_spark(app: str, cores: int = 2, task_retries: int = 1, delta: bool = F
     if probe_classes and jars is None and "spark.jars.packages" in settings and "spark.jars.ivy" in settings:
         record_resolved_jars(settings, spark.sparkContext.getConf().get("spark.jars", ""), record)
     return spark
+
+
+def spark_home_without_zip(root: Path | None = None) -> Path | None:
+    """A ``SPARK_HOME`` for the installed pyspark whose Python processes import it from
+    site-packages, not from ``python/lib/pyspark.zip`` (module doc): a directory under
+    ``<llog home>/spark-home/`` (or ``root``) with links to the package's ``bin`` and ``jars``.
+    None when pyspark is not a pip install with that zip (a Spark distribution, say) or the links
+    cannot be made: Spark then runs as it would anyway."""
+    import pyspark
+
+    package = Path(pyspark.__file__).resolve().parent
+    if not ((package / "python" / "lib" / "pyspark.zip").is_file() and (package / "bin" / "spark-submit").is_file()
+            and (package / "jars").is_dir()):
+        return None
+    root = Path(root) if root else llog_home() / "spark-home"
+    home = root / f"pyspark-{pyspark.__version__}-{hashlib.sha1(str(package).encode()).hexdigest()[:12]}"
+    links = {"bin": package / "bin", "jars": package / "jars"}
+    if all((home / name).resolve() == target for name, target in links.items()):
+        return home
+    try:
+        root.mkdir(parents=True, exist_ok=True)
+        partial = Path(tempfile.mkdtemp(prefix=".partial-", dir=root))
+        partial.chmod(0o755)
+        for name, target in links.items():
+            (partial / name).symlink_to(target, target_is_directory=True)
+        try:
+            partial.rename(home)
+        except OSError:  # made meanwhile by another process, or stale: theirs if it is whole
+            shutil.rmtree(partial, ignore_errors=True)
+            if not all((home / name).resolve() == target for name, target in links.items()):
+                shutil.rmtree(home, ignore_errors=True)
+                return None
+    except OSError:
+        return None
+    return home
 
 
 def spark_defaults(cores: int = 2, delta: bool = False, path: Path = SPARK_DEFAULTS,

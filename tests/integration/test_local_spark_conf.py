@@ -1,5 +1,6 @@
 """The local Spark session (jobs/local_spark.py) takes its settings from conf/spark-defaults.conf
-and starts quietly: no Ivy resolution output, no log4j banner. Each session starts in a
+and starts quietly: no Ivy resolution output, no log4j banner; the Python processes Spark starts
+import the installed pyspark, not the copy in pyspark.zip. Each session starts in a
 subprocess, so its JVM's stdout and stderr are the test's to read (and no JVM of this process is
 touched)."""
 
@@ -8,10 +9,13 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
-from jobs.local_spark import CHECKOUT, is_delta_key, resolved_jars, spark_defaults
+import pyspark
+
+from jobs.local_spark import CHECKOUT, is_delta_key, resolved_jars, spark_defaults, spark_home_without_zip
 
 #: Started in a subprocess: a session, then one JSON line of what the test checks.
 SESSION_SCRIPT = """
@@ -32,6 +36,9 @@ report["warn_after_set_error"] = [name for name in (
     "io.delta.sql.DeltaSparkSessionExtension", "org.apache.parquet.hadoop.ParquetOutputFormat")
     if log_manager.getLogger(name).isWarnEnabled()]
 spark.sparkContext.setLogLevel("WARN")
+# Where a Python worker Spark started took pyspark from.
+report["worker_pyspark"] = spark.sparkContext.parallelize([0], 1).map(
+    lambda _: __import__("pyspark").__file__).collect()[0]
 if delta:
     with tempfile.TemporaryDirectory() as table:
         spark.range(7).write.format("delta").mode("overwrite").save(table)
@@ -109,3 +116,20 @@ def test_plain_session_has_no_delta_settings():
     assert not [k for k in conf if is_delta_key(k)]
     assert "delta" not in conf.get("spark.jars", "")
     assert report["root_level"] == "WARN"
+    # Not from $SPARK_HOME/python/lib/pyspark.zip, compiled anew by each process (module doc there).
+    assert report["worker_pyspark"] == pyspark.__file__
+
+
+def test_spark_home_without_zip_links_the_installed_pyspark(tmp_path):
+    package = Path(pyspark.__file__).parent
+    assert (package / "python" / "lib" / "pyspark.zip").is_file()  # what it is there to avoid
+    home = spark_home_without_zip(tmp_path)
+    assert home is not None and home.parent == tmp_path
+    assert sorted(p.name for p in home.iterdir()) == ["bin", "jars"]
+    assert (home / "bin" / "spark-submit").resolve() == (package / "bin" / "spark-submit").resolve()
+    assert spark_home_without_zip(tmp_path) == home  # made once
+    (home / "jars").unlink()  # damaged: removed (Spark runs as it would), then made again
+    assert spark_home_without_zip(tmp_path) is None and not home.exists()
+    assert spark_home_without_zip(tmp_path) == home and (home / "jars").resolve() == (package / "jars").resolve()
+    (tmp_path / "file").touch()
+    assert spark_home_without_zip(tmp_path / "file" / "below") is None  # cannot be made
