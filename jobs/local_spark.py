@@ -120,7 +120,11 @@ def spark_home_without_zip(root: Path | None = None) -> Path | None:
     root = Path(root) if root else llog_home() / "spark-home"
     home = root / f"pyspark-{pyspark.__version__}-{hashlib.sha1(str(package).encode()).hexdigest()[:12]}"
     links = {"bin": package / "bin", "jars": package / "jars"}
-    if all((home / name).resolve() == target for name, target in links.items()):
+
+    def whole() -> bool:
+        return all((home / name).resolve() == target for name, target in links.items())
+
+    if whole():
         return home
     try:
         root.mkdir(parents=True, exist_ok=True)
@@ -132,7 +136,7 @@ def spark_home_without_zip(root: Path | None = None) -> Path | None:
             partial.rename(home)
         except OSError:  # made meanwhile by another process, or stale: theirs if it is whole
             shutil.rmtree(partial, ignore_errors=True)
-            if not all((home / name).resolve() == target for name, target in links.items()):
+            if not whole():
                 shutil.rmtree(home, ignore_errors=True)
                 return None
     except OSError:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 import socket
+import subprocess
 from dataclasses import asdict, replace
 from pathlib import Path
 
@@ -118,17 +119,23 @@ def test_up_status_use_idempotent_down(tmp_path: Path) -> None:
 
 def test_record_of_a_stack_from_before_versitygw_reads_as_not_running(tmp_path: Path) -> None:
     """A stack.json written when SeaweedFS was the S3 server (its ports, a ``seaweedfs`` entry)
-    is read, not refused: the stack is not running, so ``up`` stops what is left and starts
-    afresh."""
+    is read, not refused: the stack is not running, and what is left of it is stopped (by
+    ``down``, and by ``up`` before it starts afresh), so its ports are freed."""
     ports = free_ports()
-    (tmp_path / "stack.json").write_text(json.dumps({
-        "bucket": "llog", "ports": {**asdict(ports), "master": 1, "volume": 2, "filer": 3, "admin": 4},
-        "oxia": {"pid": 2 ** 22 + 1, "binary": "/nonexistent/oxia"},
-        "seaweedfs": {"pid": 2 ** 22 + 2, "binary": "/nonexistent/weed"},
-    }))
-    info = status(tmp_path)
-    assert not info["running"] and info["s3"]["pid"] is None and info["s3"]["port"] == ports.s3
-    assert down(tmp_path) == [] and not (tmp_path / "stack.json").exists()
+    leftover = subprocess.Popen(["/bin/sleep", "300"])  # stands in for the old `weed mini`
+    try:
+        (tmp_path / "stack.json").write_text(json.dumps({
+            "bucket": "llog", "ports": {**asdict(ports), "master": 1, "volume": 2, "filer": 3, "admin": 4},
+            "oxia": {"pid": 2 ** 22 + 1, "binary": "/nonexistent/oxia"},
+            "seaweedfs": {"pid": leftover.pid, "binary": "/bin/sleep"},
+        }))
+        info = status(tmp_path)
+        assert not info["running"] and info["s3"]["pid"] is None and info["s3"]["port"] == ports.s3
+        assert down(tmp_path) == [f"seaweedfs (pid {leftover.pid})"]
+        assert leftover.wait(timeout=10) is not None and not (tmp_path / "stack.json").exists()
+    finally:
+        leftover.kill()
+        leftover.wait()
 
 
 def test_port_in_use_is_named_and_nothing_starts(tmp_path: Path) -> None:
