@@ -15,8 +15,27 @@ import os
 # starts, here since every module that imports it is in this package; a value the user set wins.
 os.environ.setdefault("GRPC_ENABLE_FORK_SUPPORT", "0")
 
-from llog.config import Config  # noqa: E402
-from llog.reader import LogReader, ReadRequest, Record, RECORD_SCHEMA  # noqa: E402
-from llog.writer import AppendGroup, AppendResult, LogWriter  # noqa: E402
+#: The public API, by where it lives. Imported on first use (PEP 562), so that a process that
+#: needs one module of the core (a Spark planner parsing options, a worker reading) does not pay
+#: for all of it: ``from llog import LogWriter`` works as ever.
+_EXPORTS = {
+    "Config": "llog.config",
+    "LogReader": "llog.reader", "ReadRequest": "llog.reader", "Record": "llog.reader", "RECORD_SCHEMA": "llog.reader",
+    "LogWriter": "llog.writer", "AppendGroup": "llog.writer", "AppendResult": "llog.writer",
+}
+__all__ = list(_EXPORTS)
 
-__all__ = ["Config", "LogReader", "LogWriter", "AppendGroup", "AppendResult", "ReadRequest", "Record", "RECORD_SCHEMA"]
+
+def __getattr__(name: str):
+    module = _EXPORTS.get(name)
+    if module is None:
+        raise AttributeError(f"module 'llog' has no attribute {name!r}")
+    import importlib
+
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted({*globals(), *_EXPORTS})

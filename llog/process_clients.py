@@ -10,16 +10,18 @@ from __future__ import annotations
 import atexit
 import threading
 from collections.abc import Callable
-from typing import Generic, TypeVar
+from typing import TYPE_CHECKING, Generic, TypeVar
 
 from llog.config import Config
-from llog.coordination import Coordination
-from llog.objects import ObjectStore
-from llog.reader import LogReader
-from llog.topics import TopicCache
-from llog.writer import LogWriter
 
-C = TypeVar("C", ObjectStore, LogWriter, LogReader, Coordination)
+if TYPE_CHECKING:  # imported where first built: a Spark planner needs Oxia only, a task S3 too
+    from llog.coordination import Coordination
+    from llog.objects import ObjectStore
+    from llog.reader import LogReader
+    from llog.topics import TopicCache
+    from llog.writer import LogWriter
+
+C = TypeVar("C")
 
 
 class _PerConfig(Generic[C]):
@@ -42,10 +44,34 @@ class _PerConfig(Generic[C]):
             client.close()
 
 
-_stores = _PerConfig(ObjectStore)
-_writers = _PerConfig(lambda config: LogWriter(config, auto_initialize=True))
-_readers = _PerConfig(LogReader)
-_coordinations = _PerConfig(Coordination)
+def _make_store(config: Config) -> ObjectStore:
+    from llog.objects import ObjectStore
+
+    return ObjectStore(config)
+
+
+def _make_writer(config: Config) -> LogWriter:
+    from llog.writer import LogWriter
+
+    return LogWriter(config, auto_initialize=True)
+
+
+def _make_reader(config: Config) -> LogReader:
+    from llog.reader import LogReader
+
+    return LogReader(config, coordination=coordination(config))
+
+
+def _make_coordination(config: Config) -> Coordination:
+    from llog.coordination import Coordination
+
+    return Coordination(config)
+
+
+_stores: _PerConfig[ObjectStore] = _PerConfig(_make_store)
+_writers: _PerConfig[LogWriter] = _PerConfig(_make_writer)
+_readers: _PerConfig[LogReader] = _PerConfig(_make_reader)
+_coordinations: _PerConfig[Coordination] = _PerConfig(_make_coordination)
 _topic_caches: dict[Config, TopicCache] = {}
 _topic_caches_lock = threading.Lock()
 
@@ -61,19 +87,26 @@ def log_writer(config: Config) -> LogWriter:
 
 
 def log_reader(config: Config) -> LogReader:
-    """What a source reads with: its Oxia client plans on the driver, its S3 client fetches in
-    the tasks."""
+    """What a source's tasks read with (on the process's :func:`coordination`)."""
     return _readers.get(config)
+
+
+def coordination(config: Config) -> Coordination:
+    """The process's Oxia client: what a source plans with on the driver (no S3 client, no
+    reader's modules), and what its readers and topic caches share."""
+    return _coordinations.get(config)
 
 
 def topic_cache(config: Config) -> TopicCache:
     """Topic records for a Spark task that places rows by a topic's partition count or
     compresses by its ``compression.type`` (docs/topics.md; creates a missing topic when
     ``LLOG_AUTO_CREATE_TOPICS`` allows), on an Oxia client of its own."""
+    from llog.topics import TopicCache
+
     with _topic_caches_lock:
         cache = _topic_caches.get(config)
         if cache is None:
-            cache = _topic_caches[config] = TopicCache(_coordinations.get(config), config)
+            cache = _topic_caches[config] = TopicCache(coordination(config), config)
         return cache
 
 
@@ -81,8 +114,8 @@ def close_all() -> None:
     """Close every kept client (at exit, or when their stack goes away)."""
     with _topic_caches_lock:
         _topic_caches.clear()
+    _readers.close()  # before the Oxia client they share
     _coordinations.close()
-    _readers.close()
     _writers.close()
     _stores.close()
 

@@ -34,10 +34,9 @@ from pyspark.sql.datasource import DataSourceReader, DataSourceStreamReader
 
 from llog.consumer_groups import commit_offsets
 from llog.keys import TopicPartition
-from llog.process_clients import log_reader
+from llog.process_clients import coordination
 from llog_source.lag import report_batch
 from llog_source.options import InvalidSourceOption, SourceOptions
-from llog_source.partition_reader import read_split
 from llog_source.planning import (
     LlogSplit, PartitionOffsets, Positions, advance, check_subscription, data_loss, from_spark, partition_offsets,
     plan_splits, rate_limit, resolve_positions, subscription_offsets, to_spark,
@@ -52,7 +51,8 @@ _AVAILABLE_NOW = (SupportsTriggerAvailableNow,) if ADMISSION_CONTROL else ()
 
 
 class _Planner:
-    """What the batch and stream readers share: Oxia access on the driver, reads on executors."""
+    """What the batch and stream readers share: Oxia access on the driver, reads on executors.
+    The driver's planner process needs Oxia only: what reads S3 is imported in the tasks."""
 
     def __init__(self, options: SourceOptions):
         self.options = options
@@ -60,22 +60,24 @@ class _Planner:
     def found(self) -> dict[TopicPartition, PartitionOffsets]:
         """The subscription's partitions and their log start offsets and high watermarks, now."""
         config = self.options.config
-        return subscription_offsets(log_reader(config).coordination, config.root_prefix, self.options.subscription)
+        return subscription_offsets(coordination(config), config.root_prefix, self.options.subscription)
 
     def log_starts(self, partitions: list[TopicPartition]) -> dict[TopicPartition, int]:
         """The log start offsets of ``partitions`` now (earliest; 1 for one that no longer exists)."""
         config = self.options.config
-        found = partition_offsets(log_reader(config).coordination, config.root_prefix, partitions)
+        found = partition_offsets(coordination(config), config.root_prefix, partitions)
         return {tp: found[tp].earliest if tp in found else 1 for tp in partitions}
 
     def splits(self, start: Positions, end: Positions) -> list[LlogSplit]:
         config = self.options.config
-        return plan_splits(log_reader(config).coordination, config.root_prefix, start, end,
+        return plan_splits(coordination(config), config.root_prefix, start, end,
                            self.options.min_partitions, self.options.max_records_per_partition)
 
     def read(self, split: LlogSplit) -> Iterator[pa.RecordBatch]:
         if not isinstance(split, LlogSplit):  # Spark's stand-in when nothing was planned
             return iter(())
+        from llog_source.partition_reader import read_split
+
         return read_split(split, self.options.config, self.options.fail_on_data_loss, self.options.include_headers)
 
 
@@ -169,7 +171,7 @@ class LlogStreamReader(_Planner, DataSourceStreamReader, *_AVAILABLE_NOW):
         if group is None or not changed:
             return
         config = self.options.config
-        commit_offsets(log_reader(config).coordination, config.root_prefix, group, changed)
+        commit_offsets(coordination(config), config.root_prefix, group, changed)
         self._committed.update(changed)
 
 
