@@ -25,7 +25,12 @@ those of ``bench.sink`` and ``bench.source``, reusing their code, on ``local[2]`
   ``start()`` to termination.
 
 The cases take turns round by round (one untimed round first, then ``BENCH_KAFKA_ROUNDS``, 3),
-so a machine that speeds up or slows down moves them all alike. The result is one JSON line:
+so a machine that speeds up or slows down moves them all alike. They share one JVM, so each
+starts from the same heap: after a Kafka read the connector's cached consumers and their fetched
+records are released (a query's consumers belong to its own group, so no later query can use
+them; left to the pool's 5-minute timeout they held 130-160 MB of records, and the garbage
+collector's work for them fell on the cases that came next), and before every case the JVM
+collects its garbage (``System.gc()``, not timed). The result is one JSON line:
 llog's records/s over Kafka's (tuned and default) for the sink and the source, the same ratio in
 each round, records/s per case, and CPU seconds per batch (of ``BENCH_KAFKA_ROWS`` records) of
 the whole machine, of the Kafka broker and of the S3 server (versitygw).
@@ -176,7 +181,7 @@ class _Cases:
     def sink_rounds(self) -> dict[str, list[Measured]]:
         progress(f"kafka: sink, {self.sizes.rounds} round(s) after an untimed one, {self.sizes.batches} timed "
                  f"micro-batches of {self.sizes.rows:,} rows per case and round")
-        return _in_rounds("sink", {
+        return _in_rounds(self.spark, "sink", {
             "kafka_default": lambda warm_up: self._sink("kafka", {**self.kafka, "topic": SINK_TOPIC}, warm_up),
             "kafka_tuned": lambda warm_up: self._sink("kafka", {**self.kafka, **TUNED_PRODUCER, "topic": SINK_TOPIC},
                                                       warm_up),
@@ -189,7 +194,7 @@ class _Cases:
         progress(f"kafka: source, {self.sizes.rounds} round(s) after an untimed one, an availableNow read of "
                  f"{self.sizes.records:,} records per case and round")
         kafka = {**self.kafka, "subscribe": SOURCE_TOPIC, "startingOffsets": "earliest"}
-        return _in_rounds("source", {
+        return _in_rounds(self.spark, "source", {
             "kafka_default": lambda warm_up: self._source("kafka", kafka),
             "kafka_tuned": lambda warm_up: self._source("kafka", {**kafka, **TUNED_CONSUMER}),
             "llog": lambda warm_up: self._source("llog", {**self.llog, "topics": SOURCE_TOPIC,
@@ -230,19 +235,24 @@ class _Cases:
         meters = self._meters().start()
         read = source._stream(self.spark, fmt, options, next(self.checkpoints), self.sizes.records)
         meters.stop()
+        if fmt == "kafka":
+            _release_cached_consumers(self.spark)
         return Measured([read["seconds"]], self.sizes.records / self.sizes.rows, meters, read["startup_s"],
                         read["triggers_s"])
 
 
-def _in_rounds(direction: str, cases: dict[str, Callable[[bool], Measured]], rounds: int) -> dict[str, list[Measured]]:
+def _in_rounds(spark, direction: str, cases: dict[str, Callable[[bool], Measured]], rounds: int
+               ) -> dict[str, list[Measured]]:
     """Each case once per round, in turn (a, b, c, a, b, c, ...), after one untimed round (called
-    with ``warm_up=True``): what each timed call measured, per case."""
+    with ``warm_up=True``), each after a full garbage collection of the JVM: what each timed
+    call measured, per case."""
     measured: dict[str, list[Measured]] = {case: [] for case in cases}
     with llog_progress.task(f"kafka: {direction} rounds", total=rounds + 1, unit="rounds") as advance:
         for round_number in range(rounds + 1):
             for case, measure in cases.items():
                 progress(f"kafka: {direction} {case}, " + (f"round {round_number} of {rounds}" if round_number
                                                            else "untimed round"))
+                spark._jvm.java.lang.System.gc()
                 result = measure(round_number == 0)
                 if round_number:
                     measured[case].append(result)
@@ -272,6 +282,19 @@ def _close_cached_producers(spark) -> None:
     it again, logging a warning each time, for as long as this process's JVM lives."""
     pool = getattr(getattr(spark._jvm, "org.apache.spark.sql.kafka010.producer.InternalKafkaProducerPool$"), "MODULE$")
     pool.reset()
+
+
+def _release_cached_consumers(spark) -> None:
+    """Close the consumers Spark's Kafka source keeps after a query, and drop the records they
+    fetched (``KafkaDataConsumer``'s pools, internal to the connector; their ``reset`` is what
+    the connector's own tests use). Every query reads under a group of its own, so nothing
+    cached by one is used by another: this only frees the heap the next case would share."""
+    jvm = spark._jvm
+    owner = getattr(getattr(jvm, "org.apache.spark.sql.kafka010.consumer.KafkaDataConsumer$"), "MODULE$").getClass()
+    for name in ("consumerPool", "fetchedDataPool"):
+        field = owner.getDeclaredField(name)
+        field.setAccessible(True)
+        field.get(None).reset()
 
 
 def _summary(sizes: Sizes, sink_runs: dict[str, list[Measured]], source_runs: dict[str, list[Measured]],
