@@ -23,6 +23,7 @@ client's own channels; the oxia client's pure-Python messages cost more than the
 from __future__ import annotations
 
 import collections
+import functools
 import logging
 import threading
 import time
@@ -33,8 +34,8 @@ from typing import TypeVar
 import grpc
 import oxia
 import oxia.ex
+from oxia.internal.compare import compare_with_slash
 from oxia.internal.connection_pool import ConnectionPool
-from oxia.internal.proto.io.streamnative.oxia import proto as pb
 from oxia.internal.proto.io.streamnative.oxia.proto import OxiaClientStub
 from oxia.internal.service_discovery import ServiceDiscovery
 from oxia.internal.sessions import SessionManager
@@ -55,6 +56,9 @@ _TRANSIENT_CODES = {
 }
 _READ = "/io.streamnative.oxia.proto.OxiaClient/Read"
 _WRITE = "/io.streamnative.oxia.proto.OxiaClient/Write"
+_SHARD_ASSIGNMENTS = "/io.streamnative.oxia.proto.OxiaClient/GetShardAssignments"
+#: Oxia's key order (hierarchical: segment by segment), for merging answers across shards.
+_OXIA_KEY_ORDER = functools.cmp_to_key(compare_with_slash)
 #: Retries are bounded by time (``Coordination._deadline_s``); this caps their number as well.
 _RETRY_ATTEMPTS = 100
 _RETRY_MAX_WAIT_S = 1.0
@@ -135,7 +139,9 @@ class _ServiceDiscovery(ServiceDiscovery):
     30 s. It also waits on that barrier again at every later update, so it stops following
     assignments after the first. Here an event marks the first assignments; updates keep
     coming; a failed or closed discovery stops its thread; the stream's backoff is short and
-    wakes up on close. A namespace the server does not have fails at once, by name.
+    wakes up on close. A namespace the server does not have fails at once, by name. The stream
+    speaks protobuf (``wire``), as the reads and writes do: the client's own messages import
+    pydantic on first use, a tenth of a second on the start-up of every process.
     """
 
     def __init__(self, service_address: str, stream_pool: ConnectionPool, request_pool: ConnectionPool,
@@ -164,8 +170,10 @@ class _ServiceDiscovery(ServiceDiscovery):
         delay = 0.05
         while not self._closed:
             try:
-                stub = self._stream_pool.get(self._service_address)
-                for sa in stub.get_shard_assignments(pb.ShardAssignmentsRequest(namespace=self._namespace)):
+                assignments = self._stream_pool.get(self._service_address)._channel.unary_stream(
+                    _SHARD_ASSIGNMENTS, request_serializer=wire.ShardAssignmentsRequest.SerializeToString,
+                    response_deserializer=wire.ShardAssignments.FromString)
+                for sa in assignments(wire.ShardAssignmentsRequest(namespace=self._namespace)):
                     self._parse_assignments(sa.namespaces[self._namespace])
                     self._ready.set()
                     delay = 0.05
@@ -438,12 +446,11 @@ class Coordination:
         def fn():
             if partition_key is not None:
                 found = self._get(key, partition_key, wire.CEILING)
-            else:  # every shard: the client merges their answers in key order
-                try:
-                    k, value, version = self._client.get(key, comparison_type=oxia.ComparisonType.CEILING)
-                except oxia.ex.KeyNotFound:
-                    return None
-                found = Versioned(k, value, version.version_id())
+            else:  # every shard's answer; the lowest in Oxia's key order
+                answers = [answer for shard, _ in self._client._service_discovery.get_all_shards()
+                           if (answer := self._combiner("read", shard).run(
+                               wire.GetRequest(key=key, include_value=True, comparison_type=wire.CEILING))) is not None]
+                found = min(answers, key=lambda a: _OXIA_KEY_ORDER(a.key)) if answers else None
             return found if found is not None and found.key.startswith(within) else None
 
         return self._call("get", f"ceiling {key}", fn)

@@ -2,9 +2,15 @@
 
 from __future__ import annotations
 
+import socket
+import subprocess
+import sys
+import time
+
 import oxia
 import pytest
 
+from llog import local_stack
 from llog.coordination import Coordination
 from llog.errors import VersionConflict
 
@@ -43,3 +49,73 @@ def test_put_many_reports_each_condition_on_its_own(config, coordination):
     assert coordination.get(key, pk).value == b"v1"
     assert coordination.put(key, b"v3", pk, expected_version=version) > version
     assert coordination.get(key, pk).value == b"v3"
+
+
+@pytest.fixture
+def four_shard_oxia(tmp_path, config):
+    """An Oxia server of its own with four shards (the stack's has one), on a free port."""
+    binary = local_stack.install()["oxia"]
+    ports = local_stack.free_ports()
+    address = f"127.0.0.1:{ports.oxia}"
+    server = subprocess.Popen(
+        [str(binary), "standalone", "--shards", "4", "-p", address, "-m", f"127.0.0.1:{ports.oxia_metrics}",
+         "--data-dir", str(tmp_path / "data"), "--wal-dir", str(tmp_path / "wal")],
+        stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT)
+    try:
+        deadline = time.monotonic() + 30
+        while not _accepts(ports.oxia):
+            assert server.poll() is None and time.monotonic() < deadline, "oxia did not start"
+            time.sleep(0.1)
+        yield config.replace(oxia_service_address=address)
+    finally:
+        server.terminate()
+        server.wait(timeout=30)
+
+
+def _accepts(port: int) -> bool:
+    try:
+        socket.create_connection(("127.0.0.1", port), timeout=1).close()
+        return True
+    except OSError:
+        return False
+
+
+def test_a_ceiling_over_every_shard_answers_as_the_oxia_client_does(four_shard_oxia):
+    """With no partition key a ceiling asks every shard and takes the lowest answer in Oxia's
+    hierarchical key order: the same answers as the ``oxia`` client's own cross-shard get."""
+    keys = ["/a", "/a/b", "/a/b/c", "/a/bb", "/a/c", "/b", "x", "x/1", "x/10", "x/2", "x/2/y", "y/a/b/c",
+            *(f"t/topics/{name}/{n}" for name in ("orders", "clicks", "o") for n in range(6))]
+    probes = ["", "/", "/a/", "/a/b/", "/a/ba", "w", "x/", "x/1\x00", "x/3", "y", "y/a/", "t/", "t/topics/o",
+              "t/topics/o/", "t/topics/orders/5\x00", "z", *keys]
+    with Coordination(four_shard_oxia) as coordination:
+        assert len({coordination._shard(key, key) for key in keys}) > 1, "the keys should span shards"
+        reference = coordination._client  # an oxia.Client: its get merges the shards' answers itself
+        for key in keys:
+            reference.put(key, key.encode())
+        for probe in probes:
+            try:
+                expected = reference.get(probe, comparison_type=oxia.ComparisonType.CEILING)[0]
+            except oxia.ex.KeyNotFound:
+                expected = None
+            found = coordination.ceiling(probe, None, "")
+            assert (found.key if found else None) == expected, probe
+            assert found is None or found.value == found.key.encode()
+
+
+def test_connecting_and_reading_stay_off_the_oxia_clients_own_messages(config):
+    """The shard assignments and every read speak ``wire``: the ``oxia`` package's messages
+    import pydantic on first use, a tenth of a second on the start-up of every process that
+    plans or reads (a stream's planner, a task)."""
+    code = f"""
+import sys
+from llog.config import Config
+from llog.coordination import Coordination
+config = Config.load(env={config.to_options()!r})
+with Coordination(config) as c:
+    c.get(config.root_prefix + "/none", "pk")
+    c.ceiling(config.root_prefix + "/", None, config.root_prefix + "/")
+print("pydantic.dataclasses" in sys.modules)
+"""
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split() == ["False"]
