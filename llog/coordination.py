@@ -447,9 +447,9 @@ class Coordination:
             if partition_key is not None:
                 found = self._get(key, partition_key, wire.CEILING)
             else:  # every shard's answer; the lowest in Oxia's key order
-                answers = [answer for shard, _ in self._client._service_discovery.get_all_shards()
-                           if (answer := self._combiner("read", shard).run(
-                               wire.GetRequest(key=key, include_value=True, comparison_type=wire.CEILING))) is not None]
+                request = wire.GetRequest(key=key, include_value=True, comparison_type=wire.CEILING)
+                shards = [shard for shard, _ in self._client._service_discovery.get_all_shards()]
+                answers = [a for a in (self._combiner("read", shard).run(request) for shard in shards) if a is not None]
                 found = min(answers, key=lambda a: _OXIA_KEY_ORDER(a.key)) if answers else None
             return found if found is not None and found.key.startswith(within) else None
 
