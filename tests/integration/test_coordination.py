@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import socket
 import subprocess
 import sys
 import time
@@ -63,21 +62,13 @@ def four_shard_oxia(tmp_path, config):
         stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT)
     try:
         deadline = time.monotonic() + 30
-        while not _accepts(ports.oxia):
-            assert server.poll() is None and time.monotonic() < deadline, "oxia did not start"
+        while (problem := local_stack._oxia_problem(ports)) is not None:  # the stack's own health probe
+            assert server.poll() is None and time.monotonic() < deadline, f"oxia did not start: {problem}"
             time.sleep(0.1)
         yield config.replace(oxia_service_address=address)
     finally:
         server.terminate()
         server.wait(timeout=30)
-
-
-def _accepts(port: int) -> bool:
-    try:
-        socket.create_connection(("127.0.0.1", port), timeout=1).close()
-        return True
-    except OSError:
-        return False
 
 
 def test_a_ceiling_over_every_shard_answers_as_the_oxia_client_does(four_shard_oxia):
