@@ -348,12 +348,12 @@ def _write_json(path: Path, value: dict) -> None:
 
 def _alive(pid: int | None, binary: str | None) -> bool:
     """True if ``pid`` runs ``binary`` (a recycled pid runs something else; a zombie, nothing).
-    A process this one started is asked directly (its exit status, not ``/proc``)."""
+    A running process this one started counts even before it has exec'ed (its cmdline is not
+    yet the binary's)."""
     if not pid or not binary:
         return False
-    child = _children.get(pid)
-    if child is not None:
-        return child.poll() is None
+    if _live_child(pid) is not None:
+        return True
     try:
         argv0 = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0", 1)[0]
     except OSError:
@@ -363,6 +363,14 @@ def _alive(pid: int | None, binary: str | None) -> bool:
 
 #: Processes this Python process started, kept so they can be reaped when stopped.
 _children: dict[int, subprocess.Popen] = {}
+
+
+def _live_child(pid: int | None) -> subprocess.Popen | None:
+    """The process this one started as ``pid``, while it runs. Once it has exited (and been
+    reaped) its pid is free: pids wrap (at 32768 on many machines), so in a long-lived process
+    the number may by now name someone else's process, which only ``/proc`` can tell."""
+    child = _children.get(pid)
+    return child if child is not None and child.poll() is None else None
 
 
 # --- health -----------------------------------------------------------------------------------
@@ -655,9 +663,7 @@ def _stop_recorded(paths: _Paths) -> list[str]:
     stopped = []
     for service in _RECORDED_SERVICES:
         entry = record.get(service, {})
-        # A child of this process is ours even before it has exec'ed (its cmdline not yet the binary).
-        ours = entry.get("pid") in _children and _children[entry["pid"]].poll() is None
-        if ours or _alive(entry.get("pid"), entry.get("binary")):
+        if _alive(entry.get("pid"), entry.get("binary")):
             _stop(entry["pid"], entry["binary"])
             stopped.append(f"{service} (pid {entry['pid']})")
     paths.record.unlink(missing_ok=True)
@@ -682,7 +688,7 @@ def _stop(pid: int, binary: str) -> None:
 
 
 def _wait_exit(pid: int, binary: str, timeout_s: float) -> bool:
-    child = _children.get(pid)
+    child = _live_child(pid)
     if child is not None:
         try:
             child.wait(timeout=timeout_s)

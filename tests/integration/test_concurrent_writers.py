@@ -40,8 +40,6 @@ def test_a_writer_reserves_on_the_control_its_clear_wrote_and_reads_again_when_a
     reserving CAS on it without reading first. Another writer's append in between moves the
     control: the CAS loses on the version, the writer reads it and reserves after the other's
     records, and no retry attempt is spent on it."""
-    from llog.writer import LogWriter
-
     with LogWriter(config, auto_initialize=True) as a, LogWriter(config) as b:
         a.append("remembered", 0, [b"1"])
         before = a.coordination.stats.copy()

@@ -14,6 +14,7 @@ import httpx
 import oxia
 import pytest
 
+from llog import local_stack
 from llog.config import Config
 from llog.errors import LlogError
 from llog.local_stack import (
@@ -136,6 +137,31 @@ def test_record_of_a_stack_from_before_versitygw_reads_as_not_running(tmp_path: 
     finally:
         leftover.kill()
         leftover.wait()
+
+
+def test_a_pid_once_used_by_a_child_of_this_process_is_checked_in_proc(tmp_path: Path) -> None:
+    """A stack process this Python process started, which has since exited, leaves its pid free;
+    pids wrap, so in a long run (a test suite) another process may get it. A record naming that
+    pid with that process's binary is then alive, and ``down`` stops it (CI saw `down` miss such a
+    process, trusting the old child's exit status instead)."""
+    ports = free_ports()
+    exited = subprocess.Popen(["/bin/true"])
+    exited.wait()
+    other = subprocess.Popen(["/bin/sleep", "300"])  # has the number the exited child had
+    local_stack._children[other.pid] = exited
+    try:
+        (tmp_path / "stack.json").write_text(json.dumps({
+            "bucket": "llog", "ports": asdict(ports),
+            "oxia": {"pid": other.pid, "binary": "/bin/sleep"},
+            "s3": {"pid": 2 ** 22 + 1, "binary": "/nonexistent/versitygw"},
+        }))
+        assert status(tmp_path)["oxia"]["pid"] == other.pid
+        assert down(tmp_path) == [f"oxia (pid {other.pid})"]
+        assert other.wait(timeout=10) is not None
+    finally:
+        local_stack._children.pop(other.pid, None)
+        other.kill()
+        other.wait()
 
 
 def test_port_in_use_is_named_and_nothing_starts(tmp_path: Path) -> None:
