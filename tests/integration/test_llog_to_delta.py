@@ -74,23 +74,26 @@ def _run_job(config, topic: str, table: Path, checkpoint: Path, failpoint: str |
                               failpoint, timeout=600)
 
 
-@pytest.mark.parametrize("failpoint", sorted(f for f in FAILPOINTS if "quarantine" not in f))  # no gate here
-def test_driver_killed_mid_run_then_restarted_writes_every_record_exactly_once(spark, config, writer, tmp_path,
-                                                                                failpoint):
+def test_driver_killed_before_then_after_an_append_then_restarted_writes_every_record_exactly_once(
+        spark, config, writer, tmp_path):
+    """Killed in batch KILL_AT before its Delta append, then, restarted, in that batch's replay
+    after the append (Spark had not recorded it), the job writes every record once when it is
+    run again: the replayed batch is skipped by Delta as already written, and each batch is in
+    the table's log once, under the one app id of this checkpoint."""
     rows = _fill(writer, "crash")
     table, checkpoint = tmp_path / "table", tmp_path / "ck"
+    # Every failpoint of the job without a gate is one of the kills below.
+    assert {f for f in FAILPOINTS if "quarantine" not in f} == {"llog_to_delta.before_append",
+                                                                "llog_to_delta.after_append"}
 
-    crashed = _run_job(config, "crash", table, checkpoint, failpoint=f"{failpoint}.{KILL_AT}")
-    assert crashed.returncode == -signal.SIGKILL, crashed.stderr[-3000:]
-    appended = KILL_AT + 1 if failpoint.endswith("after_append") else KILL_AT
-    txns = _txns(table)
-    assert [version for _, version in txns] == list(range(appended))
+    for failpoint, appended in (("llog_to_delta.before_append", KILL_AT), ("llog_to_delta.after_append", KILL_AT + 1)):
+        crashed = _run_job(config, "crash", table, checkpoint, failpoint=f"{failpoint}.{KILL_AT}")
+        assert crashed.returncode == -signal.SIGKILL, f"not killed at {failpoint}: {crashed.stderr[-3000:]}"
+        txns = _txns(table)
+        assert [version for _, version in txns] == list(range(appended)), failpoint
 
     finished = _run_job(config, "crash", table, checkpoint)
     assert finished.returncode == 0, finished.stderr[-3000:]
-    # The batch in flight at the crash ran again on restart: appended then (before_append) or
-    # skipped by Delta as already written (after_append). Each batch is in the log once, under
-    # the one app id of this checkpoint.
     app_id = txns[0][0]
     assert _txns(table) == [(app_id, version) for version in range(BATCHES)]
     _assert_table_holds(spark, table, rows)

@@ -196,16 +196,30 @@ def _check_exactly_once_prefix(config, reader, topic: str, rows: int, min_batche
     assert len(values) >= min_batches * rows
 
 
-@pytest.mark.parametrize("failpoint", ["writer.after_blob_put", "sink.before_commit", "writer.after_staged_slice",
-                                       "sink.after_commit"])
-def test_driver_killed_then_restarted_leaves_every_record_exactly_once(config, reader, tmp_path, failpoint):
+#: Where the chained crash test kills the driver, run after run. The first three kills land in
+#: the first batch, so each run after them replays it; after ``sink.after_commit`` the replay
+#: finds all its slices committed (and says so), and the run goes on to the next batch, where
+#: ``writer.after_staged_slice`` kills it with some of that batch's slices committed (which the
+#: last run finds, and says so). The commit's line comes after ``sink.after_commit``: that kill
+#: goes before the other for the line to show.
+CRASHES = ["writer.after_blob_put", "sink.before_commit", "sink.after_commit", "writer.after_staged_slice"]
+
+
+def test_driver_killed_at_each_failpoint_in_turn_then_restarted_leaves_every_record_exactly_once(
+        config, reader, tmp_path):
+    """The query is killed at one failpoint, restarted and killed at the next (in the replay of
+    the batch the last kill interrupted), and so on; the run after the last kill finishes. The
+    topic then holds every record of the three batches exactly once, in order: a replay recovers
+    from whatever a killed run left, also when that run was itself a replay."""
     checkpoint = tmp_path / "ck"
-    crashed = _run_query(config, "crash", checkpoint, failpoint)
-    assert crashed.returncode == -signal.SIGKILL, crashed.stderr[-3000:]
-    finished = _run_query(config, "crash", checkpoint)
-    assert finished.returncode == 0, finished.stderr[-3000:]
-    if failpoint in ("writer.after_staged_slice", "sink.after_commit"):
-        assert any(f"; {n} slice(s) were already committed" in finished.stderr for n in range(1, 100))
+    run = _run_query(config, "crash", checkpoint, CRASHES[0])
+    for killed_at, next_kill in zip(CRASHES, [*CRASHES[1:], None]):
+        assert run.returncode == -signal.SIGKILL, f"not killed at {killed_at}: {run.stderr[-3000:]}"
+        run = _run_query(config, "crash", checkpoint, next_kill)
+        if killed_at in ("writer.after_staged_slice", "sink.after_commit"):
+            assert any(f"; {n} slice(s) were already committed" in run.stderr for n in range(1, 100)), (
+                f"the run after the kill at {killed_at} found no committed slices: {run.stderr[-3000:]}")
+    assert run.returncode == 0, run.stderr[-3000:]
     _check_exactly_once_prefix(config, reader, "crash", 600, 3)
 
 
