@@ -197,11 +197,11 @@ def _check_exactly_once_prefix(config, reader, topic: str, rows: int, min_batche
 
 
 #: Where the chained crash test kills the driver, run after run. The first three kills land in
-#: the first batch, so each run after them replays it; after ``sink.after_commit`` the replay
-#: finds all its slices committed (and says so), and the run goes on to the next batch, where
-#: ``writer.after_staged_slice`` kills it with some of that batch's slices committed (which the
-#: last run finds, and says so). The commit's line comes after ``sink.after_commit``: that kill
-#: goes before the other for the line to show.
+#: the first batch, so the next run replays it. After the kill at ``sink.after_commit`` that
+#: replay finds all its slices committed and says so, and the run goes on to the next batch, where
+#: ``writer.after_staged_slice`` kills it with some of that batch's slices committed, which the
+#: last run finds. A run killed at ``sink.after_commit`` prints no such line (the commit prints it
+#: after that point), so that kill does not follow ``writer.after_staged_slice``.
 CRASHES = ["writer.after_blob_put", "sink.before_commit", "sink.after_commit", "writer.after_staged_slice"]
 
 
