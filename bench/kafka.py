@@ -20,9 +20,13 @@ those of ``bench.sink`` and ``bench.source``, reusing their code, on ``local[2]`
   ``readStream.format("kafka")`` with the consumer's defaults ("kafka_default") and with fetches
   the size of the llog source's reads ("kafka_tuned": 8 MiB per partition per fetch, as many
   records per poll as fill one; no ``maxOffsetsPerTrigger``, so that, as the llog source, it
-  reads everything in one micro-batch), and by ``readStream.format("llog")`` (its blobs 8 MB per
-  partition, as the llog sink writes them). Records/s are records over the median run, from
-  ``start()`` to termination.
+  reads everything in one micro-batch), by ``readStream.format("llog")`` (its blobs 8 MB per
+  partition, as the llog sink writes them), and by ``bench.source``'s Python source that only
+  yields prebuilt Arrow batches of the same schema and shape ("floor": what Spark alone costs a
+  Python source). Records/s are records over the median run, from ``start()`` to termination.
+
+The floors bound what any Python sink or source could reach here: ``sink_floor_ratio_vs_tuned``
+and ``source_floor_ratio_vs_tuned`` are their records/s over tuned Kafka's, as llog's ratios are.
 
 The cases take turns round by round (one untimed round first, then ``BENCH_KAFKA_ROUNDS``, 3),
 so a machine that speeds up or slows down moves them all alike. They share one JVM, so each
@@ -154,6 +158,7 @@ def run(config: Config) -> dict:
             spark = local_spark("llog-bench-kafka", cores=2, task_retries=1, packages=SPARK_KAFKA)
             try:
                 spark.dataSource.register(sink.DropSource)
+                spark.dataSource.register(source.ArrowSource)
                 _create_topics(spark, broker.bootstrap_servers, [SINK_TOPIC, SOURCE_TOPIC])
                 cases = _Cases(spark, config, broker, sizes, Path(tmp))
                 sink_runs = cases.sink_rounds()
@@ -199,6 +204,9 @@ class _Cases:
             "kafka_tuned": lambda warm_up: self._source("kafka", {**kafka, **TUNED_CONSUMER}),
             "llog": lambda warm_up: self._source("llog", {**self.llog, "topics": SOURCE_TOPIC,
                                                           "startingOffsets": "earliest"}),
+            "floor": lambda warm_up: self._source("llog_bench_arrow", {
+                "partitions": str(PARTITIONS), "perPartition": str(self.sizes.per_partition),
+                "batchRows": str(min(RECORDS_PER_BLOB, self.sizes.per_partition))}),
         }, self.sizes.rounds)
 
     def preload(self) -> dict:
@@ -299,7 +307,8 @@ def _release_cached_consumers(spark) -> None:
 
 def _summary(sizes: Sizes, sink_runs: dict[str, list[Measured]], source_runs: dict[str, list[Measured]],
              fill: dict) -> dict:
-    """The one JSON line: llog's records/s over Kafka's (overall and per round), then per case."""
+    """The one JSON line: llog's records/s over Kafka's (overall and per round), the floors' over
+    tuned Kafka's, then per case."""
     directions = {"sink": sink_runs, "source": source_runs}
     summary: dict = {"bench": "kafka"}
     summary.update({f"{direction}_ratio_vs_{name}": _ratio(runs["llog"], runs[case])
@@ -307,6 +316,12 @@ def _summary(sizes: Sizes, sink_runs: dict[str, list[Measured]], source_runs: di
     summary.update({f"{direction}_ratio_vs_{name}_per_round": [_ratio([llog], [kafka])
                                                                for llog, kafka in zip(runs["llog"], runs[case])]
                     for direction, runs in directions.items() for name, case in KAFKA_CASES.items()})
+    floors = {"sink": "drop", "source": "floor"}
+    summary.update({f"{direction}_floor_ratio_vs_tuned": _ratio(runs[floors[direction]], runs[KAFKA_CASES["tuned"]])
+                    for direction, runs in directions.items()})
+    summary.update({f"{direction}_floor_ratio_vs_tuned_per_round": [
+        _ratio([floor], [kafka]) for floor, kafka in zip(runs[floors[direction]], runs[KAFKA_CASES["tuned"]])]
+        for direction, runs in directions.items()})
     for direction, runs, records in (("sink", sink_runs, sizes.rows), ("source", source_runs, sizes.records)):
         summary[direction] = {case: _case_summary(measured, records) for case, measured in runs.items()}
     summary.update({"kafka_version": KAFKA_VERSION, "spark_kafka": SPARK_KAFKA_PACKAGE, "partitions": PARTITIONS,
