@@ -21,8 +21,8 @@ those of ``bench.sink`` and ``bench.source``, reusing their code, on ``local[2]`
   the size of the llog source's reads ("kafka_tuned": 8 MiB per partition per fetch, as many
   records per poll as fill one; no ``maxOffsetsPerTrigger``, so that, as the llog source, it
   reads everything in one micro-batch), by ``readStream.format("llog")`` (its blobs 8 MB per
-  partition, as the llog sink writes them), and by ``bench.source``'s Python source that only
-  yields prebuilt Arrow batches of the same schema and shape ("floor": what Spark alone costs a
+  partition, as the llog sink writes them), and by ``bench.arrow_floor``'s Python source that
+  only yields prebuilt Arrow batches of the same schema and shape ("floor": what Spark alone costs a
   Python source). Records/s are records over the median run, from ``start()`` to termination.
 
 The floors bound what any Python sink or source could reach here: ``sink_floor_ratio_vs_tuned``
@@ -66,7 +66,7 @@ from dataclasses import dataclass
 from itertools import count
 from pathlib import Path
 
-from bench import sink, source
+from bench import arrow_floor, sink, source
 from bench.kafka_broker import KAFKA_VERSION, KafkaBroker, kafka_broker
 from bench.report import CpuMeter, emit, env_int, progress, s3_server_marker
 from jobs.local_spark import local_spark
@@ -158,7 +158,7 @@ def run(config: Config) -> dict:
             spark = local_spark("llog-bench-kafka", cores=2, task_retries=1, packages=SPARK_KAFKA)
             try:
                 spark.dataSource.register(sink.DropSource)
-                spark.dataSource.register(source.ArrowSource)
+                spark.dataSource.register(arrow_floor.ArrowSource)
                 _create_topics(spark, broker.bootstrap_servers, [SINK_TOPIC, SOURCE_TOPIC])
                 cases = _Cases(spark, config, broker, sizes, Path(tmp))
                 sink_runs = cases.sink_rounds()
@@ -199,14 +199,15 @@ class _Cases:
         progress(f"kafka: source, {self.sizes.rounds} round(s) after an untimed one, an availableNow read of "
                  f"{self.sizes.records:,} records per case and round")
         kafka = {**self.kafka, "subscribe": SOURCE_TOPIC, "startingOffsets": "earliest"}
+        blob_rows = min(RECORDS_PER_BLOB, self.sizes.per_partition)  # as preload() fills llog
         return _in_rounds(self.spark, "source", {
             "kafka_default": lambda warm_up: self._source("kafka", kafka),
             "kafka_tuned": lambda warm_up: self._source("kafka", {**kafka, **TUNED_CONSUMER}),
             "llog": lambda warm_up: self._source("llog", {**self.llog, "topics": SOURCE_TOPIC,
                                                           "startingOffsets": "earliest"}),
             "floor": lambda warm_up: self._source("llog_bench_arrow", {
-                "partitions": str(PARTITIONS), "perPartition": str(self.sizes.per_partition),
-                "batchRows": str(min(RECORDS_PER_BLOB, self.sizes.per_partition))}),
+                "partitions": str(PARTITIONS), "batchRows": str(blob_rows),
+                "splitRows": source.split_rows(self.sizes.per_partition, blob_rows)}),
         }, self.sizes.rounds)
 
     def preload(self) -> dict:

@@ -1,9 +1,9 @@
 """``python -m bench source``: ``readStream.format("llog")`` against a do-nothing source.
 
 Workload (from the issue): 8 partitions pre-filled with 8,000,000 records of 100 bytes, streamed with
-``trigger(availableNow=True)`` into Spark's ``noop`` sink, ``local[2]``. The baseline is a Python
-streaming source that yields prebuilt Arrow batches of the same schema, partitioning (one input
-partition per llog partition, cut as the llog source cuts one holding more than
+``trigger(availableNow=True)`` into Spark's ``noop`` sink, ``local[2]``. The baseline (:mod:`bench.arrow_floor`) is a
+Python streaming source that yields prebuilt Arrow batches of the same schema, partitioning (one
+input partition per llog partition, cut as the llog source cuts one holding more than
 ``maxRecordsPerPartition``) and batch sizes (one batch per index entry slice), in the
 same run, so both pay for Spark planning the batch, starting the planner process, and taking
 Arrow from Python workers into the JVM. Each run reads everything from ``earliest`` into a fresh
@@ -29,7 +29,6 @@ from __future__ import annotations
 
 import statistics
 import tempfile
-import threading
 import time
 import uuid
 from concurrent.futures import ThreadPoolExecutor
@@ -38,11 +37,7 @@ from datetime import datetime
 from itertools import count
 from pathlib import Path
 
-import numpy as np
-import pyarrow as pa
-from pyspark.sql.datasource import DataSource, DataSourceStreamReader, InputPartition
-from pyspark.sql.streaming.datasource import SupportsTriggerAvailableNow
-
+from bench.arrow_floor import ArrowSource
 from bench.report import emit, env_int, progress, random_values, timed_together
 from jobs.local_spark import local_spark
 from llog import progress as llog_progress
@@ -52,7 +47,6 @@ from llog.writer import AppendGroup, LogWriter
 from llog_source.partition_reader import read_split
 from llog_source.planning import LlogSplit, cut
 from llog_source.options import DEFAULT_MAX_RECORDS_PER_PARTITION
-from llog_source.schema import ARROW_SCHEMA, LOG_APPEND_TIME, SOURCE_SCHEMA
 
 VALUE_BYTES = 100
 TOPIC = "bench"
@@ -81,82 +75,12 @@ class Sizes:
 # --- the baseline: a Python streaming source that does nothing but yield Arrow ----------------
 
 
-@dataclass(frozen=True)
-class _Part(InputPartition):
-    partition: int
-    count: int
-
-
-_prebuilt: dict[int, pa.RecordBatch] = {}
-_prebuilt_lock = threading.Lock()
-
-
-def _batch(rows: int) -> pa.RecordBatch:
-    """A batch of the source's schema, built once per Python worker (the warm-up builds it)."""
-    with _prebuilt_lock:
-        batch = _prebuilt.get(rows)
-        if batch is None:
-            batch = _prebuilt[rows] = pa.RecordBatch.from_arrays([
-                pa.nulls(rows, pa.binary()),
-                random_values(rows, VALUE_BYTES, rows),
-                pa.array([TOPIC] * rows, pa.string()),
-                pa.array(np.zeros(rows, dtype=np.int32)),
-                pa.array(np.arange(1, rows + 1, dtype=np.int64)),
-                pa.array(np.full(rows, int(time.time() * 1e6), dtype=np.int64), pa.timestamp("us", tz="UTC")),
-                pa.array(np.full(rows, LOG_APPEND_TIME, dtype=np.int32)),
-            ], schema=ARROW_SCHEMA)
-        return batch
-
-
-def _split_counts(per_partition: int, entry_rows: int, share: int = DEFAULT_MAX_RECORDS_PER_PARTITION) -> list[int]:
-    """Records per task for one partition of ``per_partition`` records in entries of
-    ``entry_rows``, cut as ``llog_source.planning.plan_splits`` cuts them."""
+def split_rows(per_partition: int, entry_rows: int, share: int = DEFAULT_MAX_RECORDS_PER_PARTITION) -> str:
+    """The records of each task reading one partition of ``per_partition`` records in entries of
+    ``entry_rows``, cut as ``llog_source.planning.plan_splits`` cuts them: the baseline's
+    ``splitRows`` option (:mod:`bench.arrow_floor`)."""
     ends = list(range(entry_rows, per_partition, entry_rows)) + [per_partition]
-    return [hi - lo + 1 for lo, hi in cut(1, per_partition, ends, share)]
-
-
-class _ArrowStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
-    def __init__(self, partitions: int, per_partition: int, batch_rows: int):
-        self.partitions_, self.per_partition, self.batch_rows = partitions, per_partition, batch_rows
-
-    def initialOffset(self) -> dict:  # noqa: N802 - Spark's names
-        return {"offset": 0}
-
-    def prepareForTriggerAvailableNow(self) -> None:  # noqa: N802
-        pass  # the data is fixed: everything is available from the start
-
-    def latestOffset(self, start: dict, limit) -> dict:  # noqa: N802
-        return {"offset": 1}
-
-    def partitions(self, start: dict, end: dict) -> list[_Part]:
-        if start["offset"] >= end["offset"]:
-            return []
-        return [_Part(p, n) for p in range(self.partitions_) for n in _split_counts(self.per_partition, self.batch_rows)]
-
-    def read(self, partition: _Part):
-        full, left = _batch(self.batch_rows), partition.count
-        while left:
-            rows = min(left, self.batch_rows)
-            yield full if rows == self.batch_rows else full.slice(0, rows)
-            left -= rows
-
-    def commit(self, end: dict) -> None:
-        pass
-
-
-class ArrowSource(DataSource):
-    """The baseline: options ``partitions``, ``perPartition``, ``batchRows``."""
-
-    @classmethod
-    def name(cls) -> str:
-        return "llog_bench_arrow"
-
-    def schema(self):
-        return SOURCE_SCHEMA
-
-    def streamReader(self, schema):  # noqa: N802
-        return _ArrowStreamReader(int(self.options["partitions"]), int(self.options["perpartition"]),
-                                  int(self.options["batchrows"]))
+    return ",".join(str(hi - lo + 1) for lo, hi in cut(1, per_partition, ends, share))
 
 
 # --- fill ---------------------------------------------------------------------------------------
@@ -266,14 +190,16 @@ def run(config: Config) -> dict:
             progress("source: warm-up runs of both sources")
             _stream(spark, "llog", {**llog_options, "topics": WARM_TOPIC}, next(checkpoints),
                     sizes.partitions * WARM_RECORDS_PER_PARTITION)
-            _stream(spark, "llog_bench_arrow", {**arrow_options, "perPartition": str(WARM_RECORDS_PER_PARTITION)},
+            _stream(spark, "llog_bench_arrow",
+                    {**arrow_options, "splitRows": split_rows(WARM_RECORDS_PER_PARTITION, sizes.records_per_append)},
                     next(checkpoints), sizes.partitions * WARM_RECORDS_PER_PARTITION)
             progress(f"source: {sizes.rounds} availableNow runs of each source, in turn")
             timed_together({
                 "llog": lambda: runs["llog"].append(_stream(
                     spark, "llog", {**llog_options, "topics": TOPIC}, next(checkpoints), total)),
                 "baseline": lambda: runs["baseline"].append(_stream(
-                    spark, "llog_bench_arrow", {**arrow_options, "perPartition": str(sizes.per_partition)},
+                    spark, "llog_bench_arrow",
+                    {**arrow_options, "splitRows": split_rows(sizes.per_partition, sizes.records_per_append)},
                     next(checkpoints), total)),
             }, sizes.rounds, warmup=0)
         finally:
