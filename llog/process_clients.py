@@ -8,6 +8,7 @@ kept client rides through a restart of Oxia or the S3 server (:mod:`llog.coordin
 from __future__ import annotations
 
 import atexit
+import gc
 import threading
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Generic, TypeVar
@@ -108,6 +109,27 @@ def topic_cache(config: Config) -> TopicCache:
         if cache is None:
             cache = _topic_caches[config] = TopicCache(coordination(config), config)
         return cache
+
+
+_frozen = False
+
+
+def freeze_kept_objects() -> None:
+    """Hide what this process holds now from the cyclic garbage collector, once per process.
+
+    Spark's Python worker runs ``gc.collect()`` after every task it runs (``pyspark/daemon.py``),
+    tasks and driver-side commits alike, and a reused worker keeps what llog built for its first
+    task: modules, the Oxia and S3 clients, botocore's service model, about 180,000 objects that
+    every collection would trace again (0.1 s each here, before the worker takes its next task).
+    The Spark entry points call this when their first task ends; later collections then trace
+    only what was made since. A frozen object is still freed when its last reference goes: only
+    a cycle among frozen objects is never collected, and what is frozen is what the process
+    keeps anyway (a cycle of the first task's garbage, if any, is kept once). Not for processes
+    that are not Spark's workers: a user's driver keeps objects of its own."""
+    global _frozen
+    if not _frozen:
+        _frozen = True
+        gc.freeze()
 
 
 def close_all() -> None:

@@ -31,7 +31,7 @@ from pyspark.sql.datasource import DataSourceArrowWriter, DataSourceStreamWriter
 from pyspark.sql.types import StructType
 
 from llog.config import COMPRESSION_TYPES, Config
-from llog.process_clients import log_writer
+from llog.process_clients import freeze_kept_objects, log_writer
 from llog_sink.commit import commit_batch, sink_partition_count
 from llog_sink.rows import InvalidSinkInput, SinkLayout, row_batches
 from llog_sink.task_writer import SinkCommitMessage, write_task
@@ -97,11 +97,14 @@ class _StreamWriting:
         context = TaskContext.get()
         batch_id = int(context.getLocalProperty("streaming.sql.batchId") or 0)
         sink_id = self.settings.sink_id or context.getLocalProperty("sql.streaming.queryId")
-        return write_task(batches, self.settings.layout, self.settings.config, _task_id(), batch_id, sink_id,
-                          self.settings.compression)
+        message = write_task(batches, self.settings.layout, self.settings.config, _task_id(), batch_id, sink_id,
+                             self.settings.compression)
+        freeze_kept_objects()  # Spark collects garbage after every task: hide what later tasks reuse
+        return message
 
     def commit(self, messages: list[SinkCommitMessage | None], batchId: int) -> None:  # noqa: N803 - Spark's name
         commit_batch(self.settings.config, messages, batchId, self.settings.partitions)
+        freeze_kept_objects()
 
     def abort(self, messages: list[SinkCommitMessage | None], batchId: int) -> None:  # noqa: N803
         pass  # nothing of this batch is in Oxia; its blobs are garbage for GC
@@ -133,11 +136,14 @@ class LlogBatchWriter(DataSourceArrowWriter):
         self.settings = _SinkSettings(schema, options)
 
     def write(self, iterator: Iterator[pa.RecordBatch]) -> SinkCommitMessage:
-        return write_task(iterator, self.settings.layout, self.settings.config, _task_id(), self.settings.batch_id,
-                          self.settings.sink_id, self.settings.compression)
+        message = write_task(iterator, self.settings.layout, self.settings.config, _task_id(), self.settings.batch_id,
+                             self.settings.sink_id, self.settings.compression)
+        freeze_kept_objects()
+        return message
 
     def commit(self, messages: list[SinkCommitMessage | None]) -> None:
         commit_batch(self.settings.config, messages, self.settings.batch_id, self.settings.partitions)
+        freeze_kept_objects()
 
     def abort(self, messages: list[SinkCommitMessage | None]) -> None:
         pass

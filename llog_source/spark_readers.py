@@ -34,7 +34,7 @@ from pyspark.sql.datasource import DataSourceReader, DataSourceStreamReader
 
 from llog.consumer_groups import commit_offsets
 from llog.keys import TopicPartition
-from llog.process_clients import coordination
+from llog.process_clients import coordination, freeze_kept_objects
 from llog_source.lag import report_batch
 from llog_source.options import InvalidSourceOption, SourceOptions
 from llog_source.planning import (
@@ -78,7 +78,15 @@ class _Planner:
             return iter(())
         from llog_source.partition_reader import read_split
 
-        return read_split(split, self.options.config, self.options.fail_on_data_loss, self.options.include_headers)
+        return _then_freeze(read_split(split, self.options.config, self.options.fail_on_data_loss,
+                                       self.options.include_headers))
+
+
+def _then_freeze(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+    """A task's batches, then its Python worker's kept objects frozen (``freeze_kept_objects``:
+    Spark collects garbage after every task)."""
+    yield from batches
+    freeze_kept_objects()
 
 
 class LlogStreamReader(_Planner, DataSourceStreamReader, *_AVAILABLE_NOW):
