@@ -1,11 +1,11 @@
 """``python -m bench source``: ``readStream.format("llog")`` against a do-nothing source.
 
 Workload (from the issue): 8 partitions pre-filled with 8,000,000 records of 100 bytes, streamed with
-``trigger(availableNow=True)`` into Spark's ``noop`` sink, ``local[2]``. The baseline (:mod:`bench.arrow_floor`) is a
-Python streaming source that yields prebuilt Arrow batches of the same schema, partitioning (one
-input partition per llog partition, cut as the llog source cuts one holding more than
-``maxRecordsPerPartition``) and batch sizes (one batch per index entry slice), in the
-same run, so both pay for Spark planning the batch, starting the planner process, and taking
+``trigger(availableNow=True)`` into Spark's ``noop`` sink, ``local[2]``. The baseline
+(:mod:`bench.arrow_floor`) is a Python streaming source that yields prebuilt Arrow batches of the
+same schema, partitioning (one input partition per llog partition, cut as the llog source cuts
+one holding more than ``maxRecordsPerPartition``) and batch sizes (one batch per index entry
+slice), in the same run, so both pay for Spark planning the batch, starting the planner process, and taking
 Arrow from Python workers into the JVM. Each run reads everything from ``earliest`` into a fresh
 checkpoint, timed from ``start()`` to termination; the two sources run in turn
 (:func:`~bench.report.timed_together`) after a small warm-up run of each (JVM, Python workers,
