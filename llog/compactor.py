@@ -43,15 +43,13 @@ import time
 import uuid
 from dataclasses import dataclass
 
-import oxia
-
 from llog import failpoints
 from llog.clients import ClientUser
 from llog.clock import Clock
 from llog.codec import COMPRESSION_CODES, concat_records, encode_body
 from llog.config import Config
 from llog.control import check_blob_age, finish_pending, read_control
-from llog.coordination import Coordination
+from llog.coordination import EXPECTED_ABSENT, Coordination
 from llog.errors import ClaimHeld, CorruptRecord, InconsistentReadState, VersionConflict
 from llog.keys import PartitionKeys
 from llog.objects import ObjectStore
@@ -238,7 +236,7 @@ class Compactor(ClientUser):
             created_at_ms=max(e.entry.created_at_ms for e in entries), last_entry_start_offset=entries[-1].start_offset,
         )
         version = self.coordination.put(keys.compaction, record.to_json(), keys.partition_key,
-                                        expected_version=oxia.EXPECTED_RECORD_DOES_NOT_EXIST, guard=age_check)
+                                        expected_version=EXPECTED_ABSENT, guard=age_check)
         failpoints.hit("compactor.after_record_create")
         if not self._finish(keys, record, version, run[-1][1]):
             return False

@@ -19,10 +19,8 @@ import json
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 
-import oxia
-
 from llog.control import backoff
-from llog.coordination import Coordination
+from llog.coordination import EXPECTED_ABSENT, Coordination
 from llog.discovery import list_topics, topic_partitions
 from llog.errors import CorruptRecord, InvalidOffset, MaxRetriesExceeded, PartitionNotInitialized, VersionConflict
 from llog.keys import PartitionKeys, TopicPartition, validate_group
@@ -140,7 +138,7 @@ def _cas_offsets(coordination: Coordination, root: str, group: str, offsets: Map
         for (tp, k), current in zip(keys.items(), found):
             offset = None if current is None else ConsumerOffset.from_json(current.value, current.key).offset
             if moves(offset, todo[tp]):
-                writes.append((tp, k, oxia.EXPECTED_RECORD_DOES_NOT_EXIST if current is None else current.version_id))
+                writes.append((tp, k, EXPECTED_ABSENT if current is None else current.version_id))
             elif tp in unsure and offset == todo[tp]:
                 moved[tp] = offset  # our attempt that failed in transit landed (or set the same)
         stamp = now_ms()

@@ -26,12 +26,10 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-import oxia
-
 from llog import failpoints
 from llog.clock import SYSTEM, Clock
 from llog.config import Config
-from llog.coordination import Coordination
+from llog.coordination import EXPECTED_ABSENT, Coordination
 from llog.errors import MaxRetriesExceeded, PartitionNotInitialized, StaleBlob, VersionConflict
 from llog.keys import PartitionKeys
 from llog.records import CompactionCursor, ControlRecord, PendingAppend
@@ -93,7 +91,7 @@ def initialize_partition(coordination: Coordination, keys: PartitionKeys, topic_
     initializers are fine. The cursor goes first, so an existing control implies a cursor.
     ``topic_id``: of the topic record the partition belongs to (docs/topics.md section 2).
     Returns True if this call created ``meta/control``."""
-    absent = oxia.EXPECTED_RECORD_DOES_NOT_EXIST
+    absent = EXPECTED_ABSENT
     try:
         coordination.put(keys.compaction_cursor, CompactionCursor(1).to_json(), keys.partition_key, absent)
     except VersionConflict:
@@ -176,7 +174,7 @@ def materialize(coordination: Coordination, items: Sequence[tuple[PartitionKeys,
             try:
                 results = coordination.put_many(
                     [(k.index(s.record.pending.end_offset), s.record.pending.to_index_entry().to_json(),
-                      k.partition_key, oxia.EXPECTED_RECORD_DOES_NOT_EXIST) for _, k, s in ready],
+                      k.partition_key, EXPECTED_ABSENT) for _, k, s in ready],
                     guard=within_budget)
             except _BudgetSpent:
                 late += ready  # some creates may have landed: then the key exists, which is fine

@@ -1,29 +1,31 @@
 """Oxia access: get, CAS, ceiling get, range scan, delete range, ephemeral claims (PROTOCOL.md
 section 2), each with a deadline and a bounded retry.
 
-The Oxia Python client (0.2.1) has no request timeouts: every request here carries a gRPC
-deadline (``LLOG_OXIA_REQUEST_TIMEOUT_MS``, *T*) added by a channel interceptor. Building the
-client takes up to 3 attempts, each waiting at most *T* for the server to answer and then for
-its first shard assignments, with a short backoff between; ``close`` runs with a bound too.
-Transient failures (unavailable, deadline exceeded, expired session) are retried with jittered
-backoff for up to max(30 s, 3 *T*), long enough to ride through an Oxia restart: channels
-reconnect within a second of the server coming back, shard discovery follows it, and a session
-the server no longer knows is replaced. Every final error names the address. A conditional
-write whose earlier attempt failed in transit reports a conflict as
+Every request carries a gRPC deadline (``LLOG_OXIA_REQUEST_TIMEOUT_MS``, *T*) added by a channel
+interceptor. Connecting takes up to 3 attempts, each waiting at most *T* for the server to answer
+and then for its first shard assignments, with a short backoff between; ``close`` runs with a
+bound too. Transient failures (unavailable, deadline exceeded, expired session) are retried with
+jittered backoff for up to max(30 s, 3 *T*), long enough to ride through an Oxia restart:
+channels reconnect within a second of the server coming back, shard assignments follow it, and
+a session the server no longer knows is replaced. Every final error names the address. A
+conditional write whose earlier attempt failed in transit reports a conflict as
 ``VersionConflict(outcome_unknown=True)``, since the conflict may be with itself.
 
 Gets and puts from concurrent threads to the same shard share one RPC (:class:`_Combiner`), as
 Oxia's Go client batches them: a writer committing eight partitions at once sends one Write per
 protocol step instead of eight. Each key keeps its own condition and result.
 
-Gets and puts travel as the protobuf runtime's messages (:mod:`llog.oxia_client_pb2`) on the
-client's own channels; the oxia client's pure-Python messages cost more than the RPC itself.
+Requests travel as the protobuf runtime's messages (:mod:`llog.oxia_client_pb2`) on channels of
+our own, routed by the shard assignments as Oxia's clients route them (:class:`_Shards`). The
+``oxia`` package (0.2.1) is imported only for the sessions behind ephemeral records (claims):
+its pure-Python messages cost more than the RPC itself, and importing it (betterproto2,
+pydantic) took 0.11 s at the start of every process that plans or reads, a stream's planner
+included, which Spark starts anew for every query.
 """
 
 from __future__ import annotations
 
 import collections
-import functools
 import logging
 import threading
 import time
@@ -32,14 +34,7 @@ from dataclasses import dataclass
 from typing import TypeVar
 
 import grpc
-import oxia
-import oxia.ex
-from oxia.internal.compare import compare_with_slash
-from oxia.internal.connection_pool import ConnectionPool
-from oxia.internal.proto.io.streamnative.oxia.proto import OxiaClientStub
-from oxia.internal.service_discovery import ServiceDiscovery
-from oxia.internal.sessions import SessionManager
-from tenacity import Retrying, retry_if_exception, stop_after_attempt, stop_after_delay, wait_random_exponential
+import xxhash
 
 from llog import oxia_client_pb2 as wire
 from llog.config import Config
@@ -48,27 +43,31 @@ from llog.errors import ClaimHeld, CoordinationError, VersionConflict
 log = logging.getLogger(__name__)
 T = TypeVar("T")
 
+#: ``expected_version`` of a put that may only create its key (Oxia's -1).
+EXPECTED_ABSENT = -1
 #: Streams that live as long as the client; they must not get a request deadline.
 _LONG_LIVED = ("GetShardAssignments", "GetNotifications", "GetSequenceUpdates", "WriteStream")
 _TRANSIENT_CODES = {
     grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED, grpc.StatusCode.RESOURCE_EXHAUSTED,
     grpc.StatusCode.ABORTED, grpc.StatusCode.UNKNOWN, grpc.StatusCode.INTERNAL,
 }
-_READ = "/io.streamnative.oxia.proto.OxiaClient/Read"
-_WRITE = "/io.streamnative.oxia.proto.OxiaClient/Write"
-_SHARD_ASSIGNMENTS = "/io.streamnative.oxia.proto.OxiaClient/GetShardAssignments"
-#: Oxia's key order (hierarchical: segment by segment), for merging answers across shards.
-_OXIA_KEY_ORDER = functools.cmp_to_key(compare_with_slash)
-#: Retries are bounded by time (``Coordination._deadline_s``); this caps their number as well.
+_SERVICE = "/io.streamnative.oxia.proto.OxiaClient/"
 _RETRY_ATTEMPTS = 100
 _RETRY_MAX_WAIT_S = 1.0
-#: Building the client: one attempt after each wait, each attempt within the request timeout.
+#: Connecting: one attempt after each wait, each attempt within the request timeout.
 _BUILD_BACKOFF_S = (0.0, 0.5, 1.0)
 _CLOSE_TIMEOUT_S = 5.0
 #: A restarted server is reconnected to within a second (gRPC's default backoff grows to 2 min).
 _CHANNEL_OPTIONS = [("grpc.initial_reconnect_backoff_ms", 100), ("grpc.min_reconnect_backoff_ms", 100),
                     ("grpc.max_reconnect_backoff_ms", 1000)]
 WRITE_OPS = ("put", "delete", "delete_range")
+
+
+def oxia_key_order(key: str) -> tuple:
+    """Sort key of Oxia's hierarchical key order: segment by segment, and a key's last segment
+    before any deeper key's segment at that depth (``a/z`` < ``a/b/c``; ``a`` < ``a/``)."""
+    segments = key.split("/")
+    return (*((1, s) for s in segments[:-1]), (0, segments[-1]))
 
 
 @dataclass(frozen=True)
@@ -78,6 +77,30 @@ class Versioned:
     key: str
     value: bytes
     version_id: int
+
+
+class _Status(Exception):
+    """A request's status other than OK (the RPC itself succeeded)."""
+
+
+class _KeyNotFound(_Status):
+    pass
+
+
+class _UnexpectedVersion(_Status):
+    pass
+
+
+class _SessionNotFound(_Status):
+    """The server no longer knows the session an ephemeral put named: retried with a new one."""
+
+
+class _NoLeader(Exception):
+    """The shard assignments name no shard or leader for a request (they are changing): retried."""
+
+
+_STATUS_ERRORS = {wire.KEY_NOT_FOUND: _KeyNotFound, wire.UNEXPECTED_VERSION_ID: _UnexpectedVersion,
+                  wire.SESSION_DOES_NOT_EXIST: _SessionNotFound}
 
 
 class _CallDetails(
@@ -106,75 +129,89 @@ class _Deadline(grpc.UnaryUnaryClientInterceptor, grpc.UnaryStreamClientIntercep
         return continuation(self._details(client_call_details), request)
 
 
-class _DeadlineConnectionPool(ConnectionPool):
-    """Channels that reconnect quickly; with ``timeout_s``, every short request gets that deadline."""
+class _Channels:
+    """One channel per address, reconnecting quickly; with ``timeout_s``, every short request on
+    it gets that deadline."""
 
     def __init__(self, timeout_s: float | None):
-        super().__init__()
+        self._lock = threading.Lock()
         self._interceptor = _Deadline(timeout_s) if timeout_s is not None else None
+        self._channels: dict[str, tuple[grpc.Channel, grpc.Channel]] = {}
 
-    def get(self, address) -> OxiaClientStub:
+    def get(self, address: str) -> grpc.Channel:
         with self._lock:
-            conn = self.connections.get(address)
-            if conn is None:
+            pair = self._channels.get(address)
+            if pair is None:
                 if self._interceptor is None:  # the assignments stream, consumed by its own thread
                     channel = grpc.insecure_channel(address, options=_CHANNEL_OPTIONS)
-                    conn = (channel, OxiaClientStub(channel))
+                    pair = (channel, channel)
                 else:
                     # Read and RangeScan are server streams; by default gRPC starts a thread to
                     # consume each one, which costs more than a small read itself.
                     channel = grpc.insecure_channel(address, options=[
                         *_CHANNEL_OPTIONS, (grpc.experimental.ChannelOptions.SingleThreadedUnaryStream, 1)])
-                    conn = (channel, OxiaClientStub(grpc.intercept_channel(channel, self._interceptor)))
-                self.connections[address] = conn
-            return conn[1]
+                    pair = (channel, grpc.intercept_channel(channel, self._interceptor))
+                self._channels[address] = pair
+            return pair[1]
+
+    def close(self) -> None:
+        with self._lock:
+            channels, self._channels = list(self._channels.values()), {}
+        for channel, _ in channels:
+            channel.close()
 
 
-class _ServiceDiscovery(ServiceDiscovery):
-    """The client's shard-assignment stream, without the races of oxia 0.2.1's.
+class _Shards:
+    """A namespace's shards and their leaders, followed on Oxia's shard-assignment stream, and
+    the calls to them.
 
-    That class starts its stream thread before it creates the barrier the thread waits on: when
-    the first assignments arrive before the constructor gets there (a loaded machine), the
-    thread dies with ``AttributeError: ... '_init_barrier'`` and the constructor waits out its
-    30 s. It also waits on that barrier again at every later update, so it stops following
-    assignments after the first. Here an event marks the first assignments; updates keep
-    coming; a failed or closed discovery stops its thread; the stream's backoff is short and
-    wakes up on close. A namespace the server does not have fails at once, by name. The stream
-    speaks protobuf (``wire``), as the reads and writes do: the client's own messages import
-    pydantic on first use, a tenth of a second on the start-up of every process.
+    A key goes to the shard whose hash range holds the low 32 bits of the XXH64 hash of its
+    partition key (of the key itself without one), as Oxia's clients route it. An event marks
+    the first assignments; updates keep coming; a failed or closed stream stops its thread; the
+    stream's backoff is short and wakes up on close. A namespace the server does not have fails
+    at once, by name. Raises RuntimeError when no assignments come within ``init_timeout_s``.
     """
 
-    def __init__(self, service_address: str, stream_pool: ConnectionPool, request_pool: ConnectionPool,
-                 namespace: str, init_timeout_s: float):
-        self._assignments = {}
-        self._service_address = service_address
-        self._connection_pool = request_pool  # get_stub / get_leader: the pool whose requests have deadlines
-        self._stream_pool = stream_pool  # the long-lived assignments stream (no deadline)
-        self._namespace = namespace
+    def __init__(self, config: Config, init_timeout_s: float):
+        self._service_address = config.oxia_service_address
+        self._namespace = config.oxia_namespace
+        self._requests = _Channels(config.oxia_request_timeout_ms / 1000)
+        self._streams = _Channels(None)  # the long-lived assignments stream (no deadline)
+        self._assignments: dict[int, tuple[str, int, int]] = {}  # shard -> (leader, min hash, max hash)
+        self._calls: dict[tuple[str, str], Callable] = {}
+        self._stubs: dict[str, object] = {}
         self._closed = False
         self._lock = threading.Lock()
         self._ready = threading.Event()
         self._wake = threading.Event()
         self._problem = ""  # the stream's last error
         self._fatal: str | None = None  # a problem no retry solves
-        self._thread = threading.Thread(target=self.get_assignments, daemon=True, name="llog-oxia-assignments")
+        self._thread = threading.Thread(target=self._follow, daemon=True, name="llog-oxia-assignments")
         self._thread.start()
         if not self._ready.wait(init_timeout_s) or self._fatal:
             self.close()
             if self._fatal:
-                raise CoordinationError(f"Oxia at {service_address}: {self._fatal}")
+                raise CoordinationError(f"Oxia at {self._service_address}: {self._fatal}")
             raise RuntimeError(f"no shard assignments within {init_timeout_s:.1f} s"
                                + (f" (last error: {self._problem})" if self._problem else ""))
 
-    def get_assignments(self) -> None:
+    def _follow(self) -> None:
         delay = 0.05
         while not self._closed:
             try:
-                assignments = self._stream_pool.get(self._service_address)._channel.unary_stream(
-                    _SHARD_ASSIGNMENTS, request_serializer=wire.ShardAssignmentsRequest.SerializeToString,
+                assignments = self._streams.get(self._service_address).unary_stream(
+                    _SERVICE + "GetShardAssignments", request_serializer=wire.ShardAssignmentsRequest.SerializeToString,
                     response_deserializer=wire.ShardAssignments.FromString)
-                for sa in assignments(wire.ShardAssignmentsRequest(namespace=self._namespace)):
-                    self._parse_assignments(sa.namespaces[self._namespace])
+                for update in assignments(wire.ShardAssignmentsRequest(namespace=self._namespace)):
+                    namespace = update.namespaces[self._namespace]
+                    if namespace.shard_key_router != wire.XXHASH3:
+                        self._fatal = f"unknown shard key router {namespace.shard_key_router}"
+                        self._ready.set()
+                        return
+                    shards = {a.shard: (a.leader, a.int32_hash_range.min_hash_inclusive,
+                                        a.int32_hash_range.max_hash_inclusive) for a in namespace.assignments}
+                    with self._lock:
+                        self._assignments = shards
                     self._ready.set()
                     delay = 0.05
             except (grpc.RpcError, ValueError) as e:  # ValueError: the channel was closed under it
@@ -190,32 +227,67 @@ class _ServiceDiscovery(ServiceDiscovery):
             self._wake.wait(delay)
             delay = min(2.0, delay * 2)
 
+    def shard(self, key: str, partition_key: str | None) -> int:
+        h = xxhash.xxh64(partition_key or key).intdigest() & 0xFFFFFFFF
+        with self._lock:
+            for shard, (_, low, high) in self._assignments.items():
+                if low <= h <= high:
+                    return shard
+        raise _NoLeader(f"no shard of namespace {self._namespace!r} holds the hash of {partition_key or key!r}")
+
+    def shards(self) -> list[int]:
+        with self._lock:
+            return list(self._assignments)
+
+    def _leader(self, shard: int) -> str:
+        with self._lock:
+            assigned = self._assignments.get(shard)
+        if assigned is None:  # reassigned meanwhile: transient, the retry routes again
+            raise _NoLeader(f"shard {shard} has no leader in the current assignments")
+        return assigned[0]
+
+    def call(self, shard: int, method: str, request_type, response_type, streamed: bool) -> Callable:
+        """``method`` on ``shard``'s leader (a server stream when ``streamed``), with a deadline."""
+        leader = self._leader(shard)
+        with self._lock:
+            call = self._calls.get((leader, method))
+        if call is None:
+            channel = self._requests.get(leader)
+            make = channel.unary_stream if streamed else channel.unary_unary
+            call = make(_SERVICE + method, request_serializer=request_type.SerializeToString,
+                        response_deserializer=response_type.FromString)
+            with self._lock:
+                self._calls[(leader, method)] = call
+        return call
+
+    def get_stub(self, shard: int):
+        """The ``oxia`` package's stub for ``shard``'s leader, on the channel with deadlines: its
+        sessions (:class:`_Sessions`) call it."""
+        from oxia.internal.proto.io.streamnative.oxia.proto import OxiaClientStub
+
+        leader = self._leader(shard)
+        with self._lock:
+            stub = self._stubs.get(leader)
+        if stub is None:
+            stub = OxiaClientStub(self._requests.get(leader))
+            with self._lock:
+                self._stubs[leader] = stub
+        return stub
+
     def close(self) -> None:
         self._closed = True
         self._wake.set()
-        self._stream_pool.close()  # ends the stream
+        self._streams.close()  # ends the stream
         self._thread.join(_CLOSE_TIMEOUT_S)
+        self._requests.close()
 
 
-class _OxiaClient(oxia.Client):
-    """``oxia.Client`` whose requests carry deadlines and whose shard discovery has no start-up
-    race (:class:`_ServiceDiscovery`). Raises RuntimeError when no assignments come in time."""
+def _sessions(shards: _Shards, config: Config):
+    """The ``oxia`` package's session manager (a session per shard, kept alive by heartbeats),
+    imported when the first ephemeral record is written."""
+    from oxia.internal.sessions import SessionManager
 
-    def __init__(self, config: Config, init_timeout_s: float):  # the parent's __init__ is replaced whole
-        self._closed = False
-        self._connections = _DeadlineConnectionPool(config.oxia_request_timeout_ms / 1000)
-        try:
-            self._service_discovery = _ServiceDiscovery(config.oxia_service_address, _DeadlineConnectionPool(None),
-                                                        self._connections, config.oxia_namespace, init_timeout_s)
-        except BaseException:
-            self._connections.close()  # nothing half-built stays open
-            raise
-        self._session_manager = SessionManager(self._service_discovery, config.oxia_session_timeout_ms,
-                                               config.client_identifier)
-
-    def close(self):
-        self._service_discovery.close()  # first, so its thread does not reconnect while the rest closes
-        super().close()
+    return SessionManager(shards, config.oxia_session_timeout_ms, config.client_identifier)
 
 
 class _Slot:
@@ -273,22 +345,17 @@ class _Combiner:
                 slot.done.set()
 
 
-def _status_error(status: int) -> BaseException | None:
+def _status_error(status: int) -> _Status | None:
     if status == wire.OK:
         return None
-    if status == wire.KEY_NOT_FOUND:
-        return oxia.ex.KeyNotFound()
-    if status == wire.UNEXPECTED_VERSION_ID:
-        return oxia.ex.UnexpectedVersionId()
-    if status == wire.SESSION_DOES_NOT_EXIST:
-        return oxia.ex.SessionNotFound()
-    return oxia.ex.OxiaException(f"unknown status: {status}")
+    error = _STATUS_ERRORS.get(status)
+    return error() if error is not None else _Status(f"unknown status: {status}")
 
 
 def _is_transient(error: BaseException) -> bool:
     if isinstance(error, grpc.RpcError):
         return error.code() in _TRANSIENT_CODES
-    return isinstance(error, oxia.ex.SessionNotFound)
+    return isinstance(error, (_SessionNotFound, _NoLeader))
 
 
 def _describe(error: BaseException) -> str:
@@ -311,21 +378,34 @@ def _wait_ready(address: str, timeout_s: float) -> None:
         threading.Thread(target=channel.close, name="llog-oxia-probe-close", daemon=True).start()
 
 
+def _failed_once(error: BaseException, fn: Callable[[], T]) -> Callable[[], T]:
+    """``fn`` whose first attempt already failed with ``error``: the retries' first call raises
+    it, so that they count it, log it and wait before calling ``fn`` again."""
+    pending = [error]
+
+    def attempt() -> T:
+        if pending:
+            raise pending.pop()
+        return fn()
+
+    return attempt
+
+
 class Coordination:
     """The only code that talks to Oxia. Thread-safe; one per process is enough."""
 
     def __init__(self, config: Config):
         config.require("oxia_service_address")
         self.config = config
-        self._client = self._build_client(config)
+        self._shards = self._connect(config)
+        self._sessions = None  # the oxia package's session manager, made by the first claim (_session)
         self._deadline_s = max(30.0, 3 * config.oxia_request_timeout_ms / 1000)
         self._lock = threading.Lock()
         self._combiners: dict[tuple[str, int], _Combiner] = {}
-        self._rpc_cache: dict[OxiaClientStub, tuple[Callable, Callable]] = {}
         self.stats: collections.Counter[str] = collections.Counter()
 
     @staticmethod
-    def _build_client(config: Config) -> _OxiaClient:
+    def _connect(config: Config) -> _Shards:
         """Each attempt has the request timeout for the server to answer and then for its first
         shard assignments (a loaded machine can make one attempt slow); a few attempts with
         backoff, so the whole is bounded. The error names the address and what was waited for."""
@@ -338,7 +418,7 @@ class Coordination:
             try:
                 _wait_ready(address, step)
                 what = "the first shard assignments"
-                return _OxiaClient(config, max(0.1, attempt_deadline - time.monotonic()))
+                return _Shards(config, max(0.1, attempt_deadline - time.monotonic()))
             except RuntimeError as e:
                 problem = str(e)
                 log.warning("connecting to Oxia at %s (attempt %d of %d): waiting for %s: %s", address,
@@ -350,8 +430,16 @@ class Coordination:
 
     # --- batched single-key requests ----------------------------------------------------------
 
-    def _shard(self, key: str, partition_key: str) -> int:
-        return self._client._service_discovery.get_leader(key, partition_key)[0]
+    def _shard(self, key: str, partition_key: str | None) -> int:
+        return self._shards.shard(key, partition_key)
+
+    def _session(self, shard: int):
+        """This client's session on ``shard`` (ephemeral records live as long as it does)."""
+        with self._lock:
+            if self._sessions is None:
+                self._sessions = _sessions(self._shards, self.config)
+            sessions = self._sessions
+        return sessions.get_session(shard)
 
     def _combiner(self, kind: str, shard: int) -> _Combiner:
         with self._lock:
@@ -361,33 +449,22 @@ class Coordination:
                 combiner = self._combiners[(kind, shard)] = _Combiner(lambda requests: send(shard, requests))
             return combiner
 
-    def _rpcs(self, shard: int) -> tuple[Callable, Callable]:
-        """The Read and Write calls to ``shard``'s leader, on the client's (deadline) channel."""
-        stub = self._client._service_discovery.get_stub(shard)
-        with self._lock:
-            rpcs = self._rpc_cache.get(stub)
-            if rpcs is None:
-                channel = stub._channel
-                rpcs = self._rpc_cache[stub] = (channel.unary_stream(
-                    _READ, request_serializer=wire.ReadRequest.SerializeToString,
-                    response_deserializer=wire.ReadResponse.FromString,
-                ), channel.unary_unary(
-                    _WRITE, request_serializer=wire.WriteRequest.SerializeToString,
-                    response_deserializer=wire.WriteResponse.FromString,
-                ))
-            return rpcs
+    def _read(self, shard: int) -> Callable:
+        return self._shards.call(shard, "Read", wire.ReadRequest, wire.ReadResponse, streamed=True)
+
+    def _write(self, shard: int) -> Callable:
+        return self._shards.call(shard, "Write", wire.WriteRequest, wire.WriteResponse, streamed=False)
 
     def _send_gets(self, shard: int, requests: list) -> list:
         with self._lock:
             self.stats["read_rpc"] += 1
-        read, _ = self._rpcs(shard)
-        responses = [g for r in read(wire.ReadRequest(shard=shard, gets=requests)) for g in r.gets]
+        responses = [g for r in self._read(shard)(wire.ReadRequest(shard=shard, gets=requests)) for g in r.gets]
         if len(responses) != len(requests):
             raise CoordinationError(f"oxia answered {len(responses)} of {len(requests)} gets")
         results = []
         for request, response in zip(requests, responses):
             error = _status_error(response.status)
-            if isinstance(error, oxia.ex.KeyNotFound):
+            if isinstance(error, _KeyNotFound):
                 results.append(None)
             else:
                 key = response.key if response.HasField("key") else request.key
@@ -397,8 +474,7 @@ class Coordination:
     def _send_puts(self, shard: int, requests: list) -> list:
         with self._lock:
             self.stats["write_rpc"] += 1
-        _, write = self._rpcs(shard)
-        response = write(wire.WriteRequest(shard=shard, puts=requests))
+        response = self._write(shard)(wire.WriteRequest(shard=shard, puts=requests))
         if len(response.puts) != len(requests):
             raise CoordinationError(f"oxia answered {len(response.puts)} of {len(requests)} puts")
         return [_status_error(r.status) or r.version.version_id for r in response.puts]
@@ -414,22 +490,37 @@ class Coordination:
         with self._lock:
             self.stats[op] += count
         started = time.monotonic()
-        retrying = Retrying(
+        retrying = None
+        try:
+            try:
+                return fn()
+            except BaseException as e:  # noqa: BLE001 - only a transient failure is retried
+                if not _is_transient(e):
+                    raise
+                retrying = self._retrying(op, what, on_retry, started)
+                return retrying(_failed_once(e, fn))
+        except (grpc.RpcError, _SessionNotFound, _NoLeader) as e:
+            attempts = retrying.statistics.get("attempt_number", 1) if retrying is not None else 1
+            raise CoordinationError(
+                f"oxia {op} {what} at {self.config.oxia_service_address} failed after {attempts} attempt(s) "
+                f"in {time.monotonic() - started:.1f} s: {_describe(e)}") from e
+
+    def _retrying(self, op: str, what: str, on_retry: Callable[[], None] | None, started: float):
+        """Jittered backoff, bounded in attempts and by the deadline counted from ``started``.
+        Imported when a first attempt fails: tenacity imports tornado where it is installed (a
+        notebook's kernel needs it), 0.05 s at the start of every process, and most never retry."""
+        from tenacity import Retrying, retry_if_exception, stop_after_attempt, stop_after_delay, wait_random_exponential
+
+        return Retrying(
             retry=retry_if_exception(_is_transient),
-            stop=stop_after_attempt(_RETRY_ATTEMPTS) | stop_after_delay(self._deadline_s),
+            stop=stop_after_attempt(_RETRY_ATTEMPTS) | stop_after_delay(
+                max(0.0, self._deadline_s - (time.monotonic() - started))),
             wait=wait_random_exponential(multiplier=0.05, max=_RETRY_MAX_WAIT_S),
             before_sleep=lambda state: (on_retry and on_retry(), log.warning(
                 "oxia %s %s at %s failed (%s), retrying", op, what, self.config.oxia_service_address,
                 _describe(state.outcome.exception()))),
             reraise=True,
         )
-        try:
-            return retrying(fn)
-        except (grpc.RpcError, oxia.ex.SessionNotFound) as e:
-            attempts = retrying.statistics.get("attempt_number", 1)
-            raise CoordinationError(
-                f"oxia {op} {what} at {self.config.oxia_service_address} failed after {attempts} attempt(s) "
-                f"in {time.monotonic() - started:.1f} s: {_describe(e)}") from e
 
     # --- reads --------------------------------------------------------------------------------
 
@@ -448,9 +539,9 @@ class Coordination:
                 found = self._get(key, partition_key, wire.CEILING)
             else:  # every shard's answer; the lowest in Oxia's key order
                 request = wire.GetRequest(key=key, include_value=True, comparison_type=wire.CEILING)
-                shards = [shard for shard, _ in self._client._service_discovery.get_all_shards()]
-                answers = [a for a in (self._combiner("read", shard).run(request) for shard in shards) if a is not None]
-                found = min(answers, key=lambda a: _OXIA_KEY_ORDER(a.key)) if answers else None
+                answers = [a for a in (self._combiner("read", shard).run(request) for shard in self._shards.shards())
+                           if a is not None]
+                found = min(answers, key=lambda a: oxia_key_order(a.key)) if answers else None
             return found if found is not None and found.key.startswith(within) else None
 
         return self._call("get", f"ceiling {key}", fn)
@@ -459,8 +550,11 @@ class Coordination:
         """Records with keys in ``[start, end)`` in Oxia's key order."""
 
         def fn():
-            return [Versioned(k, v, ver.version_id())
-                    for k, v, ver in self._client.range_scan(start, end, partition_key=partition_key)]
+            shard = self._shard(start, partition_key)
+            scan = self._shards.call(shard, "RangeScan", wire.RangeScanRequest, wire.RangeScanResponse, streamed=True)
+            return [Versioned(r.key, r.value, r.version.version_id)
+                    for response in scan(wire.RangeScanRequest(shard=shard, start_inclusive=start, end_exclusive=end))
+                    for r in response.records]
 
         return self._call("range_scan", f"{start}..{end}", fn)
 
@@ -507,7 +601,7 @@ class Coordination:
 
             results = self._call("put", f"{len(batch)} keys", send, on_retry=note_retry, count=len(batch))
             for i, result in zip(indexes, results):
-                if isinstance(result, oxia.ex.UnexpectedVersionId):
+                if isinstance(result, _UnexpectedVersion):
                     self._count_conflicts(1)
                     result = VersionConflict(items[i][0], items[i][3], outcome_unknown=retried)
                 elif isinstance(result, BaseException):
@@ -533,7 +627,7 @@ class Coordination:
     def put(self, key: str, value: bytes, partition_key: str, expected_version: int | None = None,
             ephemeral: bool = False, guard: Callable[[], None] | None = None) -> int:
         """Write ``value``; with ``expected_version`` only if the key is at that version
-        (``oxia.EXPECTED_RECORD_DOES_NOT_EXIST`` = only if absent). Returns the new version id.
+        (:data:`EXPECTED_ABSENT` = only if absent). Returns the new version id.
         Raises :class:`VersionConflict` when the condition fails.
 
         ``guard`` is called immediately before every attempt, retries included, and what it
@@ -549,13 +643,16 @@ class Coordination:
         def fn():
             if guard is not None:
                 guard()
+            shard = self._shard(key, partition_key)
             try:
                 if ephemeral:  # needs the client's session
-                    session = self._client._session_manager.get_session(self._shard(key, partition_key))
+                    session = self._session(shard)
+                    request = wire.PutRequest(key=key, value=value, partition_key=partition_key,
+                                              expected_version_id=expected_version, session_id=session.session_id(),
+                                              client_identity=session.client_identifier())
                     try:
-                        return self._client.put(key, value, partition_key=partition_key,
-                                                expected_version_id=expected_version, ephemeral=True)[1].version_id()
-                    except oxia.ex.SessionNotFound:
+                        return self._combiner("write", shard).run(request)
+                    except _SessionNotFound:
                         # The server dropped it (this process or the server was away longer than
                         # the session timeout); the client would go on sending it until its own
                         # expiry check notices. Closed, the retry gets a new one. Only this very
@@ -564,8 +661,8 @@ class Coordination:
                         raise
                 request = wire.PutRequest(key=key, value=value, partition_key=partition_key,
                                           expected_version_id=expected_version)
-                return self._combiner("write", self._shard(key, partition_key)).run(request)
-            except oxia.ex.UnexpectedVersionId:
+                return self._combiner("write", shard).run(request)
+            except _UnexpectedVersion:
                 self._count_conflicts(1)
                 raise VersionConflict(key, expected_version, outcome_unknown=in_transit_failure) from None
 
@@ -579,17 +676,31 @@ class Coordination:
         """Delete ``key`` (only at ``expected_version`` if given). False if it did not exist."""
 
         def fn():
-            try:
-                return self._client.delete(key, partition_key=partition_key, expected_version_id=expected_version)
-            except oxia.ex.UnexpectedVersionId:
-                raise VersionConflict(key, expected_version) from None
+            shard = self._shard(key, partition_key)
+            request = wire.DeleteRequest(key=key, expected_version_id=expected_version)
+            status = self._write(shard)(wire.WriteRequest(shard=shard, deletes=[request])).deletes[0].status
+            if status == wire.KEY_NOT_FOUND:
+                return False
+            if status == wire.UNEXPECTED_VERSION_ID:
+                raise VersionConflict(key, expected_version)
+            if status != wire.OK:
+                raise _status_error(status)
+            return True
 
         return self._call("delete", key, fn)
 
     def delete_range(self, start: str, end: str, partition_key: str) -> None:
         """Delete every key in ``[start, end)`` on ``partition_key``'s shard."""
-        self._call("delete_range", f"{start}..{end}",
-                   lambda: self._client.delete_range(start, end, partition_key=partition_key))
+
+        def fn():
+            shard = self._shard(partition_key, partition_key)
+            request = wire.DeleteRangeRequest(start_inclusive=start, end_exclusive=end)
+            error = _status_error(self._write(shard)(wire.WriteRequest(shard=shard, delete_ranges=[request]))
+                                  .delete_ranges[0].status)
+            if error is not None:
+                raise error
+
+        self._call("delete_range", f"{start}..{end}", fn)
 
     # --- claims (PROTOCOL.md section 6) -------------------------------------------------------
 
@@ -597,7 +708,7 @@ class Coordination:
         """Create an ephemeral record that must not exist yet; returns its version id.
         Raises :class:`ClaimHeld` if someone holds it. Session expiry frees it after a crash."""
         try:
-            return self.put(key, value, partition_key, expected_version=oxia.EXPECTED_RECORD_DOES_NOT_EXIST,
+            return self.put(key, value, partition_key, expected_version=EXPECTED_ABSENT,
                             ephemeral=True)
         except VersionConflict as e:
             holder = self.get(key, partition_key)
@@ -620,7 +731,12 @@ class Coordination:
 
     def close(self) -> None:
         """Close the client; bounded, since the client's close can hang after a server restart."""
-        closer = threading.Thread(target=self._client.close, daemon=True, name="llog-oxia-close")
+        def close() -> None:
+            if self._sessions is not None:
+                self._sessions.close()  # first: closing a session is a request to its shard
+            self._shards.close()
+
+        closer = threading.Thread(target=close, daemon=True, name="llog-oxia-close")
         closer.start()
         closer.join(_CLOSE_TIMEOUT_S)
         if closer.is_alive():

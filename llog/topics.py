@@ -16,12 +16,10 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-import oxia
-
 from llog.clock import SYSTEM, Clock
 from llog.config import COMPRESSION_TYPES, Config
 from llog.control import backoff, initialize_partition, read_controls
-from llog.coordination import Coordination
+from llog.coordination import EXPECTED_ABSENT, Coordination
 from llog.discovery import topic_partitions
 from llog.errors import (
     ClaimHeld, InvalidTopicConfig, LlogError, MaxRetriesExceeded, PartitionNotInitialized, TopicAlreadyExists,
@@ -160,7 +158,7 @@ def create_topic(coordination: Coordination, root: str, topic: str, partitions: 
     record = TopicRecord(topic, str(uuid.uuid4()), partitions, dict(settings), ACTIVE, now, now)
     try:
         coordination.put(topic_key(root, topic), record.to_json(), TOPICS_PARTITION_KEY,
-                         oxia.EXPECTED_RECORD_DOES_NOT_EXIST)
+                         EXPECTED_ABSENT)
     except VersionConflict:
         found = read_topic(coordination, root, topic)
         if found is None:  # created and deleted meanwhile, or our own attempt landed and was deleted

@@ -178,7 +178,7 @@ def test_a_session_the_server_dropped_is_replaced(stack):
     try:
         root = f"/{stack.root_prefix}-session-{time.monotonic_ns()}"
         coordination.claim(f"{root}/a", b"me", "pk")
-        session = coordination._client._session_manager.sessions_by_shard[coordination._shard(f"{root}/a", "pk")]
+        session = coordination._sessions.sessions_by_shard[coordination._shard(f"{root}/a", "pk")]
         session._stop_event.set()  # no more keepalives: the server expires it, the client does not notice
         deadline = time.monotonic() + 15
         while coordination.get(f"{root}/a", "pk") is not None:

@@ -11,9 +11,11 @@ import sys
 
 import pytest
 
-#: What no driver-side planning may import: the read and write paths, S3 and boto3.
+#: What no driver-side planning may import: the read and write paths, S3 and boto3; and the
+#: ``oxia`` package (betterproto2, pydantic: 0.11 s) and tenacity (with tornado: 0.05 s), which
+#: only claims and retries need (``llog.coordination``).
 READ_WRITE_PATH = ["llog.reader", "llog.writer", "llog.objects", "llog.codec", "llog_source.partition_reader",
-                   "boto3", "botocore"]
+                   "boto3", "botocore", "oxia", "betterproto2", "pydantic", "tenacity"]
 
 
 def loaded_after(statement: str) -> set[str]:
