@@ -1,13 +1,14 @@
 """Finding topics and the partitions of a topic from their ``meta/control`` records.
 
 Skip scans: one cross-shard ceiling get lands on the next partition (or topic) that has any key,
-one get checks its ``meta/control``, and the scan jumps past it. Costs two Oxia reads per
-partition, however long its index is.
+and the scan jumps past it; then one multi-key read of the ``meta/control`` of every partition
+found (one RPC per shard) keeps those initialized. Costs one Oxia read per partition, however
+long its index is, and one more.
 """
 
 from __future__ import annotations
 
-from llog.coordination import Coordination
+from llog.coordination import Coordination, Versioned
 from llog.errors import InvalidTopicName
 from llog.keys import (
     PartitionKeys, TopicPartition, parse_partition_segment, parse_topic_segment, partition_scan_key, partitions_root,
@@ -17,19 +18,25 @@ from llog.keys import (
 
 def topic_partitions(coordination: Coordination, root: str, topic: str) -> list[int]:
     """Initialized partitions of ``topic``, ascending."""
+    return sorted(partition_controls(coordination, root, topic))
+
+
+def partition_controls(coordination: Coordination, root: str, topic: str) -> dict[int, Versioned]:
+    """The ``meta/control`` record of each initialized partition of ``topic``."""
     validate_topic(topic)
     within = partitions_root(root, topic)
-    found, segment = [], ""
+    candidates, segment = [], ""
     while True:
         hit = coordination.ceiling(partition_scan_key(root, topic, segment), None, within)
         segment = parse_partition_segment(root, topic, hit.key) if hit else None
         if segment is None:
-            return sorted(found)
+            break
         if segment.isdigit():
-            keys = PartitionKeys(root, TopicPartition(topic, int(segment)))
-            if coordination.get(keys.control, keys.partition_key) is not None:
-                found.append(int(segment))
+            candidates.append(int(segment))
         segment += "\x00"  # the smallest segment after this one
+    keys = [PartitionKeys(root, TopicPartition(topic, p)) for p in candidates]
+    controls = coordination.get_many([(k.control, k.partition_key) for k in keys]) if keys else []
+    return {p: control for p, control in zip(candidates, controls) if control is not None}
 
 
 def list_topics(coordination: Coordination, root: str) -> list[str]:

@@ -17,8 +17,8 @@ from typing import NamedTuple
 
 from pyspark.sql.datasource import InputPartition
 
-from llog.coordination import Coordination
-from llog.discovery import list_topics, topic_partitions
+from llog.coordination import Coordination, Versioned
+from llog.discovery import list_topics, partition_controls
 from llog.errors import LlogError
 from llog.keys import PartitionKeys, TopicPartition
 from llog.records import ControlRecord
@@ -69,25 +69,25 @@ def partition_offsets(coordination: Coordination, root: str, partitions: Iterabl
     partitions = list(partitions)
     keys = [PartitionKeys(root, tp) for tp in partitions]
     controls = coordination.get_many([(k.control, k.partition_key) for k in keys])
-    out = {}
-    for tp, c in zip(partitions, controls):
-        if c is not None:
-            control = ControlRecord.from_json(c.value, c.key)
-            out[tp] = PartitionOffsets(control.log_start_offset, control.high_watermark)
-    return out
+    return {tp: _offsets(c) for tp, c in zip(partitions, controls) if c is not None}
+
+
+def _offsets(found: Versioned) -> PartitionOffsets:
+    control = ControlRecord.from_json(found.value, found.key)
+    return PartitionOffsets(control.log_start_offset, control.high_watermark)
 
 
 def subscription_offsets(coordination: Coordination, root: str, subscription: Subscription
                          ) -> dict[TopicPartition, PartitionOffsets]:
     """The initialized partitions the subscription covers now, with their offsets: one skip
-    scan per topic (two per pattern), then :func:`partition_offsets`."""
+    scan per topic (two per pattern) that reads their ``meta/control`` records at its end, or
+    (``assign``) :func:`partition_offsets`."""
     if subscription.assigned:
-        candidates = list(subscription.assigned)
-    else:
-        topics = ([t for t in list_topics(coordination, root) if subscription.matches(t)]
-                  if subscription.pattern is not None else subscription.topics)
-        candidates = [TopicPartition(t, p) for t in topics for p in topic_partitions(coordination, root, t)]
-    return partition_offsets(coordination, root, candidates)
+        return partition_offsets(coordination, root, subscription.assigned)
+    topics = ([t for t in list_topics(coordination, root) if subscription.matches(t)]
+              if subscription.pattern is not None else subscription.topics)
+    return {TopicPartition(t, p): _offsets(c)
+            for t in topics for p, c in partition_controls(coordination, root, t).items()}
 
 
 def check_subscription(subscription: Subscription, found: Found) -> None:
