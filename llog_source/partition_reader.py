@@ -38,6 +38,7 @@ def read_split(split: LlogSplit, config: Config, fail_on_data_loss: bool, includ
     """
     reader = log_reader(config)
     where = f"{split.topic}[{split.partition}]"
+    same = _SameInEveryRow(split.topic, split.partition)
 
     def missing(first: int, last: int, error: ObjectNotFound) -> None:
         data_loss(fail_on_data_loss, f"offsets {first}..{last} of {where}: {error}", "skipping them")
@@ -49,7 +50,7 @@ def read_split(split: LlogSplit, config: Config, fail_on_data_loss: bool, includ
                                                chunk_bytes=chunk_bytes, on_missing=missing):
                 if batch.num_rows:
                     position = batch.column(0)[batch.num_rows - 1].as_py() + 1
-                    yield spark_batch(split.topic, split.partition, batch, include_headers)
+                    yield spark_batch(same, batch, include_headers)
             return
         except PartitionNotInitialized:
             data_loss(fail_on_data_loss, f"partition {where} no longer exists, so offsets {position}..{end} "
@@ -73,26 +74,49 @@ def read_split(split: LlogSplit, config: Config, fail_on_data_loss: bool, includ
                 raise
 
 
-def spark_batch(topic: str, partition: int, batch: pa.RecordBatch, include_headers: bool = False) -> pa.RecordBatch:
-    """A reader batch (:data:`llog.reader.RECORD_SCHEMA`) as the source's columns: a record's
-    timestamp is its event time (CreateTime) when it has one, else when the log accepted it
-    (LogAppendTime)."""
+class _SameInEveryRow:
+    """The columns that hold one value in every row of a split's batches (topic, partition,
+    ``timestampType`` when no record has an event time), built once per split, as long as its
+    longest batch, and sliced for each batch: a worker spends its time on the records."""
+
+    def __init__(self, topic: str, partition: int):
+        self.topic, self.partition = topic, partition
+        self._columns: dict[str, pa.Array] = {}
+
+    def _column(self, name: str, n: int, build) -> pa.Array:
+        column = self._columns.get(name)
+        if column is None or len(column) < n:
+            column = self._columns[name] = build(n)
+        return column.slice(0, n)
+
+    def topics(self, n: int) -> pa.Array:
+        name = self.topic.encode()
+        return self._column("topic", n, lambda m: pa.StringArray.from_buffers(
+            m, pa.py_buffer(np.arange(0, (m + 1) * len(name), len(name), dtype=np.int32)), pa.py_buffer(name * m)))
+
+    def partitions(self, n: int) -> pa.Array:
+        return self._column("partition", n, lambda m: pa.array(np.full(m, self.partition, dtype=np.int32)))
+
+    def log_append_time(self, n: int) -> pa.Array:
+        return self._column("kind", n, lambda m: pa.array(np.full(m, LOG_APPEND_TIME, dtype=np.int32)))
+
+
+def spark_batch(same: _SameInEveryRow, batch: pa.RecordBatch, include_headers: bool = False) -> pa.RecordBatch:
+    """A reader batch (:data:`llog.reader.RECORD_SCHEMA`) of ``same``'s partition as the
+    source's columns: a record's timestamp is its event time (CreateTime) when it has one, else
+    when the log accepted it (LogAppendTime)."""
     n = batch.num_rows
-    name = topic.encode()
-    topics = pa.StringArray.from_buffers(
-        n, pa.py_buffer(np.arange(0, (n + 1) * len(name), len(name), dtype=np.int32)), pa.py_buffer(name * n))
     created_us = batch.column(2)[0].as_py() * 1000 if n else 0  # one entry's slice: one timestamp
     event_ms = batch.column(5)
     if event_ms.null_count == n:
         timestamps = pa.array(np.full(n, created_us, dtype=np.int64), pa.timestamp("us", tz="UTC"))
-        kinds = pa.array(np.full(n, LOG_APPEND_TIME, dtype=np.int32))
+        kinds = same.log_append_time(n)
     else:
         has_time = event_ms.is_valid().to_numpy(zero_copy_only=False)
         us = np.where(has_time, event_ms.fill_null(0).to_numpy() * 1000, created_us)
         timestamps = pa.array(us, pa.timestamp("us", tz="UTC"))
         kinds = pa.array(np.where(has_time, CREATE_TIME, LOG_APPEND_TIME).astype(np.int32))
-    columns = [batch.column(3), batch.column(1), topics, pa.array(np.full(n, partition, dtype=np.int32)),
-               batch.column(0), timestamps, kinds]
+    columns = [batch.column(3), batch.column(1), same.topics(n), same.partitions(n), batch.column(0), timestamps, kinds]
     if include_headers:
         columns.append(batch.column(4).cast(ARROW_HEADERS_TYPE))
         return pa.RecordBatch.from_arrays(columns, schema=ARROW_SCHEMA_WITH_HEADERS)
