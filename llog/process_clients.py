@@ -36,6 +36,7 @@ class _PerConfig(Generic[C]):
             client = self._clients.get(config)
             if client is None:
                 client = self._clients[config] = self._make(config)
+                _count_built()
             return client
 
     def close(self) -> None:
@@ -108,28 +109,41 @@ def topic_cache(config: Config) -> TopicCache:
         cache = _topic_caches.get(config)
         if cache is None:
             cache = _topic_caches[config] = TopicCache(coordination(config), config)
+            _count_built()
         return cache
 
 
-_frozen = False
+_built = 0  # clients this process has built and keeps
+_frozen_at: int | None = None  # how many it had built at the last freeze
+_built_lock = threading.Lock()
+
+
+def _count_built() -> None:
+    global _built
+    with _built_lock:
+        _built += 1
 
 
 def freeze_kept_objects() -> None:
-    """Hide what this process holds now from the cyclic garbage collector, once per process.
+    """Hide what this process holds now from the cyclic garbage collector: the first time, and
+    again once it has built more clients (say a worker that ran a sink's tasks reading a source).
 
     Spark's Python worker runs ``gc.collect()`` after every task it runs (``pyspark/daemon.py``),
     tasks and driver-side commits alike, and a reused worker keeps what llog built for its first
     task: modules, the Oxia and S3 clients, botocore's service model, about 180,000 objects that
     every collection would trace again (0.1 s each here, before the worker takes its next task).
-    The Spark entry points call this when their first task ends; later collections then trace
-    only what was made since. A frozen object is still freed when its last reference goes: only
-    a cycle among frozen objects is never collected, and what is frozen is what the process
-    keeps anyway (a cycle of the first task's garbage, if any, is kept once). Not for processes
-    that are not Spark's workers: a user's driver keeps objects of its own."""
-    global _frozen
-    if not _frozen:
-        _frozen = True
-        gc.freeze()
+    The Spark entry points call this when a task ends; later collections then trace only what
+    was made since. A frozen object is still freed when its last reference goes: only a cycle
+    among frozen objects is never collected, so garbage is collected first and what is frozen is
+    what the process keeps anyway. Not for processes that are not Spark's workers: a user's
+    driver keeps objects of its own."""
+    global _frozen_at
+    with _built_lock:
+        if _frozen_at == _built:
+            return
+        _frozen_at = _built
+    gc.collect()
+    gc.freeze()
 
 
 def close_all() -> None:

@@ -1,6 +1,7 @@
 """Spark's Python worker collects garbage after every task (``pyspark/daemon.py``); llog's Spark
-entry points freeze what a worker keeps once its first task ends (``freeze_kept_objects``). Each
-check runs in a new interpreter: a freeze is for the life of a process."""
+entry points freeze what a worker keeps when a task ends, the first time and after the worker
+built more clients (``freeze_kept_objects``). Each check runs in a new interpreter: a freeze is for
+the life of a process."""
 
 from __future__ import annotations
 
@@ -24,6 +25,31 @@ assert frozen > 1000, frozen
 made_later = [[] for _ in range(1000)]
 freeze_kept_objects()
 assert gc.get_freeze_count() == frozen, (gc.get_freeze_count(), frozen)
+""")
+
+
+def test_a_worker_that_builds_more_clients_freezes_again_without_the_garbage():
+    run("""
+import gc
+import weakref
+from llog.config import Config
+from llog.process_clients import _PerConfig, freeze_kept_objects
+freeze_kept_objects()  # a sink's first task ended
+frozen = gc.get_freeze_count()
+kept = _PerConfig(lambda config: [[] for _ in range(1000)])  # a reader with its modules, say
+client = kept.get(Config.load(env={}))
+class Garbage:
+    pass
+garbage = Garbage()
+garbage.itself = garbage  # a cycle the task left behind
+gone = weakref.ref(garbage)
+del garbage
+freeze_kept_objects()  # a source's first task ended in that worker
+assert gc.get_freeze_count() >= frozen + 1000, (gc.get_freeze_count(), frozen)
+assert gone() is None, "the cycle was frozen, never to be collected"
+again = gc.get_freeze_count()
+freeze_kept_objects()  # nothing new built: nothing to do
+assert gc.get_freeze_count() == again
 """)
 
 
