@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import os
+import random
+from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
@@ -25,6 +27,19 @@ def test_get_whole_and_ranges_with_the_object_size(objects, config):
     assert objects.get(uri, len(data) - 1, 1) == data[-1:]
     assert objects.stats["get"] == 1 and objects.stats["range_get"] == 2
     assert objects.stats["get_bytes"] == len(data) + 5001
+
+
+def test_ranges_of_a_large_object_are_exact_also_when_read_at_once(objects, config):
+    """The local S3 server sends ranges with sendfile (``llog.local_stack.S3_SERVER_PATCH``):
+    each range has exactly its bytes, from any offset, to the end or not, concurrently too."""
+    data = os.urandom(9 * 1024 * 1024 + 123)
+    uri = objects.put(f"{config.root_prefix}/large", data)
+    rng = random.Random(7)
+    ranges = [(0, len(data)), (0, 1), (1, len(data) - 1), (len(data) - 4096, 4096), (8 * 1024 * 1024 - 5, 10),
+              *((lo, rng.randint(1, len(data) - lo)) for lo in (rng.randrange(len(data)) for _ in range(24)))]
+    with ThreadPoolExecutor(max_workers=6) as pool:
+        for (lo, n), body in zip(ranges, pool.map(lambda r: objects.get(uri, *r), ranges)):
+            assert body == data[lo:lo + n], (lo, n)
 
 
 def test_puts_are_signed_without_the_body(objects, config):
