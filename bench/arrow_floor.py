@@ -9,7 +9,9 @@ load in the tasks, whose Python workers a warm-up run starts.
 
 Options: ``partitions``; ``splitRows``, the records of each task reading one partition,
 comma-separated (the llog source's cut of a partition into tasks: ``bench.source.split_rows``);
-``batchRows``, the records per Arrow batch (the llog source yields one per index entry slice).
+``batchRows``, the records per Arrow batch (the llog source yields one per index entry slice);
+``topic``, the ``topic`` column's value (default ``bench``; the topic llog's read names, whose
+length Spark copies into every row).
 """
 
 from __future__ import annotations
@@ -36,10 +38,10 @@ class _Part(InputPartition):
     count: int
 
 
-def _batch(rows: int):
+def _batch(rows: int, topic: str = TOPIC):
     """A batch of the source's schema, built once per Python worker (the warm-up builds it)."""
     with _prebuilt_lock:
-        batch = _prebuilt.get(rows)
+        batch = _prebuilt.get((rows, topic))
         if batch is None:
             import time
 
@@ -49,10 +51,10 @@ def _batch(rows: int):
             from bench.report import random_values
             from llog_source.schema import ARROW_SCHEMA, LOG_APPEND_TIME
 
-            batch = _prebuilt[rows] = pa.RecordBatch.from_arrays([
+            batch = _prebuilt[(rows, topic)] = pa.RecordBatch.from_arrays([
                 pa.nulls(rows, pa.binary()),
                 random_values(rows, VALUE_BYTES, rows),
-                pa.array([TOPIC] * rows, pa.string()),
+                pa.array([topic] * rows, pa.string()),
                 pa.array(np.zeros(rows, dtype=np.int32)),
                 pa.array(np.arange(1, rows + 1, dtype=np.int64)),
                 pa.array(np.full(rows, int(time.time() * 1e6), dtype=np.int64), pa.timestamp("us", tz="UTC")),
@@ -62,8 +64,8 @@ def _batch(rows: int):
 
 
 class _ArrowStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
-    def __init__(self, partitions: int, split_rows: list[int], batch_rows: int):
-        self.partitions_, self.split_rows, self.batch_rows = partitions, split_rows, batch_rows
+    def __init__(self, partitions: int, split_rows: list[int], batch_rows: int, topic: str):
+        self.partitions_, self.split_rows, self.batch_rows, self.topic = partitions, split_rows, batch_rows, topic
 
     def initialOffset(self) -> dict:  # noqa: N802 - Spark's names
         return {"offset": 0}
@@ -80,7 +82,7 @@ class _ArrowStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         return [_Part(p, n) for p in range(self.partitions_) for n in self.split_rows]
 
     def read(self, partition: _Part):
-        full, left = _batch(self.batch_rows), partition.count
+        full, left = _batch(self.batch_rows, self.topic), partition.count
         while left:
             rows = min(left, self.batch_rows)
             yield full if rows == self.batch_rows else full.slice(0, rows)
@@ -91,7 +93,7 @@ class _ArrowStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
 
 
 class ArrowSource(DataSource):
-    """The floor source; options ``partitions``, ``splitRows``, ``batchRows`` (module doc)."""
+    """The floor source; options ``partitions``, ``splitRows``, ``batchRows``, ``topic`` (module doc)."""
 
     @classmethod
     def name(cls) -> str:
@@ -103,4 +105,4 @@ class ArrowSource(DataSource):
     def streamReader(self, schema):  # noqa: N802
         return _ArrowStreamReader(int(self.options["partitions"]),
                                   [int(n) for n in self.options["splitrows"].split(",")],
-                                  int(self.options["batchrows"]))
+                                  int(self.options["batchrows"]), self.options.get("topic", TOPIC))

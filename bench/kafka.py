@@ -22,8 +22,8 @@ those of ``bench.sink`` and ``bench.source``, reusing their code, on ``local[2]`
   records per poll as fill one; no ``maxOffsetsPerTrigger``, so that, as the llog source, it
   reads everything in one micro-batch), by ``readStream.format("llog")`` (its blobs 8 MB per
   partition, as the llog sink writes them), and by ``bench.arrow_floor``'s Python source that
-  only yields prebuilt Arrow batches of the same schema and shape ("floor": what Spark alone costs a
-  Python source). Records/s are records over the median run, from ``start()`` to termination.
+  only yields prebuilt Arrow batches of the same schema, shape and topic name ("floor": what Spark
+  alone costs a Python source). Records/s are records over the median run, from ``start()`` to termination.
 
 The floors bound what any Python sink or source could reach here: ``sink_floor_ratio_vs_tuned``
 and ``source_floor_ratio_vs_tuned`` are their records/s over tuned Kafka's, as llog's ratios are.
@@ -37,7 +37,8 @@ collector's work for them fell on the cases that came next), and before every ca
 collects its garbage (``System.gc()``, not timed). The result is one JSON line:
 llog's records/s over Kafka's (tuned and default) for the sink and the source, the same ratio in
 each round, records/s per case, and CPU seconds per batch (of ``BENCH_KAFKA_ROWS`` records) of
-the whole machine, of the Kafka broker and of the S3 server (versitygw).
+the whole machine, of the Kafka broker, of the S3 server (versitygw), of Spark's JVM and of the
+Python processes it starts (planners and workers).
 
 Fairness, which the numbers do not show:
 
@@ -68,7 +69,7 @@ from pathlib import Path
 
 from bench import arrow_floor, sink, source
 from bench.kafka_broker import KAFKA_VERSION, KafkaBroker, kafka_broker
-from bench.report import CpuMeter, emit, env_int, progress, s3_server_marker
+from bench.report import CpuMeter, SparkCpuMeter, emit, env_int, progress, s3_server_marker
 from jobs.local_spark import local_spark
 from llog import progress as llog_progress
 from llog.config import Config
@@ -119,20 +120,23 @@ class Sizes:
 
 
 class ServerMeters:
-    """CPU seconds of the machine, the Kafka broker and the S3 server, read together (the
-    interface of :class:`~bench.report.CpuMeter` that ``sink.micro_batch_seconds`` uses)."""
+    """CPU seconds of the machine, the Kafka broker, the S3 server, Spark's JVM and its Python
+    processes, read together (the interface of :class:`~bench.report.CpuMeter` that
+    ``sink.micro_batch_seconds`` uses)."""
 
-    def __init__(self, kafka_marker: str, s3_marker: str):
-        self.kafka, self.s3 = CpuMeter(kafka_marker), CpuMeter(s3_marker)
+    def __init__(self, kafka_marker: str, s3_marker: str, jvm_pid: int):
+        self.kafka, self.s3, self.spark = CpuMeter(kafka_marker), CpuMeter(s3_marker), SparkCpuMeter(jvm_pid)
 
     def start(self) -> "ServerMeters":
         self.kafka.start()
         self.s3.start()
+        self.spark.start()
         return self
 
     def stop(self) -> "ServerMeters":
         self.kafka.stop()
         self.s3.stop()
+        self.spark.stop()
         return self
 
 
@@ -182,6 +186,7 @@ class _Cases:
         self.kafka = {"kafka.bootstrap.servers": broker.bootstrap_servers}
         self.llog = {k.lower(): v for k, v in config.to_options().items()}
         self.s3_marker = s3_server_marker(config.s3_endpoint_url)
+        self.jvm_pid = spark._jvm.java.lang.ProcessHandle.current().pid()
 
     def sink_rounds(self) -> dict[str, list[Measured]]:
         progress(f"kafka: sink, {self.sizes.rounds} round(s) after an untimed one, {self.sizes.batches} timed "
@@ -206,7 +211,7 @@ class _Cases:
             "llog": lambda warm_up: self._source("llog", {**self.llog, "topics": SOURCE_TOPIC,
                                                           "startingOffsets": "earliest"}),
             "floor": lambda warm_up: self._source("llog_bench_arrow", {
-                "partitions": str(PARTITIONS), "batchRows": str(blob_rows),
+                "partitions": str(PARTITIONS), "batchRows": str(blob_rows), "topic": SOURCE_TOPIC,
                 "splitRows": source.split_rows(self.sizes.per_partition, blob_rows)}),
         }, self.sizes.rounds)
 
@@ -229,7 +234,7 @@ class _Cases:
         return {"llog_s": llog_fill["seconds"], "llog_blob_mb": llog_fill["blob_mb"]}
 
     def _meters(self) -> ServerMeters:
-        return ServerMeters(self.broker.marker, self.s3_marker)
+        return ServerMeters(self.broker.marker, self.s3_marker, self.jvm_pid)
 
     def _sink(self, fmt: str, options: dict[str, str], warm_up: bool) -> Measured:
         """``sink.micro_batch_seconds`` of one query (one timed micro-batch when warming up)."""
@@ -342,7 +347,8 @@ def _median(measured: list[Measured]) -> float:
 
 def _case_summary(measured: list[Measured], records: int) -> dict:
     """Records/s at the median time; CPU seconds per batch (of ``Sizes.rows`` records) of the
-    machine, the Kafka broker and the S3 server, over every timed round."""
+    machine, the Kafka broker, the S3 server, Spark's JVM and its Python processes, over every
+    timed round."""
     batches = sum(m.batches for m in measured)
 
     def per_batch(readings: list[float | None]) -> float | None:
@@ -353,5 +359,7 @@ def _case_summary(measured: list[Measured], records: int) -> dict:
             "cpu_s_per_batch": per_batch([m.meters.kafka.machine_s for m in measured]),
             "kafka_cpu_s_per_batch": per_batch([m.meters.kafka.process_s for m in measured]),
             "s3_server_cpu_s_per_batch": per_batch([m.meters.s3.process_s for m in measured]),
+            "spark_jvm_cpu_s_per_batch": per_batch([m.meters.spark.jvm_s for m in measured]),
+            "spark_python_cpu_s_per_batch": per_batch([m.meters.spark.python_s for m in measured]),
             **({"startup_s": [round(m.startup_s, 2) for m in measured],
                 "triggers_s": [round(m.triggers_s, 2) for m in measured]} if measured[0].startup_s is not None else {})}

@@ -106,6 +106,63 @@ class CpuMeter:
         return self
 
 
+class SparkCpuMeter:
+    """CPU seconds between :meth:`start` and :meth:`stop` of the Spark JVM ``jvm_pid`` itself and
+    of the Python processes it starts (the stream planners, the worker daemon and its workers),
+    from ``/proc``: what the processes running at the end spent since the start (all of it for
+    those started since), and what the processes that ended since spent after the start (their
+    parent collects their time when it reaps them). Readings are None where ``/proc`` is missing."""
+
+    def __init__(self, jvm_pid: int):
+        self.pid = jvm_pid
+        self.jvm_s: float | None = None
+        self.python_s: float | None = None
+
+    def _read(self) -> dict[int, tuple[float, float]] | None:
+        """CPU seconds of the JVM and each of its descendants, and of their children that ended."""
+        stats = _process_stats()
+        if self.pid not in stats:
+            return None
+        children: dict[int, list[int]] = {}
+        for pid, (ppid, _, _) in stats.items():
+            children.setdefault(ppid, []).append(pid)
+        tree, todo = {}, [self.pid]
+        while todo:
+            pid = todo.pop()
+            tree[pid] = stats[pid][1:]
+            todo += children.get(pid, [])
+        return tree
+
+    def start(self) -> "SparkCpuMeter":
+        self._begin = self._read()
+        return self
+
+    def stop(self) -> "SparkCpuMeter":
+        begin, end = self._begin, self._read()
+        if begin is None or end is None:
+            return self
+        self.jvm_s = end[self.pid][0] - begin[self.pid][0]
+        ran = sum(own - begin.get(pid, (0.0, 0.0))[0] for pid, (own, _) in end.items() if pid != self.pid)
+        reaped = sum(ended - begin[pid][1] for pid, (_, ended) in end.items() if pid in begin)
+        before = sum(own for pid, (own, _) in begin.items() if pid not in end)  # in ``reaped`` whole
+        self.python_s = ran + reaped - before
+        return self
+
+
+def _process_stats() -> dict[int, tuple[int, float, float]]:
+    """Every process's parent, CPU seconds, and CPU seconds of its children that ended."""
+    out = {}
+    tick = os.sysconf("SC_CLK_TCK")
+    for pid, _ in _processes():
+        try:
+            fields = open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        out[pid] = (int(fields[1]), (int(fields[11]) + int(fields[12])) / tick,
+                    (int(fields[13]) + int(fields[14])) / tick)
+    return out
+
+
 def s3_server_marker(endpoint_url: str) -> str:
     """What the local stack's S3 server (versitygw) has in its command line when it serves
     ``endpoint_url``: its listen address (``llog.local_stack``)."""
