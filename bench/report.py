@@ -111,7 +111,10 @@ class SparkCpuMeter:
     of the Python processes it starts (the stream planners, the worker daemon and its workers),
     from ``/proc``: what the processes running at the end spent since the start (all of it for
     those started since), and what the processes that ended since spent after the start (their
-    parent collects their time when it reaps them). Readings are None where ``/proc`` is missing."""
+    parent collects their time when it reaps them). Approximate: a process that leaves the tree
+    without a parent in it collecting its time (re-parented when its parent ended first) takes
+    what it had spent before the start away from the reading, which can then be low, even below
+    zero. Readings are None where ``/proc`` is missing."""
 
     def __init__(self, jvm_pid: int):
         self.pid = jvm_pid
