@@ -52,6 +52,7 @@ _TRANSIENT_CODES = {
     grpc.StatusCode.ABORTED, grpc.StatusCode.UNKNOWN, grpc.StatusCode.INTERNAL,
 }
 _SERVICE = "/io.streamnative.oxia.proto.OxiaClient/"
+#: Retries are bounded by time (``Coordination._deadline_s``); this caps their number as well.
 _RETRY_ATTEMPTS = 100
 _RETRY_MAX_WAIT_S = 1.0
 #: Connecting: one attempt after each wait, each attempt within the request timeout.
@@ -262,7 +263,7 @@ class _Shards:
 
     def get_stub(self, shard: int):
         """The ``oxia`` package's stub for ``shard``'s leader, on the channel with deadlines: its
-        sessions (:class:`_Sessions`) call it."""
+        sessions (:func:`_sessions`) call it."""
         from oxia.internal.proto.io.streamnative.oxia.proto import OxiaClientStub
 
         leader = self._leader(shard)
