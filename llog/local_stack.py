@@ -26,8 +26,8 @@ seconds against SeaweedFS's 1.3-1.5, CPU the S3 server takes from Spark on a lap
 (docs/architecture.md, "The local S3 server").
 
 Files: binaries in ``<llog_home>/bin``, both built from source with ``go`` and patched (see
-:data:`OXIA_PATCH` and :data:`S3_SERVER_PATCH`); state in ``<stack_dir>``: ``oxia/`` and ``s3/`` (data), ``logs/``,
-``stack.json`` (pids, ports, binaries) and ``settings.json``.
+:data:`OXIA_PATCH` and :data:`S3_SERVER_PATCH`); state in ``<stack_dir>``: ``oxia/`` and ``s3/``
+(data), ``logs/``, ``stack.json`` (pids, ports, binaries) and ``settings.json``.
 """
 
 from __future__ import annotations
@@ -93,7 +93,7 @@ S3_SERVER_VERSION = "v1.8.0"
 S3_SERVER_PATCH = {
     "file": "backend/posix/data_io_linux.go",
     "replace": {
-        "\t\"github.com/versity/versitygw/backend\"\n": "",
+        "\t\"syscall\"\n\n\t\"github.com/versity/versitygw/backend\"\n": "\t\"syscall\"\n",
         "\t\trdr := io.NewSectionReader(f, startOffset, length)\n"
         "\t\treturn withReadBufferSize(&backend.FileSectionReadCloser{R: rdr, F: f}, readBufferSize), nil\n":
             "\t\tif _, err := f.Seek(startOffset, io.SeekStart); err != nil { // llog: see llogFileRange\n"
@@ -111,7 +111,7 @@ type llogFileRange struct {
 func (b *llogFileRange) Read(p []byte) (int, error) { return b.r.Read(p) }
 
 func (b *llogFileRange) WriteTo(w io.Writer) (int64, error) {
-	if f, ok := w.(interface{ Flush() error }); ok { // empty, a buffered writer hands ReadFrom on
+	if f, ok := w.(interface{ Flush() error }); ok { // with nothing buffered, bufio passes ReadFrom on
 		if err := f.Flush(); err != nil {
 			return 0, err
 		}
