@@ -23,7 +23,8 @@ those of ``bench.sink`` and ``bench.source``, reusing their code, on ``local[2]`
   reads everything in one micro-batch), by ``readStream.format("llog")`` (its blobs 8 MB per
   partition, as the llog sink writes them), and by ``bench.arrow_floor``'s Python source that
   only yields prebuilt Arrow batches of the same schema, shape and topic name ("floor": what Spark
-  alone costs a Python source). Records/s are records over the median run, from ``start()`` to termination.
+  alone costs a Python source). Records/s are records over the median run, from ``start()`` to
+  termination.
 
 The floors bound what any Python sink or source could reach here: ``sink_floor_ratio_vs_tuned``
 and ``source_floor_ratio_vs_tuned`` are their records/s over tuned Kafka's, as llog's ratios are.
