@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import shutil
 import socket
 import subprocess
 from dataclasses import asdict, replace
@@ -196,3 +197,37 @@ def test_port_flags_override_env_override_defaults() -> None:
     ports = resolve_ports({"oxia": args.oxia_port, "s3": args.s3_port, "oxia_metrics": args.oxia_metrics_port},
                           env=env)
     assert ports == replace(DEFAULT_PORTS, oxia=21000, s3=21001, oxia_metrics=22001)
+
+
+def test_a_process_is_alive_from_the_moment_popen_returns() -> None:
+    """``Popen`` returns before the kernel has filled in the new program's ``cmdline`` (it reads
+    empty for a moment), so a check made at once must not take that process for dead: the two pid
+    tests above failed on it when the machine was busy."""
+    started, taken_for_dead = [], []
+    try:
+        for _ in range(50):
+            started.append(subprocess.Popen(["/bin/sleep", "30"]))
+            if not local_stack._alive(started[-1].pid, "/bin/sleep"):
+                taken_for_dead.append(started[-1].pid)
+        assert taken_for_dead == []
+    finally:
+        for p in started:
+            p.kill()
+            p.wait()
+
+
+def test_a_process_whose_binary_was_replaced_is_still_alive(tmp_path: Path) -> None:
+    """A stack binary rebuilt while its process runs: the process still runs the old one."""
+    binary = tmp_path / "sleep"
+    shutil.copy("/bin/sleep", binary)
+    proc = subprocess.Popen([str(binary), "30"])
+    try:
+        binary.unlink()
+        shutil.copy("/bin/sleep", binary)
+        assert local_stack._alive(proc.pid, str(binary))
+        proc.kill()
+        proc.wait()
+        assert not local_stack._alive(proc.pid, str(binary))
+    finally:
+        proc.kill()
+        proc.wait()
