@@ -51,10 +51,10 @@ from llog.cli import positive
 from llog.compactor import DEFAULT_MAX_OFFSETS, Compactor
 from llog.config import Config
 from llog.coordination import Coordination
-from llog.discovery import topic_partitions
+from llog.discovery import partitions_of
 from llog.errors import LlogError
 from llog.gc import GcReport, all_partitions, check_grace, collect_garbage, referenced_blobs
-from llog.keys import TopicPartition, validate_topic
+from llog.keys import PartitionKeys, partition_keys, validate_topic
 from llog.objects import ObjectStore
 
 #: Partitions one Spark task compacts, one after another, by default.
@@ -151,9 +151,10 @@ class CompactionReport:
 
 # --- the tasks ----------------------------------------------------------------------------------
 
-def compact_group(config: Config, group: Sequence[tuple[str, int, bool, bool]], max_offsets: int,
+def compact_group(config: Config, group: Sequence[tuple[str, int, str, bool, bool]], max_offsets: int,
                   deadline_epoch: float | None, retention: bool = True) -> dict:
-    """One task's work: for each ``(topic, partition, compact, scan)``, read the partition's
+    """One task's work: for each ``(topic, partition, topic_id, compact, scan)`` (a partition of
+    the topic incarnation the driver planned with), read the partition's
     references if ``scan`` (all of them first), then (``retention``: apply its retention and)
     compact it if ``compact``. Returns the
     compactions (a failed one as ``{"topic", "partition", "error"}``) and the references. A failed
@@ -165,11 +166,12 @@ def compact_group(config: Config, group: Sequence[tuple[str, int, bool, bool]], 
         # Every reference is read before any of these partitions is compacted (one multi-key read
         # of their controls, then their index scans).
         referenced = referenced_blobs(compactor.coordination, config.root_prefix,
-                                      [TopicPartition(t, p) for t, p, _, scan in group if scan])
-        for topic, partition, compact, _ in group:
+                                      [partition_keys(config.root_prefix, t, p, i) for t, p, i, _, scan in group if scan])
+        for topic, partition, topic_id, compact, _ in group:
             if compact:
                 try:
-                    done = compactor.compact_partition(topic, partition, deadline, retention=retention)
+                    done = compactor.compact_partition(topic, partition, deadline, retention=retention,
+                                                       topic_id=topic_id)
                     compactions.append(dataclasses.asdict(done))
                 except LlogError as e:
                     compactions.append({"topic": topic, "partition": partition, "error": f"{type(e).__name__}: {e}"})
@@ -187,27 +189,28 @@ def _task(settings: dict[str, str], max_offsets: int, deadline_epoch: float | No
 # --- the driver ---------------------------------------------------------------------------------
 
 def select_partitions(coordination: Coordination, root: str, options: JobOptions,
-                      everything: list[TopicPartition] | None = None) -> list[TopicPartition]:
+                      everything: list[PartitionKeys] | None = None) -> list[PartitionKeys]:
     """The partitions to compact: of ``options.topics``, of topics matching ``options.topic_pattern``
     (full match, like the source's ``topicPattern``), or all (``everything`` if given)."""
     if options.topics:
-        return [TopicPartition(t, p) for t in options.topics for p in topic_partitions(coordination, root, t)]
+        return partitions_of(coordination, root, options.topics)
     if everything is None:
         everything = all_partitions(coordination, root)
     if options.topic_pattern is not None:
         pattern = _pattern(options.topic_pattern)
-        return [tp for tp in everything if pattern.fullmatch(tp.topic)]
+        return [k for k in everything if pattern.fullmatch(k.tp.topic)]
     return everything
 
 
 def plan(coordination: Coordination, root: str, options: JobOptions, rng: random.Random | None = None
-         ) -> tuple[list[TopicPartition], list[list[tuple[str, int, bool, bool]]]]:
+         ) -> tuple[list[PartitionKeys], list[list[tuple[str, int, str, bool, bool]]]]:
     """The partitions to compact, and the shuffled task groups: every partition to compact, and
     with GC every partition at all (to read its references)."""
     everything = all_partitions(coordination, root) if options.gc or not options.topics else None
     selected = select_partitions(coordination, root, options, everything)
     chosen = set(selected)
-    work = [(tp.topic, tp.partition, tp in chosen, options.gc) for tp in sorted(chosen | set(everything or ()))]
+    work = [(k.tp.topic, k.tp.partition, k.topic_id, k in chosen, options.gc)
+            for k in sorted(chosen | set(everything or ()), key=lambda k: (k.tp, k.topic_id))]
     (rng or random).shuffle(work)
     size = options.partitions_per_task
     return selected, [work[i:i + size] for i in range(0, len(work), size)]
@@ -251,7 +254,8 @@ def run(spark, options: JobOptions, config: Config) -> CompactionReport:
                          "retention_bytes"):
                 setattr(report, name, getattr(report, name) + done[name])
     if options.gc:
-        scanned = [TopicPartition(topic, partition) for group in groups for topic, partition, _, scan in group if scan]
+        scanned = [partition_keys(config.root_prefix, topic, partition, topic_id)
+                   for group in groups for topic, partition, topic_id, _, scan in group if scan]
         report.gc_partitions = len(scanned)
         objects = ObjectStore(config)
         try:

@@ -23,7 +23,6 @@ from llog.coordination import Coordination
 from llog.describe import describe_topic, format_descriptions
 from llog.errors import LlogError
 from llog.fence import fence, unfence
-from llog.keys import PartitionKeys, TopicPartition
 
 
 def _describe(args) -> int:
@@ -64,9 +63,11 @@ def _reset_group(args) -> int:
 
 
 def _set_fence(args) -> int:
+    from llog.topics import TopicCache
+
     config = Config.load()
-    keys = PartitionKeys(config.root_prefix, TopicPartition(args.topic, args.partition))
     with Coordination(config) as coordination:
+        keys = TopicCache(coordination, config, auto_create=False).keys(args.topic, args.partition)
         state = (fence if args.command == "fence" else unfence)(coordination, keys, config)
     print(f"{keys.tp}: {state.record.log_state} (high watermark {state.record.high_watermark})")
     return 0
@@ -166,21 +167,17 @@ def _topics_create(args) -> int:
 
 
 def _topics_list(args) -> int:
-    from llog.discovery import list_topics
     from llog.topics import list_topic_records
 
     config = Config.load()
     with Coordination(config) as coordination:
         records = list_topic_records(coordination, config.root_prefix)
-        legacy = sorted(set(list_topics(coordination, config.root_prefix)) - {r.topic for r in records})
     if args.json:
-        print(json.dumps([_topic_json(r, config) for r in records]
-                         + [{"topic": t, "state": "NO_RECORD"} for t in legacy], indent=2))
+        print(json.dumps([_topic_json(r, config) for r in records], indent=2))
         return 0
     rows = [("TOPIC", "PARTITIONS", "STATE", "CONFIG")]
     rows += [(r.topic, str(r.partitions), r.state, ",".join(f"{k}={v}" for k, v in sorted(r.config.items())) or "-")
              for r in records]
-    rows += [(t, "?", "NO_RECORD", "written before topic records; `llog topics create` adopts it") for t in legacy]
     print(_table(rows))
     return 0
 
@@ -250,14 +247,13 @@ def _topic_json(record, config: Config) -> dict:
 
 def _retention(args) -> int:
     from llog.compactor import Compactor
-    from llog.discovery import list_topics, topic_partitions
+    from llog.discovery import partitions_of
 
     config = Config.load()
     rows = []
     with Compactor(config) as compactor:
-        for topic in args.topic or list_topics(compactor.coordination, config.root_prefix):
-            for partition in topic_partitions(compactor.coordination, config.root_prefix, topic):
-                rows.append(compactor.retain_partition(topic, partition))
+        for keys in partitions_of(compactor.coordination, config.root_prefix, args.topic or None):
+            rows.append(compactor.retain_partition(keys.tp.topic, keys.tp.partition, keys.topic_id))
     if args.json:
         print(json.dumps([dataclasses.asdict(r) for r in rows], indent=2))
         return 0

@@ -3,13 +3,16 @@ the clock their time checks read (:mod:`llog.clock`)."""
 
 from __future__ import annotations
 
+import threading
 from concurrent.futures import ThreadPoolExecutor
 
 from llog.clock import SYSTEM, Clock
 from llog.config import Config
 from llog.coordination import Coordination
-from llog.keys import PartitionKeys, TopicPartition
+from llog.deployment import check_deployment
+from llog.keys import PartitionKeys
 from llog.objects import ObjectStore
+from llog.topics import TopicCache
 
 
 class ClientUser:
@@ -22,6 +25,9 @@ class ClientUser:
         self.coordination = coordination or Coordination(config)
         self.objects = objects or ObjectStore(config)
         self._owned = [c for c, given in ((self.coordination, coordination), (self.objects, objects)) if given is None]
+        self._topics: TopicCache | None = None
+        self._deployment_checked = False
+        self._deployment_lock = threading.Lock()
         self._pool = ThreadPoolExecutor(max_workers=max_workers, thread_name_prefix=thread_name_prefix)
 
     @classmethod
@@ -29,8 +35,32 @@ class ClientUser:
         """Built from the environment (or the local stack's settings file)."""
         return cls(Config.load(), **kwargs)
 
-    def keys(self, topic: str, partition: int) -> PartitionKeys:
-        return PartitionKeys(self.config.root_prefix, TopicPartition(topic, partition))
+    @property
+    def topics(self) -> TopicCache:
+        """The topic records this user resolves incarnations with (section 12), read-only unless
+        a subclass sets its own (a writer's creates topics)."""
+        if self._topics is None:
+            self._topics = TopicCache(self.coordination, self.config, self.clock, auto_create=False)
+        return self._topics
+
+    @topics.setter
+    def topics(self, cache: TopicCache) -> None:
+        self._topics = cache
+
+    def check_deployment(self, who: str) -> None:
+        """Once per instance, before it first writes, compacts or collects: the root prefix's
+        one ``G`` and this clock's distance from the S3 server's (:mod:`llog.deployment`)."""
+        if self._deployment_checked:
+            return
+        with self._deployment_lock:
+            if not self._deployment_checked:
+                check_deployment(self.coordination, self.objects, self.config, self.clock, who)
+                self._deployment_checked = True
+
+    def keys(self, topic: str, partition: int, fresh: bool = False) -> PartitionKeys:
+        """The keys of ``topic[partition]`` in the topic's current incarnation (:class:`TopicNotFound`
+        without a record; ``fresh``: read the record again first)."""
+        return self.topics.keys(topic, partition, fresh)
 
     def close(self) -> None:
         self._pool.shutdown(wait=True)

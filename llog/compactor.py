@@ -50,8 +50,8 @@ from llog.codec import COMPRESSION_CODES, concat_records, encode_body
 from llog.config import Config
 from llog.control import check_blob_age, finish_pending, read_control
 from llog.coordination import EXPECTED_ABSENT, Coordination
-from llog.errors import ClaimHeld, CorruptRecord, InconsistentReadState, VersionConflict
-from llog.keys import PartitionKeys
+from llog.errors import ClaimHeld, CorruptRecord, InconsistentReadState, TopicDeleted, VersionConflict
+from llog.keys import PartitionKeys, partition_keys
 from llog.objects import ObjectStore
 from llog.progress import TaskFactory, silent
 from llog.reader import LogReader
@@ -121,21 +121,25 @@ class Compactor(ClientUser):
     # --- one partition ------------------------------------------------------------------------
 
     def compact_partition(self, topic: str, partition: int, deadline: float | None = None,
-                          retention: bool = False, progress: TaskFactory = silent) -> PartitionCompaction:
+                          retention: bool = False, progress: TaskFactory = silent,
+                          topic_id: str | None = None) -> PartitionCompaction:
         """Claim the partition, recover, with ``retention`` run a retention pass
         (docs/topics.md section 3), compact until nothing is left or ``time.monotonic()``
         passes ``deadline``, release the claim. ``progress`` (:mod:`llog.progress`; ``llog
-        compact`` passes :func:`llog.progress.task`) counts the records compacted."""
-        return self._under_claim(topic, partition, deadline, retention, compact=True, progress=progress)
+        compact`` passes :func:`llog.progress.task`) counts the records compacted. ``topic_id``:
+        the incarnation to compact (default: the topic's current one)."""
+        return self._under_claim(topic, partition, topic_id, deadline, retention, compact=True, progress=progress)
 
-    def retain_partition(self, topic: str, partition: int) -> PartitionCompaction:
+    def retain_partition(self, topic: str, partition: int, topic_id: str | None = None) -> PartitionCompaction:
         """A retention pass alone (``llog retention``): claim, recover, retention, release."""
-        return self._under_claim(topic, partition, None, retention=True, compact=False)
+        return self._under_claim(topic, partition, topic_id, None, retention=True, compact=False)
 
-    def _under_claim(self, topic: str, partition: int, deadline: float | None, retention: bool,
+    def _under_claim(self, topic: str, partition: int, topic_id: str | None, deadline: float | None, retention: bool,
                      compact: bool, progress: TaskFactory = silent) -> PartitionCompaction:
-        keys = self.keys(topic, partition)
+        keys = self.keys(topic, partition) if topic_id is None else partition_keys(self.config.root_prefix, topic,
+                                                                                     partition, topic_id)
         done = PartitionCompaction(topic, partition)
+        self.check_deployment(f"compactor {self.compactor_id}")
         claim = json.dumps({"compactor_id": self.compactor_id, "claimed_at_ms": self.clock.now_ms()}).encode()
         try:
             claim_version = self.coordination.claim(keys.compactor_claim, claim, keys.partition_key)
@@ -319,8 +323,10 @@ class Compactor(ClientUser):
         if cursor is None or control is None:
             raise CorruptRecord(f"{keys.tp}: meta/compaction-cursor or meta/control is missing (the partition was "
                                 f"not initialized)")
-        return (_CursorState(CompactionCursor.from_json(cursor.value, cursor.key).offset, cursor.version_id),
-                ControlRecord.from_json(control.value, control.key))
+        record = ControlRecord.from_json(control.value, control.key)
+        if record.deleted:  # the topic was deleted while this compactor held the claim (section 12)
+            raise TopicDeleted(keys.tp.topic, keys.tp.partition, keys.topic_id)
+        return _CursorState(CompactionCursor.from_json(cursor.value, cursor.key).offset, cursor.version_id), record
 
     def _cursor(self, keys: PartitionKeys) -> "_CursorState":
         found = self.coordination.get(keys.compaction_cursor, keys.partition_key)

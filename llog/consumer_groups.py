@@ -21,8 +21,11 @@ from dataclasses import dataclass
 
 from llog.control import backoff
 from llog.coordination import EXPECTED_ABSENT, Coordination
-from llog.discovery import list_topics, topic_partitions
-from llog.errors import CorruptRecord, InvalidOffset, MaxRetriesExceeded, PartitionNotInitialized, VersionConflict
+from llog.discovery import partitions_of, topic_records
+from llog.errors import (
+    CorruptRecord, InvalidOffset, MaxRetriesExceeded, PartitionNotInitialized, TopicDeleted, TopicNotFound,
+    VersionConflict,
+)
 from llog.keys import PartitionKeys, TopicPartition, validate_group
 from llog.records import ConsumerOffset, ControlRecord, now_ms
 
@@ -32,13 +35,32 @@ _MAX_ATTEMPTS = 64
 EARLIEST, LATEST = -2, -1
 
 
-def commit_offsets(coordination: Coordination, root: str, group: str,
-                   offsets: Mapping[TopicPartition, int]) -> dict[TopicPartition, int]:
+def incarnation_keys(coordination: Coordination, root: str, partitions: Iterable[TopicPartition],
+                     topic_ids: Mapping[str, str] | None = None) -> dict[TopicPartition, PartitionKeys]:
+    """The keys of each partition in the incarnation ``topic_ids`` names for its topic, else in
+    the topic's current one (its record, read now: :class:`TopicNotFound` without one). Offsets
+    belong to the incarnation they were read from (PROTOCOL.md section 12): a commit on behalf of
+    a deleted incarnation lands among its keys, never in a later topic of the same name."""
+    partitions = list(partitions)
+    ids = dict(topic_ids or {})
+    unknown = {tp.topic for tp in partitions} - set(ids)
+    if unknown:
+        ids.update({r.topic: r.topic_id for r in topic_records(coordination, root, unknown)})
+        missing = sorted(unknown - set(ids))
+        if missing:
+            raise TopicNotFound(missing[0])
+    return {tp: PartitionKeys(root, tp, ids[tp.topic]) for tp in partitions}
+
+
+def commit_offsets(coordination: Coordination, root: str, group: str, offsets: Mapping[TopicPartition, int],
+                   topic_ids: Mapping[str, str] | None = None) -> dict[TopicPartition, int]:
     """Commit ``group``'s next offset to read for each partition, only forward: a partition
-    already committed at or past the new offset keeps its offset. CAS on the version read,
-    one RPC per shard and round; a lost race re-reads and retries (bounded). Returns what this
-    call moved."""
-    return _cas_offsets(coordination, root, group, offsets, lambda current, new: current is None or new > current,
+    already committed at or past the new offset keeps its offset. ``topic_ids``: the
+    incarnation each topic's offsets were read from (default: the current one). CAS on the
+    version read, one RPC per shard and round; a lost race re-reads and retries (bounded).
+    Returns what this call moved."""
+    keys = incarnation_keys(coordination, root, offsets, topic_ids)
+    return _cas_offsets(coordination, keys, group, offsets, lambda current, new: current is None or new > current,
                         "committing offsets")
 
 
@@ -53,20 +75,18 @@ def reset_offsets(coordination: Coordination, root: str, group: str, to: str,
     ``dry_run``, that would be set)."""
     validate_group(group)
     if to in ("earliest", "latest"):
-        partitions = []
-        for topic in list_topics(coordination, root) if topics is None else topics:
-            numbers = topic_partitions(coordination, root, topic)
-            if not numbers:  # a named topic that does not exist: say so, not "nothing to reset"
-                raise PartitionNotInitialized(topic, 0)
-            partitions += [TopicPartition(topic, p) for p in numbers]
-        partitions = list(committed_offsets(coordination, root, group, partitions))
+        found = partitions_of(coordination, root, topics)
+        for topic in set(topics or ()) - {k.tp.topic for k in found}:
+            raise TopicNotFound(topic)  # a named topic that does not exist: say so, not "nothing to reset"
+        partitions = list(committed_offsets(coordination, root, group, [k.tp for k in found]))
         wanted = {tp: EARLIEST if to == "earliest" else LATEST for tp in partitions}
     else:
         wanted = _parse_reset(to)
         if topics is not None:
             keep = set(topics)
             wanted = {tp: o for tp, o in wanted.items() if tp.topic in keep}
-    bounds = _log_bounds(coordination, root, list(wanted))
+    keys = incarnation_keys(coordination, root, wanted)
+    bounds = _log_bounds(coordination, keys)
     targets = {}
     for tp, offset in wanted.items():
         start, end = bounds[tp]
@@ -78,7 +98,7 @@ def reset_offsets(coordination: Coordination, root: str, group: str, to: str,
         targets[tp] = target
     if dry_run:
         return targets
-    _cas_offsets(coordination, root, group, targets, lambda current, new: current != new, "resetting offsets")
+    _cas_offsets(coordination, keys, group, targets, lambda current, new: current != new, "resetting offsets")
     return targets
 
 
@@ -107,22 +127,25 @@ def _parse_reset(raw: str) -> dict[TopicPartition, int]:
     return out
 
 
-def _log_bounds(coordination: Coordination, root: str, partitions: list[TopicPartition]
+def _log_bounds(coordination: Coordination, keys: Mapping[TopicPartition, PartitionKeys]
                 ) -> dict[TopicPartition, tuple[int, int]]:
     """Each partition's log start offset and log-end offset (high watermark + 1); a clear error
     for one that does not exist."""
-    keys = [PartitionKeys(root, tp) for tp in partitions]
     bounds = {}
-    for tp, k, control in zip(partitions, keys, coordination.get_many([(k.control, k.partition_key) for k in keys])):
+    found = coordination.get_many([(k.control, k.partition_key) for k in keys.values()])
+    for (tp, k), control in zip(keys.items(), found):
         if control is None:
             raise PartitionNotInitialized(tp.topic, tp.partition)
         record = ControlRecord.from_json(control.value, k.control)
+        if record.deleted:
+            raise TopicDeleted(tp.topic, tp.partition, k.topic_id)
         bounds[tp] = (record.log_start_offset, record.high_watermark + 1)
     return bounds
 
 
-def _cas_offsets(coordination: Coordination, root: str, group: str, offsets: Mapping[TopicPartition, int],
-                 moves: Callable[[int | None, int], bool], what: str) -> dict[TopicPartition, int]:
+def _cas_offsets(coordination: Coordination, all_keys: Mapping[TopicPartition, PartitionKeys], group: str,
+                 offsets: Mapping[TopicPartition, int], moves: Callable[[int | None, int], bool], what: str
+                 ) -> dict[TopicPartition, int]:
     """Write each ``offsets[tp]`` where ``moves(current, new)``, by CAS on the version read
     (absent: only if still absent); conflicts re-read and retry, bounded."""
     validate_group(group)
@@ -132,7 +155,7 @@ def _cas_offsets(coordination: Coordination, root: str, group: str, offsets: Map
             return moved
         if attempt:
             backoff(attempt - 1)
-        keys = {tp: PartitionKeys(root, tp) for tp in todo}
+        keys = {tp: all_keys[tp] for tp in todo}
         found = coordination.get_many([(k.consumer_group(group), k.partition_key) for k in keys.values()])
         writes = []
         for (tp, k), current in zip(keys.items(), found):
@@ -156,12 +179,13 @@ def _cas_offsets(coordination: Coordination, root: str, group: str, offsets: Map
     raise MaxRetriesExceeded(f"{what} of group {group!r} on {len(todo)} partition(s)", _MAX_ATTEMPTS)
 
 
-def committed_offsets(coordination: Coordination, root: str, group: str,
-                      partitions: Iterable[TopicPartition]) -> dict[TopicPartition, ConsumerOffset]:
-    """The committed offsets of ``group`` on ``partitions`` (partitions without one are left out)."""
+def committed_offsets(coordination: Coordination, root: str, group: str, partitions: Iterable[TopicPartition],
+                      topic_ids: Mapping[str, str] | None = None) -> dict[TopicPartition, ConsumerOffset]:
+    """The committed offsets of ``group`` on ``partitions`` (partitions without one are left out),
+    in the incarnations ``topic_ids`` names (default: the current ones)."""
     validate_group(group)
     partitions = list(partitions)
-    keys = [PartitionKeys(root, tp) for tp in partitions]
+    keys = list(incarnation_keys(coordination, root, partitions, topic_ids).values())
     found = coordination.get_many([(k.consumer_group(group), k.partition_key) for k in keys])
     return {tp: ConsumerOffset.from_json(v.value, v.key) for tp, v in zip(partitions, found) if v is not None}
 
@@ -193,10 +217,10 @@ def describe_group(coordination: Coordination, root: str, group: str,
                    topics: Iterable[str] | None = None) -> list[PartitionLag]:
     """Lag of ``group`` on every partition it has committed (of ``topics``, default all)."""
     validate_group(group)
-    partitions = [TopicPartition(t, p) for t in (list(topics) if topics is not None else list_topics(coordination, root))
-                  for p in topic_partitions(coordination, root, t)]
-    committed = committed_offsets(coordination, root, group, partitions)
-    keys = [PartitionKeys(root, tp) for tp in committed]
+    found = partitions_of(coordination, root, topics)
+    ids = {k.tp.topic: k.topic_id for k in found}
+    committed = committed_offsets(coordination, root, group, [k.tp for k in found], ids)
+    keys = [PartitionKeys(root, tp, ids[tp.topic]) for tp in committed]
     controls = coordination.get_many([(k.control, k.partition_key) for k in keys])
     rows = []
     for (tp, offset), k, control in zip(committed.items(), keys, controls):
@@ -211,8 +235,7 @@ def describe_group(coordination: Coordination, root: str, group: str,
 def topic_group_lags(coordination: Coordination, root: str, topic: str) -> dict[str, list[PartitionLag]]:
     """Every group that has committed offsets on ``topic``, with its lag per partition (one
     range scan of ``P/consumers/`` per partition, one read of the controls)."""
-    numbers = topic_partitions(coordination, root, topic)
-    keys = [PartitionKeys(root, TopicPartition(topic, p)) for p in numbers]
+    keys = partitions_of(coordination, root, [topic])
     controls = coordination.get_many([(k.control, k.partition_key) for k in keys])
     by_group: dict[str, list[PartitionLag]] = {}
     for k, control in zip(keys, controls):

@@ -30,7 +30,7 @@ from llog import failpoints
 from llog.clock import SYSTEM, Clock
 from llog.config import Config
 from llog.coordination import EXPECTED_ABSENT, Coordination
-from llog.errors import MaxRetriesExceeded, PartitionNotInitialized, StaleBlob, VersionConflict
+from llog.errors import MaxRetriesExceeded, PartitionNotInitialized, StaleBlob, TopicDeleted, VersionConflict
 from llog.keys import PartitionKeys
 from llog.records import CompactionCursor, ControlRecord, PendingAppend
 
@@ -70,10 +70,13 @@ def backoff(attempt: int) -> None:
 
 
 def read_control(coordination: Coordination, keys: PartitionKeys, clock: Clock = SYSTEM) -> ControlState:
-    """Section 5.1: a missing record means the partition is not initialized."""
+    """Section 5.1: a missing record means the partition is not initialized; a tombstone, that
+    its incarnation was deleted (:class:`TopicDeleted`, section 12)."""
     state = read_controls(coordination, [keys], clock)[0]
     if state is None:
         raise PartitionNotInitialized(keys.tp.topic, keys.tp.partition)
+    if state.record.deleted:
+        raise TopicDeleted(keys.tp.topic, keys.tp.partition, keys.topic_id)
     return state
 
 
@@ -86,17 +89,18 @@ def read_controls(coordination: Coordination, keys: Sequence[PartitionKeys], clo
             for k, f in zip(keys, found)]
 
 
-def initialize_partition(coordination: Coordination, keys: PartitionKeys, topic_id: str | None = None) -> bool:
+def initialize_partition(coordination: Coordination, keys: PartitionKeys) -> bool:
     """Section 4.1: create the cursor and ``meta/control`` only if absent. Idempotent; racing
-    initializers are fine. The cursor goes first, so an existing control implies a cursor.
-    ``topic_id``: of the topic record the partition belongs to (docs/topics.md section 2).
-    Returns True if this call created ``meta/control``."""
+    initializers are fine. The cursor goes first, so an existing control implies a cursor. The
+    control names the incarnation's ``topic_id`` (section 10.1). A deleted incarnation's
+    tombstone is never replaced (section 12). Returns True if this call created
+    ``meta/control``."""
     absent = EXPECTED_ABSENT
     try:
         coordination.put(keys.compaction_cursor, CompactionCursor(1).to_json(), keys.partition_key, absent)
     except VersionConflict:
         pass
-    control = ControlRecord() if topic_id is None else ControlRecord().with_extra(topic_id=topic_id, log_start_offset=1)
+    control = ControlRecord().with_extra(topic_id=keys.topic_id, log_start_offset=1)
     try:
         coordination.put(keys.control, control.to_json(), keys.partition_key, absent)
         return True

@@ -25,7 +25,7 @@ from llog.config import Config
 from llog.consumer_groups import GROUP_COLUMNS, PartitionLag
 from llog.control import read_control
 from llog.coordination import Coordination
-from llog.discovery import list_topics, topic_partitions
+from llog.discovery import partitions_of, topic_records
 from llog.errors import TopicNotFound
 from llog.keys import PartitionKeys, TopicPartition, s3_uri, validate_topic
 from llog.objects import ObjectStore
@@ -67,10 +67,15 @@ class PartitionDescription:
 
 
 def describe_partition(coordination: Coordination, root: str, topic: str, partition: int,
-                       objects: ObjectStore | None = None) -> PartitionDescription:
-    """One partition, from Oxia; with ``objects``, also the sizes of its compacted objects (one
-    LIST of ``P/data/compacted/``)."""
-    keys = PartitionKeys(root, TopicPartition(topic, partition))
+                       objects: ObjectStore | None = None, topic_id: str | None = None) -> PartitionDescription:
+    """One partition of the topic's current incarnation (or of ``topic_id``'s), from Oxia; with
+    ``objects``, also the sizes of its compacted objects (one LIST of ``P/data/compacted/``)."""
+    if topic_id is None:
+        found = topic_records(coordination, root, [topic])
+        if not found:
+            raise TopicNotFound(topic)
+        topic_id = found[0].topic_id
+    keys = PartitionKeys(root, TopicPartition(topic, partition), topic_id)
     control = read_control(coordination, keys).record
     start = control.log_start_offset
     # From the log start: keys below it are ones a retention pass is deleting (section 3, step 1).
@@ -116,8 +121,8 @@ def _compacted_bytes(objects: ObjectStore, keys: PartitionKeys, entries: list[Lo
 def describe_topic(coordination: Coordination, root: str, topic: str,
                    objects: ObjectStore | None = None) -> list[PartitionDescription]:
     """Every initialized partition of ``topic``, ascending."""
-    return [describe_partition(coordination, root, topic, p, objects)
-            for p in topic_partitions(coordination, root, topic)]
+    return [describe_partition(coordination, root, topic, k.tp.partition, objects, k.topic_id)
+            for k in partitions_of(coordination, root, [topic])]
 
 
 # --- topics ------------------------------------------------------------------------------------------
@@ -163,7 +168,7 @@ def describe_topics(coordination: Coordination, objects: ObjectStore | None, roo
     config = config or (objects.config if objects is not None else Config())
     if topics is None:
         records = {r.topic: r for r in list_topic_records(coordination, root)}  # one scan of one shard
-        names = sorted(set(records) | set(list_topics(coordination, root)))
+        names = sorted(records)
     else:
         names = list(dict.fromkeys(topics))
         for name in names:
@@ -175,7 +180,7 @@ def describe_topics(coordination: Coordination, objects: ObjectStore | None, roo
         record = records.get(name)
         partitions = describe_topic(coordination, root, name, objects)
         if record is None and not partitions:
-            raise TopicNotFound(name, "no topic record and no initialized partitions")
+            raise TopicNotFound(name)
         described.append(_topic_description(name, record, partitions, config, objects, prices, no_prices))
     return described
 

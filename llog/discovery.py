@@ -1,58 +1,68 @@
-"""Finding topics and the partitions of a topic from their ``meta/control`` records.
+"""Finding topics and their partitions: from the topic records (PROTOCOL.md section 12).
 
-Skip scans: one cross-shard ceiling get lands on the next partition (or topic) that has any key,
-and the scan jumps past it; then one multi-key read of the ``meta/control`` of every partition
-found (one RPC per shard) keeps those initialized. Costs one Oxia read per partition, however
-long its index is, and one more.
+Every partition belongs to one incarnation of a topic, named by its record's ``topic_id``, and
+the partitions of an incarnation are ``0..partitions-1`` of its record. So one range scan of the
+topic records' shard lists the topics, and one multi-key read of the ``meta/control`` of every
+partition a record names (one RPC per shard) tells which are initialized.
 """
 
 from __future__ import annotations
 
+from collections.abc import Iterable
+
 from llog.coordination import Coordination, Versioned
-from llog.errors import InvalidTopicName
-from llog.keys import (
-    PartitionKeys, TopicPartition, parse_partition_segment, parse_topic_segment, partition_scan_key, partitions_root,
-    topic_scan_key, validate_topic,
-)
+from llog.keys import TOPICS_PARTITION_KEY, PartitionKeys, TopicPartition, topic_key, topic_keys_range, validate_topic
+from llog.records import ControlRecord, TopicRecord
+
+
+def topic_records(coordination: Coordination, root: str, topics: Iterable[str] | None = None) -> list[TopicRecord]:
+    """The records of ``topics`` that have one (every topic when None; one range scan), by name.
+    Topics being deleted are included: their partitions still exist until the delete ends."""
+    if topics is None:
+        start, end = topic_keys_range(root)
+        found = coordination.range_scan(start, end, TOPICS_PARTITION_KEY)
+    else:
+        names = sorted({validate_topic(t) for t in topics})
+        found = [v for v in coordination.get_many([(topic_key(root, t), TOPICS_PARTITION_KEY) for t in names]) if v]
+    return sorted((TopicRecord.from_json(v.value, v.key) for v in found), key=lambda r: r.topic)
+
+
+def record_keys(root: str, record: TopicRecord) -> list[PartitionKeys]:
+    """The keys of every partition the record names."""
+    return [PartitionKeys(root, TopicPartition(record.topic, p), record.topic_id) for p in range(record.partitions)]
+
+
+def initialized(coordination: Coordination, keys: list[PartitionKeys]) -> dict[PartitionKeys, Versioned]:
+    """The ``meta/control`` of each partition of ``keys`` that is initialized and not a
+    tombstone (one read per shard)."""
+    controls = coordination.get_many([(k.control, k.partition_key) for k in keys]) if keys else []
+    return {k: c for k, c in zip(keys, controls)
+            if c is not None and not ControlRecord.from_json(c.value, c.key).deleted}
+
+
+def partition_controls(coordination: Coordination, root: str, topic: str) -> tuple[TopicRecord | None,
+                                                                                      dict[int, Versioned]]:
+    """The topic's record (None: no such topic) and the ``meta/control`` of each initialized
+    partition of it, by partition."""
+    records = topic_records(coordination, root, [topic])
+    if not records:
+        return None, {}
+    found = initialized(coordination, record_keys(root, records[0]))
+    return records[0], {k.tp.partition: c for k, c in found.items()}
 
 
 def topic_partitions(coordination: Coordination, root: str, topic: str) -> list[int]:
-    """Initialized partitions of ``topic``, ascending."""
-    return sorted(partition_controls(coordination, root, topic))
+    """Initialized partitions of ``topic``'s current incarnation, ascending."""
+    return sorted(partition_controls(coordination, root, topic)[1])
 
 
-def partition_controls(coordination: Coordination, root: str, topic: str) -> dict[int, Versioned]:
-    """The ``meta/control`` record of each initialized partition of ``topic``."""
-    validate_topic(topic)
-    within = partitions_root(root, topic)
-    candidates, segment = [], ""
-    while True:
-        hit = coordination.ceiling(partition_scan_key(root, topic, segment), None, within)
-        segment = parse_partition_segment(root, topic, hit.key) if hit else None
-        if segment is None:
-            break
-        if segment.isdigit():
-            candidates.append(int(segment))
-        segment += "\x00"  # the smallest segment after this one
-    keys = [PartitionKeys(root, TopicPartition(topic, p)) for p in candidates]
-    controls = coordination.get_many([(k.control, k.partition_key) for k in keys]) if keys else []
-    return {p: control for p, control in zip(candidates, controls) if control is not None}
+def partitions_of(coordination: Coordination, root: str, topics: Iterable[str] | None = None) -> list[PartitionKeys]:
+    """The keys of every initialized partition of ``topics`` (every topic when None), by topic
+    and partition."""
+    keys = [k for record in topic_records(coordination, root, topics) for k in record_keys(root, record)]
+    return sorted(initialized(coordination, keys), key=lambda k: k.tp)
 
 
 def list_topics(coordination: Coordination, root: str) -> list[str]:
-    """Topics with at least one initialized partition, ascending."""
-    found, segment = [], ""
-    while True:
-        hit = coordination.ceiling(topic_scan_key(root, segment), None, f"{root}/")
-        if hit is None:
-            return found
-        # The key's first segment names a topic if that topic has partitions. The key itself
-        # may be another kind (a topic record ``R/topics/x`` sorts before ``R/topics/partitions/..``
-        # of a topic named "topics"), so the topic's partitions are looked up, not assumed.
-        topic = parse_topic_segment(root, hit.key) or hit.key[len(root) + 1:].partition("/")[0]
-        try:
-            if topic_partitions(coordination, root, topic):
-                found.append(topic)
-        except InvalidTopicName:
-            pass  # not written by llog
-        segment = topic + "\x00"
+    """Topics that have a record, ascending."""
+    return [r.topic for r in topic_records(coordination, root)]

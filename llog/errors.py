@@ -19,6 +19,14 @@ class ConfigError(LlogError):
     """A setting is missing or malformed."""
 
 
+class GraceMismatch(ConfigError):
+    """This process's ``LLOG_GC_GRACE_MS`` differs from the one its root prefix was set up with."""
+
+
+class ClockSkew(ConfigError):
+    """This machine's clock is too far from the S3 server's for the protocol's timing rules."""
+
+
 class InvalidTopicName(LlogError, ValueError):
     """A topic name breaks Kafka's rule (PROTOCOL.md section 1)."""
 
@@ -98,6 +106,16 @@ class TopicNotFound(LlogError):
     def __init__(self, topic: str, why: str = ""):
         self.topic = topic
         super().__init__(f"topic {topic!r} does not exist" + (f": {why}" if why else ""))
+
+
+class TopicDeleted(TopicNotFound):
+    """A partition's ``meta/control`` is a tombstone: the incarnation of the topic it belongs to
+    (its ``topic_id``) was deleted (PROTOCOL.md section 12). A later topic of the same name, if
+    any, is another incarnation with keys of its own."""
+
+    def __init__(self, topic: str, partition: int, topic_id: str):
+        self.partition, self.topic_id = partition, topic_id
+        super().__init__(topic, f"partition {partition} of incarnation {topic_id} was deleted")
 
 
 class TopicAlreadyExists(LlogError):

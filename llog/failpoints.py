@@ -31,6 +31,7 @@ POINTS = {
     "compactor.after_select": "section 6.1 done: a run is selected, its blob not yet written",
     "compactor.after_age_check": "section 6.2 done: the compacted blob is written and was young enough once",
     "gc.after_scan": "section 9: references scanned, blobs not yet listed",
+    "retention.before_control_update": "section 10.3: a retention pass chose its new log start, meta/control not yet changed",
     "reader.before_fetch": "section 5.4: a read's entries are resolved, their blobs not yet fetched",
 }
 

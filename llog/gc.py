@@ -47,9 +47,10 @@ from llog import failpoints
 from llog.clock import SYSTEM, Clock
 from llog.config import Config
 from llog.coordination import Coordination
-from llog.discovery import list_topics, topic_partitions
+from llog.deployment import check_deployment
+from llog.discovery import partitions_of
 from llog.errors import InconsistentReadState
-from llog.keys import PartitionKeys, TopicPartition, s3_uri, shared_wal_prefix
+from llog.keys import PartitionKeys, s3_uri, shared_wal_prefix
 from llog.objects import _DELETE_BATCH, ObjectStore
 from llog.progress import TaskFactory, silent, track
 from llog.records import CompactionRecord, ControlRecord, IndexEntry
@@ -68,19 +69,19 @@ def check_grace(grace_ms: int, config: Config) -> int:
     return grace_ms
 
 
-def all_partitions(coordination: Coordination, root: str) -> list[TopicPartition]:
-    """Every initialized partition under ``root``."""
-    return [TopicPartition(t, p) for t in list_topics(coordination, root) for p in topic_partitions(coordination, root, t)]
+def all_partitions(coordination: Coordination, root: str) -> list[PartitionKeys]:
+    """Every initialized partition of every live topic incarnation under ``root`` (a deleted
+    incarnation's keys, and whatever lands among them late, reference nothing: section 12)."""
+    return partitions_of(coordination, root)
 
 
-def referenced_blobs(coordination: Coordination, root: str, partitions: Iterable[TopicPartition],
+def referenced_blobs(coordination: Coordination, root: str, partitions: Iterable[PartitionKeys],
                      progress: TaskFactory = silent) -> set[str]:
     """The ``s3://`` URIs of the blobs the partitions reference: their pending appends and
     compaction records (one multi-key read, first), then their index entries (one range scan
     each). Raises :class:`InconsistentReadState` if an index has a gap (module doc).
     ``progress`` (:mod:`llog.progress`) counts the partitions scanned."""
-    partitions = list(partitions)
-    keys = [PartitionKeys(root, tp) for tp in partitions]
+    keys = list(partitions)
     referenced: set[str] = set()
     records = coordination.get_many([(key, k.partition_key) for k in keys for key in (k.control, k.compaction)])
     starts = []
@@ -130,7 +131,7 @@ class GcReport:
 
 def collect_garbage(objects: ObjectStore, root: str, referenced: set[str], grace_ms: int,
                     now: datetime | None = None, dry_run: bool = False,
-                    partitions: Iterable[TopicPartition] = (), progress: TaskFactory = silent) -> GcReport:
+                    partitions: Iterable[PartitionKeys] = (), progress: TaskFactory = silent) -> GcReport:
     """Delete (batch deletes) the blobs under ``R/wal-shared/``, and the compacted blobs of
     ``partitions``, that are not in ``referenced`` and were older than ``grace_ms`` at ``now``,
     the time taken before the partitions behind ``referenced`` were discovered (module doc;
@@ -143,7 +144,7 @@ def collect_garbage(objects: ObjectStore, root: str, referenced: set[str], grace
     bucket = objects.config.require("s3_bucket").s3_bucket
     report = GcReport()
     doomed: list[tuple[str, int]] = []
-    compacted = [PartitionKeys(root, tp).compacted_prefix for tp in partitions]
+    compacted = [k.compacted_prefix for k in partitions]
     with ThreadPoolExecutor(max_workers=_LIST_THREADS, thread_name_prefix="llog-gc-list") as pool, \
             progress("gc: examining blobs", unit="blobs") as examined:
         # The shared WAL blobs stream by while the partitions' (smaller) listings run alongside.
@@ -175,6 +176,7 @@ def gc_pass(coordination: Coordination, objects: ObjectStore, root: str, grace_m
     """One whole pass in the safe order (module doc): time, discovery, references, listing.
     ``progress`` (:mod:`llog.progress`; ``llog gc`` passes :func:`llog.progress.task`) shows
     each step."""
+    check_deployment(coordination, objects, objects.config, clock, "gc")
     began = datetime.fromtimestamp(clock.now_ms() / 1000, timezone.utc)
     with progress("gc: finding partitions", unit="partitions") as found:
         partitions = all_partitions(coordination, root)

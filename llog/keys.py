@@ -1,4 +1,4 @@
-"""Every Oxia key and S3 object name llog uses (PROTOCOL.md sections 2 and 3).
+"""Every Oxia key and S3 object name llog uses (PROTOCOL.md sections 2, 3 and 12).
 
 No other module formats a key or an object name. Topic names and partitions are validated here,
 before they can reach a key.
@@ -14,6 +14,8 @@ from dataclasses import dataclass
 from llog.errors import InvalidGroupId, InvalidPartition, InvalidTopicName
 
 _TOPIC_CHARS = re.compile(r"[A-Za-z0-9._-]+")
+#: A topic id is one key segment: a UUID as the topic record has it (letters, digits, '-').
+_TOPIC_ID = re.compile(r"[A-Za-z0-9-]{1,64}")
 MAX_TOPIC_LENGTH = 249
 OFFSET_WIDTH = 20
 
@@ -77,19 +79,32 @@ class TopicPartition:
         return f"{self.topic}[{self.partition}]"
 
 
+def validate_topic_id(topic_id: object) -> str:
+    if not isinstance(topic_id, str) or not _TOPIC_ID.fullmatch(topic_id):
+        raise ValueError(f"topic id {topic_id!r} must be 1..64 letters, digits or '-' (a topic record's UUID)")
+    return topic_id
+
+
 @dataclass(frozen=True)
 class PartitionKeys:
-    """The Oxia keys of one topic-partition under root prefix ``R`` (section 2).
+    """The Oxia keys of one partition of one incarnation of a topic under root prefix ``R``
+    (sections 2 and 12): ``P = R/{topic}/{topic_id}/partitions/{partition}``.
 
+    ``topic_id`` is the topic record's: a topic deleted and created again gets a new one, so
+    nothing written late on behalf of the deleted incarnation can land among the new one's keys.
     ``partition_key`` routes every one of them to the same Oxia shard.
     """
 
     root: str
     tp: TopicPartition
+    topic_id: str
+
+    def __post_init__(self) -> None:
+        validate_topic_id(self.topic_id)
 
     @property
     def base(self) -> str:
-        return f"{self.root}/{self.tp.topic}/partitions/{self.tp.partition}"
+        return f"{incarnation_root(self.root, self.tp.topic, self.topic_id)}{self.tp.partition}"
 
     @property
     def partition_key(self) -> str:
@@ -133,11 +148,12 @@ class PartitionKeys:
         return int(suffix)
 
     @property
-    def subtree(self) -> tuple[str, str]:
-        """``[P//, P/~/)``: a range holding every key of depth ``P/x/y`` (each kind of
-        per-partition key) and nothing else (Oxia compares keys segment by segment;
-        docs/topics.md section 2, delete step 3)."""
-        return f"{self.base}//", f"{self.base}/~/"
+    def all_but_control(self) -> tuple[tuple[str, str], tuple[str, str]]:
+        """Two ranges holding every key of depth ``P/x/y`` (each kind of per-partition key) but
+        ``meta/control``: ``[P//, P/meta/control)`` and ``[P/meta/control\\x00, P/~/)``. Oxia
+        compares keys segment by segment, so keys of another depth fall outside both (section
+        12, delete)."""
+        return (f"{self.base}//", self.control), (f"{self.control}\x00", f"{self.base}/~/")
 
     def consumer_group(self, group: str) -> str:
         return f"{self.base}/consumers/{group}"
@@ -150,46 +166,14 @@ class PartitionKeys:
         return f"{self.compacted_prefix}{blob_id or uuid.uuid4()}"
 
 
-def partition_keys(root: str, topic: str, partition: int) -> PartitionKeys:
-    return PartitionKeys(root, TopicPartition(topic, partition))
+def partition_keys(root: str, topic: str, partition: int, topic_id: str) -> PartitionKeys:
+    return PartitionKeys(root, TopicPartition(topic, partition), topic_id)
 
 
-def partitions_root(root: str, topic: str) -> str:
-    """``R/{topic}/partitions/``: every key of a topic lies below it."""
-    return f"{root}/{topic}/partitions/"
-
-
-def partition_scan_key(root: str, topic: str, partition_segment: str) -> str:
-    """The smallest key of depth ``P/meta/control`` whose partition segment is >= the given one.
-
-    Oxia sorts keys segment by segment (a segment followed by '/' sorts after a last segment),
-    so empty trailing segments make this a lower bound for every per-partition key at that depth.
-    """
-    return f"{partitions_root(root, topic)}{partition_segment}//"
-
-
-def parse_partition_segment(root: str, topic: str, key: str) -> str | None:
-    """The raw partition segment of a per-partition key of ``topic``, or None if ``key`` lies
-    elsewhere."""
-    prefix = partitions_root(root, topic)
-    if not key.startswith(prefix):
-        return None
-    segment, slash, _ = key[len(prefix):].partition("/")
-    return segment if slash else None
-
-
-def topic_scan_key(root: str, topic_segment: str) -> str:
-    """The smallest key of depth ``P/meta/control`` whose topic segment is >= the given one
-    (the same construction as :func:`partition_scan_key`, one level up)."""
-    return f"{root}/{topic_segment}////"
-
-
-def parse_topic_segment(root: str, key: str) -> str | None:
-    """The topic of a per-partition key (``R/{topic}/partitions/...``), or None."""
-    if not key.startswith(f"{root}/"):
-        return None
-    topic, slash, rest = key[len(root) + 1:].partition("/")
-    return topic if slash and rest.startswith("partitions/") else None
+def incarnation_root(root: str, topic: str, topic_id: str) -> str:
+    """``R/{topic}/{topic_id}/partitions/``: every key and compacted object of one incarnation of
+    a topic lies below it."""
+    return f"{root}/{topic}/{topic_id}/partitions/"
 
 
 #: The partition key of every topic record: one shard holds them all (docs/topics.md section 1).

@@ -37,10 +37,10 @@ from llog.codec import (
 )
 from llog.config import Config
 from llog.control import ControlState, read_control
-from llog.coordination import Coordination
+from llog.coordination import Coordination, Versioned
 from llog.errors import (
     CorruptBatch, InconsistentReadState, InvalidOffset, LlogError, ObjectNotFound, OffsetOutOfRange,
-    PartitionNotInitialized, TopicRecreated,
+    PartitionNotInitialized, TopicDeleted, TopicNotFound, TopicRecreated,
 )
 from llog.keys import PartitionKeys
 from llog.objects import ObjectStore
@@ -187,14 +187,66 @@ class LogReader(ClientUser):
 
     def high_watermark(self, topic: str, partition: int) -> int:
         """Last readable offset (0 for an empty partition)."""
-        return read_control(self.coordination, self.keys(topic, partition)).record.high_watermark
+        return self._read_control(topic, partition)[1].record.high_watermark
 
     def offsets(self, topic: str, partition: int) -> tuple[int, int]:
         """``(log_start_offset, high_watermark)``: the readable offsets are the range between
         them, inclusive (none when the start is past the high watermark); below the start,
         retention removed them (docs/topics.md section 3)."""
-        record = read_control(self.coordination, self.keys(topic, partition)).record
+        record = self._read_control(topic, partition)[1].record
         return record.log_start_offset, record.high_watermark
+
+    # --- the incarnation a read is of (section 12) ----------------------------------------------
+
+    def _locate(self, targets: Sequence[tuple[str, int, int]]
+                ) -> list[tuple[PartitionKeys | LlogError, Versioned | None, Versioned | None]]:
+        """Per ``(topic, partition, offset)``: the partition's keys in its topic's current
+        incarnation (or :class:`TopicNotFound`), its ``meta/control`` and the ceiling index entry
+        of ``offset``, in one multi-key read per shard. A control missing or a tombstone under a
+        cached topic id may mean the topic was re-created since it was cached: those topics'
+        records are read again, and the read repeated once."""
+        stale: set[str] = set()
+        for attempt in range(2):
+            for topic in stale:
+                self.topics.get(topic, fresh=True)
+            keys: list[PartitionKeys | LlogError] = []
+            for topic, partition, offset in targets:
+                _check_offset("start offset", offset)  # before it goes into a key
+                try:
+                    keys.append(self.keys(topic, partition))
+                except TopicNotFound as e:
+                    keys.append(e)
+            live = [(i, k) for i, k in enumerate(keys) if isinstance(k, PartitionKeys)]
+            found = self.coordination.get_many(
+                [(k.control, k.partition_key) for _, k in live]
+                + [(k.index(targets[i][2]), k.partition_key) for i, k in live],
+                ceiling_within=[None] * len(live) + [k.index_prefix for _, k in live],
+            ) if live else []
+            out: list[tuple[PartitionKeys | LlogError, Versioned | None, Versioned | None]] = [(k, None, None) for k in keys]
+            for j, (i, k) in enumerate(live):
+                out[i] = (k, found[j], found[len(live) + j])
+            stale = {k.tp.topic for k, control, _ in out if isinstance(k, PartitionKeys)
+                     and (control is None or ControlRecord.from_json(control.value, k.control).deleted)}
+            if not stale or attempt:
+                return out
+        raise AssertionError("unreachable")
+
+    @staticmethod
+    def _live(keys: PartitionKeys | LlogError, control: Versioned | None) -> ControlState:
+        """The control state of a located partition, or its error: no topic, not initialized,
+        or its incarnation deleted."""
+        if isinstance(keys, LlogError):
+            raise keys
+        if control is None:
+            raise PartitionNotInitialized(keys.tp.topic, keys.tp.partition)
+        state = ControlState(ControlRecord.from_json(control.value, keys.control), control.version_id)
+        if state.record.deleted:
+            raise TopicDeleted(keys.tp.topic, keys.tp.partition, keys.topic_id)
+        return state
+
+    def _read_control(self, topic: str, partition: int) -> tuple[PartitionKeys, ControlState]:
+        keys, control, _ = self._locate([(topic, partition, 1)])[0]
+        return keys, self._live(keys, control)
 
     # --- resolving offsets to entries (sections 5.1 to 5.3, 5.5) -----------------------------
 
@@ -363,19 +415,9 @@ class LogReader(ClientUser):
         range. One multi-key Oxia read per shard for all requests gets every partition's
         ``meta/control`` record and the ceiling index entry of every start offset (section 5,
         steps 1 and 2); a request one entry does not cover falls back to :meth:`_resolve`."""
-        keys = [self.keys(r.topic, r.partition) for r in requests]
-        for r in requests:
-            _check_offset("start offset", r.start)  # before it goes into a key
-        found = self.coordination.get_many(
-            [(k.control, k.partition_key) for k in keys] + [(k.index(r.start), k.partition_key) for k, r in zip(keys, requests)],
-            ceiling_within=[None] * len(keys) + [k.index_prefix for k in keys],
-        )
         resolved = []
-        for req, k, control, first in zip(requests, keys, found[:len(keys)], found[len(keys):]):
-            if control is None:
-                raise PartitionNotInitialized(k.tp.topic, k.tp.partition)
-            state, end = self._control(k, req.start, req.end,
-                                       ControlState(ControlRecord.from_json(control.value, k.control), control.version_id))
+        for req, (k, control, first) in zip(requests, self._locate([(r.topic, r.partition, r.start) for r in requests])):
+            state, end = self._control(k, req.start, req.end, self._live(k, control))
             located = first and LocatedEntry(k.index_end_offset(first.key), IndexEntry.from_json(first.value, first.key))
             if located is not None and located.start_offset <= req.start and located.end_offset >= end:
                 resolved.append((state, end, [_Slice(located, req.start, end)]))
@@ -421,21 +463,18 @@ class LogReader(ClientUser):
             _check_offset("fetch offset", r.offset)
             if r.max_bytes < 1:
                 raise InvalidOffset(f"max_bytes must be >= 1, got {r.max_bytes}")
-        keys = [self.keys(r.topic, r.partition) for r in requests]
-        found = self.coordination.get_many(
-            [(k.control, k.partition_key) for k in keys] + [(k.index(r.offset), k.partition_key) for k, r in zip(keys, requests)],
-            ceiling_within=[None] * len(keys) + [k.index_prefix for k in keys],
-        )
+        located = self._locate([(r.topic, r.partition, r.offset) for r in requests])
         outcomes: list[Fetched | LlogError | None] = [None] * len(requests)
         plans: dict[int, tuple[int, int, list[_Slice]]] = {}  # request -> (high watermark, budget, slices)
         starts: dict[int, int] = {}  # request -> log start offset
         topic_ids: dict[tuple[str, int], str | None] = {}  # partition -> topic_id when this fetch began
         remaining = max_bytes if max_bytes is not None else float("inf")
-        for i, (req, k, control, first) in enumerate(zip(requests, keys, found[:len(keys)], found[len(keys):])):
-            if control is None:
-                outcomes[i] = PartitionNotInitialized(k.tp.topic, k.tp.partition)
+        for i, (req, (k, control, first)) in enumerate(zip(requests, located)):
+            try:
+                state = self._live(k, control)
+            except LlogError as e:
+                outcomes[i] = e
                 continue
-            state = ControlState(ControlRecord.from_json(control.value, k.control), control.version_id)
             topic_ids[(req.topic, req.partition)] = state.record.topic_id
             hw, log_start = state.record.high_watermark, state.record.log_start_offset
             if req.offset > hw + 1 or req.offset < log_start:
@@ -618,8 +657,8 @@ class LogReader(ClientUser):
         """One record. A slice of a shared WAL blob is fetched with one range GET and fully
         checked; a record of a whole-object (compacted) body with two small range GETs (header
         and offsets, then the record), checked for magic, count and bounds."""
-        keys = self.keys(topic, partition)
-        state, _ = self._control(keys, offset, offset)
+        keys, state = self._read_control(topic, partition)
+        state, _ = self._control(keys, offset, offset, state)
         s, = self._resolve(keys, state, offset, offset)
         try:
             return self._read_one(topic, partition, offset, s)

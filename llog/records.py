@@ -15,6 +15,8 @@ from llog.errors import CorruptRecord
 
 OPEN = "OPEN"
 FENCED = "FENCED"
+#: A deleted incarnation's partition: its ``meta/control`` stays as this tombstone (section 12).
+DELETED = "DELETED"
 WAL = "WAL"
 COMPACTED = "COMPACTED"
 #: Body encodings (PROTOCOL.md section 3, docs/records-v2.md).
@@ -226,6 +228,11 @@ class ControlRecord:
         return self.log_state == FENCED
 
     @property
+    def deleted(self) -> bool:
+        """A tombstone: the partition's topic incarnation was deleted (section 12)."""
+        return self.log_state == DELETED
+
+    @property
     def log_start_offset(self) -> int:
         """The first offset still in the log (docs/topics.md section 3); 1 when never moved."""
         value = self.extra.get("log_start_offset", 1)
@@ -296,7 +303,7 @@ class ControlRecord:
     def from_json(cls, raw: bytes | str, key: str = "meta/control") -> "ControlRecord":
         obj = _load(raw, key)
         state = _field(obj, "log_state", str, key)
-        if state not in (OPEN, FENCED):
+        if state not in (OPEN, FENCED, DELETED):
             raise CorruptRecord(f"{key}: unknown log_state {state!r}")
         counter = _field(obj, "sequence_counter", int, key)
         if counter < 1:

@@ -20,6 +20,7 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass
 
+from llog import failpoints
 from llog.clock import SYSTEM, Clock
 from llog.config import Config
 from llog.control import read_control, update_control
@@ -106,6 +107,7 @@ def apply_retention(coordination: Coordination, objects: ObjectStore, keys: Part
     if not dropped:
         return done
     new_start = dropped[-1].end_offset + 1
+    failpoints.hit("retention.before_control_update")
     update_control(coordination, keys,
                    lambda control: None if control.log_start_offset >= new_start
                    else control.with_extra(log_start_offset=new_start),

@@ -18,18 +18,18 @@ from typing import Any
 
 from llog.clock import SYSTEM, Clock
 from llog.config import COMPRESSION_TYPES, Config
-from llog.control import backoff, initialize_partition, read_controls
+from llog.control import backoff, initialize_partition
 from llog.coordination import EXPECTED_ABSENT, Coordination
-from llog.discovery import topic_partitions
+from llog.discovery import record_keys
 from llog.errors import (
     ClaimHeld, InvalidTopicConfig, LlogError, MaxRetriesExceeded, PartitionNotInitialized, TopicAlreadyExists,
-    TopicBeingDeleted, TopicNotFound, UnknownPartition, VersionConflict,
+    TopicBeingDeleted, TopicDeleted, TopicNotFound, UnknownPartition, VersionConflict,
 )
 from llog.fence import fence
 from llog.keys import (
     TOPICS_PARTITION_KEY, PartitionKeys, TopicPartition, s3_uri, topic_key, topic_keys_range, validate_topic,
 )
-from llog.records import ACTIVE, DELETING, TopicRecord
+from llog.records import ACTIVE, DELETED, DELETING, ControlRecord, TopicRecord
 
 log = logging.getLogger(__name__)
 
@@ -140,9 +140,9 @@ def list_topic_records(coordination: Coordination, root: str) -> list[TopicRecor
 def create_topic(coordination: Coordination, root: str, topic: str, partitions: int,
                  settings: Mapping[str, Any] | None = None, if_not_exists: bool = False,
                  clock: Clock = SYSTEM) -> TopicRecord:
-    """docs/topics.md section 2, create: the record only if absent, then its partitions.
-    Partitions written before topic records existed are adopted (``partitions`` must cover
-    them). With ``if_not_exists`` an existing topic is returned as it is."""
+    """docs/topics.md section 2, create: the record only if absent, with a new ``topic_id``, then
+    its partitions (keys of their own: PROTOCOL.md section 12). With ``if_not_exists`` an
+    existing topic is returned as it is."""
     validate_topic(topic)
     if not isinstance(partitions, int) or isinstance(partitions, bool) or partitions < 1:
         raise InvalidTopicConfig(f"partitions must be an integer >= 1, got {partitions!r}")
@@ -150,10 +150,6 @@ def create_topic(coordination: Coordination, root: str, topic: str, partitions: 
     existing = read_topic(coordination, root, topic)
     if existing is not None:
         return _existing(topic, existing.record, if_not_exists)
-    legacy = _legacy_partitions(coordination, root, topic)
-    if legacy and max(legacy) >= partitions:
-        raise InvalidTopicConfig(f"topic {topic!r} already has partitions 0..{max(legacy)} (written before topic "
-                                 f"records); create it with at least {max(legacy) + 1} partitions to adopt them")
     now = clock.now_ms()
     record = TopicRecord(topic, str(uuid.uuid4()), partitions, dict(settings), ACTIVE, now, now)
     try:
@@ -180,27 +176,12 @@ def _existing(topic: str, record: TopicRecord, if_not_exists: bool) -> TopicReco
     return record
 
 
-def _legacy_partitions(coordination: Coordination, root: str, topic: str) -> list[int]:
-    """Partitions of ``topic`` whose ``meta/control`` has no ``topic_id`` (written before topic
-    records existed)."""
-    found = topic_partitions(coordination, root, topic)
-    keys = [PartitionKeys(root, TopicPartition(topic, p)) for p in found]
-    return [p for p, state in zip(found, read_controls(coordination, keys)) if state is not None and state.record.topic_id is None]
-
-
 def initialize_partitions(coordination: Coordination, root: str, record: TopicRecord, partitions: Iterable[int]) -> None:
-    """Initialize each partition with the record's ``topic_id`` (PROTOCOL.md 4.1). A partition
-    whose ``meta/control`` names another ``topic_id`` is a leftover of an earlier topic of this
-    name: its keys go first. One without a ``topic_id`` is adopted."""
-    keys = [PartitionKeys(root, TopicPartition(record.topic, p)) for p in partitions]
-    for k, state in zip(keys, read_controls(coordination, keys)):
-        if state is not None and state.record.topic_id in (None, record.topic_id):
-            continue  # this topic's already, or adopted as it is
-        if state is not None:
-            log.warning("%s: meta/control belongs to an earlier topic of this name (topic_id %s, not %s); deleting "
-                        "its keys before initializing it", k.tp, state.record.topic_id, record.topic_id)
-            coordination.delete_range(*k.subtree, k.partition_key)
-        initialize_partition(coordination, k, record.topic_id)
+    """Initialize each partition of the record's incarnation (PROTOCOL.md 4.1)."""
+    wanted = set(partitions)
+    for k in record_keys(root, record):
+        if k.tp.partition in wanted:
+            initialize_partition(coordination, k)
 
 
 # --- alter -------------------------------------------------------------------------------------------
@@ -259,30 +240,23 @@ class DeleteReport:
 def delete_topic(coordination: Coordination, objects, root: str, topic: str,
                  claim_wait_s: float = DEFAULT_CLAIM_WAIT_S, clock: Clock = SYSTEM,
                  config: Config | None = None) -> DeleteReport:
-    """docs/topics.md section 2, delete: mark DELETING, then per partition take its compactor
-    claim (waiting up to ``claim_wait_s``), fence it, delete its keys and compacted objects;
-    last the record. Re-running it finishes an interrupted delete. ``objects``: an
-    :class:`llog.objects.ObjectStore`. A topic with partitions but no record (written before
-    topic records) is deleted too."""
+    """docs/topics.md section 2 and PROTOCOL.md section 12, delete: mark DELETING, then per
+    partition take its compactor claim (waiting up to ``claim_wait_s``), fence it, turn its
+    ``meta/control`` into a tombstone, delete its other keys and its compacted objects; last the
+    record. Re-running it finishes an interrupted delete. ``objects``: an
+    :class:`llog.objects.ObjectStore`."""
     validate_topic(topic)
     report = DeleteReport(topic)
     found = _mark_deleting(coordination, root, topic, clock)
-    numbers = set(topic_partitions(coordination, root, topic))
     if found is None:
-        report.had_record = False
-        if not numbers:
-            raise TopicNotFound(topic)
-    else:
-        numbers |= set(range(found.record.partitions))
-    for p in sorted(numbers):
-        report.compacted_objects += _delete_partition(coordination, objects, PartitionKeys(root, TopicPartition(topic, p)),
-                                                      claim_wait_s, config)
+        raise TopicNotFound(topic)
+    for keys in record_keys(root, found.record):
+        report.compacted_objects += _delete_partition(coordination, objects, keys, claim_wait_s, clock, config)
         report.partitions += 1
-    if found is not None:
-        try:
-            coordination.delete(topic_key(root, topic), TOPICS_PARTITION_KEY, expected_version=found.version)
-        except VersionConflict:
-            pass  # another delete of it finished first
+    try:
+        coordination.delete(topic_key(root, topic), TOPICS_PARTITION_KEY, expected_version=found.version)
+    except VersionConflict:
+        pass  # another delete of it finished first
     log.info("deleted topic %s: %d partition(s), %d compacted object(s)", topic, report.partitions,
              report.compacted_objects)
     return report
@@ -303,8 +277,12 @@ def _mark_deleting(coordination: Coordination, root: str, topic: str, clock: Clo
 
 
 def _delete_partition(coordination: Coordination, objects, keys: PartitionKeys, claim_wait_s: float,
-                      config: Config | None) -> int:
-    """Steps 2 and 3 of a delete for one partition; returns the compacted objects deleted."""
+                      clock: Clock, config: Config | None) -> int:
+    """Steps 2 and 3 of a delete for one partition; returns the compacted objects deleted.
+
+    The tombstone goes first (PROTOCOL.md section 12): from then on no append, compaction,
+    retention pass or initializer acts on this incarnation's partition, whatever it read before,
+    and a reader or a broker that meets the tombstone knows the incarnation is gone."""
     claim = f'{{"compactor_id": "topic-delete", "claimed_at_ms": {int(time.time() * 1000)}}}'.encode()
     waited_until = time.monotonic() + claim_wait_s
     while True:
@@ -318,14 +296,35 @@ def _delete_partition(coordination: Coordination, objects, keys: PartitionKeys, 
             time.sleep(0.5)
     try:
         fence(coordination, keys, config)
-    except PartitionNotInitialized:
-        pass  # only some keys of it are left (an earlier delete got halfway)
-    coordination.delete_range(*keys.subtree, keys.partition_key)  # the claim goes with them
+    except (PartitionNotInitialized, TopicDeleted):
+        pass  # never initialized, or an earlier delete got this far
+    _tombstone(coordination, keys, clock)
+    for start, end in keys.all_but_control:
+        coordination.delete_range(start, end, keys.partition_key)  # the claim goes with them
     bucket = objects.config.s3_bucket
     doomed = [s3_uri(bucket, info.key) for info in objects.list(keys.compacted_prefix)]
     if doomed:
         objects.delete_many(doomed)
     return len(doomed)
+
+
+def _tombstone(coordination: Coordination, keys: PartitionKeys, clock: Clock) -> None:
+    """Make ``meta/control`` a DELETED tombstone (created if the partition was never initialized,
+    so no late initializer can bring it back), keeping its counter and extension fields."""
+    for attempt in range(_MAX_ATTEMPTS):
+        found = coordination.get(keys.control, keys.partition_key)
+        current = ControlRecord.from_json(found.value, found.key) if found is not None else ControlRecord()
+        if current.deleted:
+            return
+        tombstone = current.with_changes(log_state=DELETED, pending=None).with_extra(
+            topic_id=keys.topic_id, deleted_at_ms=clock.now_ms())
+        try:
+            coordination.put(keys.control, tombstone.to_json(), keys.partition_key,
+                             found.version_id if found is not None else EXPECTED_ABSENT)
+            return
+        except VersionConflict:
+            backoff(attempt)
+    raise MaxRetriesExceeded(f"marking {keys.tp} deleted", _MAX_ATTEMPTS)
 
 
 # --- what writers check ----------------------------------------------------------------------------
@@ -360,11 +359,10 @@ class TopicCache:
             self._records[topic] = (now, record)
         return record
 
-    def require(self, topic: str, create_partitions: int | None = None, fresh: bool = False) -> TopicRecord | None:
+    def require(self, topic: str, create_partitions: int | None = None, fresh: bool = False) -> TopicRecord:
         """The topic's record for a write: created if missing and allowed (with
-        ``create_partitions``, default ``LLOG_DEFAULT_PARTITIONS``, and at least the partitions
-        it already has); None for a topic without a record that is not created (written before
-        topic records: no count to check). Raises :class:`TopicBeingDeleted`."""
+        ``create_partitions``, default ``LLOG_DEFAULT_PARTITIONS``). Raises
+        :class:`TopicNotFound` when it has none and is not created, :class:`TopicBeingDeleted`."""
         record = self.get(topic, fresh)
         if record is None and self.auto_create:
             record = self._create(topic, create_partitions or self.config.default_partitions)
@@ -374,13 +372,13 @@ class TopicCache:
                 raise TopicBeingDeleted(topic)
             if record is None and self.auto_create:
                 record = self._create(topic, create_partitions or self.config.default_partitions)
+        if record is None:
+            raise TopicNotFound(topic, "create it with `llog topics create`, or allow LLOG_AUTO_CREATE_TOPICS")
         return record
 
     def _create(self, topic: str, partitions: int) -> TopicRecord:
-        legacy = _legacy_partitions(self.coordination, self.config.root_prefix, topic)
-        count = max(partitions, max(legacy) + 1) if legacy else partitions
         try:
-            record = create_topic(self.coordination, self.config.root_prefix, topic, count, if_not_exists=True,
+            record = create_topic(self.coordination, self.config.root_prefix, topic, partitions, if_not_exists=True,
                                   clock=self.clock)
         except TopicAlreadyExists:  # being deleted
             raise TopicBeingDeleted(topic) from None
@@ -388,15 +386,25 @@ class TopicCache:
             self._records[topic] = (time.monotonic(), record)
         return record
 
-    def check(self, topic: str, partition: int, create_partitions: int | None = None) -> TopicRecord | None:
+    def check(self, topic: str, partition: int, create_partitions: int | None = None) -> TopicRecord:
         """The record of a topic a write goes to, after checking the partition exists (one fresh
         read before :class:`UnknownPartition`: the count may have grown)."""
         record = self.require(topic, create_partitions)
-        if record is not None and partition >= record.partitions:
+        if partition >= record.partitions:
             record = self.require(topic, create_partitions, fresh=True)
-            if record is not None and partition >= record.partitions:
+            if partition >= record.partitions:
                 raise UnknownPartition(topic, partition, record.partitions)
         return record
+
+    def keys(self, topic: str, partition: int, fresh: bool = False) -> PartitionKeys:
+        """The keys of ``topic[partition]`` in the topic's current incarnation, as the cached
+        record names it (``fresh``: read again first). Raises :class:`TopicNotFound`. For a
+        reader: nothing is created and the count is not checked (an absent partition reads as
+        not initialized)."""
+        record = self.get(topic, fresh)
+        if record is None:
+            raise TopicNotFound(topic)
+        return PartitionKeys(self.config.root_prefix, TopicPartition(topic, partition), record.topic_id)
 
     def compression(self, topic: str) -> str:
         """The compression of new bodies of ``topic`` (its record's, else the config's)."""

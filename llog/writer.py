@@ -11,6 +11,8 @@ live in :mod:`llog.control`, shared with everyone who finishes another's append.
 from __future__ import annotations
 
 import logging
+import os
+import socket
 import threading
 import uuid
 from collections.abc import Callable, Sequence
@@ -21,19 +23,49 @@ import pyarrow as pa
 from llog import failpoints
 from llog.clients import ClientUser
 from llog.clock import SYSTEM, Clock
-from llog.codec import Records, concat_records, encode_body, pack_shared, record_count, to_records
+from llog.codec import (
+    Records,
+    concat_records,
+    encode_body,
+    pack_shared,
+    record_count,
+    to_records,
+)
 from llog.config import Config
 from llog.control import (
-    ControlState, backoff, clear, finish_pending, initialize_partition, materialize, read_controls, reserve, tripwire,
+    ControlState,
+    backoff,
+    clear,
+    finish_pending,
+    initialize_partition,
+    materialize,
+    read_controls,
+    reserve,
+    tripwire,
 )
 from llog.coordination import Coordination
 from llog.errors import (
-    AppendFailed, AppendOutcomeUnknown, EmptyAppend, LlogError, LogFenced, MaxRetriesExceeded,
-    PartitionNotInitialized, StaleBlob, TopicNotFound, TopicRecreated, UnknownPartition, VersionConflict,
+    AppendFailed,
+    AppendOutcomeUnknown,
+    EmptyAppend,
+    LlogError,
+    LogFenced,
+    MaxRetriesExceeded,
+    StaleBlob,
+    TopicRecreated,
+    UnknownPartition,
+    VersionConflict,
 )
 from llog.keys import PartitionKeys, TopicPartition, shared_wal_object
 from llog.objects import ObjectStore
-from llog.records import BYTES_BATCH_V1, WAL, ControlRecord, IndexEntry, PendingAppend, SinkProgress
+from llog.records import (
+    BYTES_BATCH_V1,
+    WAL,
+    ControlRecord,
+    IndexEntry,
+    PendingAppend,
+    SinkProgress,
+)
 from llog.topics import TopicCache
 
 log = logging.getLogger(__name__)
@@ -71,6 +103,12 @@ class AppendResult:
     @property
     def count(self) -> int:
         return self.end_offset - self.start_offset + 1
+
+    @property
+    def topic_id(self) -> str:
+        """The topic incarnation the records landed in (its id is a segment of every index key:
+        ``R/{topic}/{topic_id}/partitions/{p}/index/{e}``, PROTOCOL.md section 12)."""
+        return self.index_key.rsplit("/", 5)[1]
 
 
 @dataclass(frozen=True)
@@ -206,16 +244,17 @@ class LogWriter(ClientUser):
         #: The compression of every body this writer writes; None: each topic's ``compression.type``.
         self.compression = compression
         self.topics = TopicCache(self.coordination, self.config, self.clock, auto_create=auto_initialize)
+        #: How this writer names itself in the deployment record and its errors.
+        self._who = f"writer on {config.client_identifier or socket.gethostname()} (pid {os.getpid()})"
         #: By control key, the controls this writer's last clears wrote (:meth:`_remember`).
         self._known: dict[str, ControlState] = {}
         self._known_lock = threading.Lock()
 
     def initialize_partition(self, topic: str, partition: int) -> bool:
-        """Section 4.1 (with the topic record's ``topic_id`` when the topic has one). Returns
-        True if this call created the partition."""
-        record = self.topics.get(topic, fresh=True)
-        return initialize_partition(self.coordination, self.keys(topic, partition),
-                                    record.topic_id if record is not None else None)
+        """Section 4.1 in the topic's current incarnation (created first if this writer
+        auto-initializes). Returns True if this call created the partition."""
+        self.topics.check(topic, partition)
+        return initialize_partition(self.coordination, self.keys(topic, partition, fresh=True))
 
     def check_partitions(self, partitions: Sequence[TopicPartition]) -> dict[TopicPartition, LlogError]:
         """docs/topics.md section 2: each partition's topic exists (created first if this writer
@@ -258,6 +297,7 @@ class LogWriter(ClientUser):
         still raised here. Its exceptions are logged, never raised.
         """
         merged = _merge(groups, "append_shared", self.config.max_record_bytes)
+        self.check_deployment(self._who)
         refused = self.check_partitions(list(merged))
         if refused:
             merged = {tp: parts for tp, parts in merged.items() if tp not in refused}
@@ -290,6 +330,7 @@ class LogWriter(ClientUser):
         """Section 4.2 only: encode the groups and PUT them as one shared WAL blob. Nothing is
         written to Oxia; until :meth:`commit_staged` commits the slices, the blob is garbage.
         Groups of one topic-partition become one body, in the order given."""
+        self.check_deployment(self._who)
         return _stage(self.objects, self.config, _merge(groups, "upload", self.config.max_record_bytes), self.clock,
                       self._compression())
 
@@ -309,6 +350,7 @@ class LogWriter(ClientUser):
         """
         if not staged:
             return []
+        self.check_deployment(self._who)
         now = self.clock.now_ms()
         stale = [s for s in staged if now - s.created_at_ms > self.config.gc_grace_ms // 2]
         if stale:
@@ -323,10 +365,12 @@ class LogWriter(ClientUser):
             by_partition.setdefault(TopicPartition(s.topic, s.partition), []).append(i)
         results: list[AppendResult | None] = [None] * len(staged)
         errors: dict[tuple[str, int], BaseException] = {}
+        # Every slice of a partition goes to one incarnation: the one checked above.
+        keys = {tp: self.keys(tp.topic, tp.partition) for tp in by_partition}
         for n in range(max(len(ix) for ix in by_partition.values())):
             round_ = [(tp, ix[n]) for tp, ix in by_partition.items()
                       if n < len(ix) and (tp.topic, tp.partition) not in errors]
-            slots = [_Slot(self.keys(tp.topic, tp.partition), staged[i], sink and (sink, n)) for tp, i in round_]
+            slots = [_Slot(keys[tp], staged[i], sink and (sink, n)) for tp, i in round_]
             for (tp, i), outcome in zip(round_, self._commit(slots) if slots else []):
                 if isinstance(outcome, BaseException):
                     errors[(tp.topic, tp.partition)] = outcome
@@ -449,10 +493,13 @@ class LogWriter(ClientUser):
             slot = slots[i]
             try:
                 if state is None:
-                    self._initialize(slot.keys)
+                    self._initialize(slot)
                     again.append(i)
                     continue
-                self._check_topic_id(slot.keys, state.record)
+                if state.record.deleted:
+                    self._follow(slot)
+                    again.append(i)
+                    continue
                 pending = state.record.pending
                 if pending is not None and pending.append_id == slot.append_id:
                     reserved.append((i, state))  # a CAS that failed in transit had landed
@@ -502,34 +549,38 @@ class LogWriter(ClientUser):
             return again, stale
         return again, False
 
-    def _initialize(self, keys: PartitionKeys) -> None:
-        """A partition with no ``meta/control``: initialize it when its topic's record (read
-        fresh: the topic may have been deleted) has it, or, for a topic without a record, when
-        this writer auto-initializes (docs/topics.md section 2)."""
-        tp = keys.tp
+    def _initialize(self, slot: _Slot) -> None:
+        """A partition with no ``meta/control``: initialize it when its topic's record, read
+        fresh, is still of the slot's incarnation and has it (docs/topics.md section 2); when the
+        record names another incarnation, move the slot there (:meth:`_follow`)."""
+        tp = slot.keys.tp
         record = self.topics.require(tp.topic, fresh=True)
-        if record is None:
-            if not self.auto_initialize:
-                raise PartitionNotInitialized(tp.topic, tp.partition)
-            raise TopicNotFound(tp.topic, "it has no topic record and LLOG_AUTO_CREATE_TOPICS is false")
+        if record.topic_id != slot.keys.topic_id:
+            self._follow(slot)
+            return
         if tp.partition >= record.partitions:
             raise UnknownPartition(tp.topic, tp.partition, record.partitions)
-        initialize_partition(self.coordination, keys, record.topic_id)
+        initialize_partition(self.coordination, slot.keys)
 
-    def _check_topic_id(self, keys: PartitionKeys, control: ControlRecord) -> None:
-        """A partition initialized by another topic of this name than the one this writer knows:
-        read the record again (the topic may have been re-created); still another, refuse."""
-        if control.topic_id is None:
-            return  # initialized before topic records existed
-        record = self.topics.get(keys.tp.topic)
-        if record is not None and record.topic_id == control.topic_id:
-            return
-        record = self.topics.get(keys.tp.topic, fresh=True)
-        if record is None or record.topic_id != control.topic_id:
-            raise TopicRecreated(
-                f"{keys.tp} belongs to topic id {control.topic_id}, but topic {keys.tp.topic!r} is "
-                + ("gone (deleted)" if record is None else f"now id {record.topic_id}")
-                + ": it was deleted (and maybe created again) while this append ran; nothing was reserved")
+    def _follow(self, slot: _Slot) -> None:
+        """The slot's topic incarnation was deleted (its ``meta/control`` is a tombstone, or the
+        record names another id; PROTOCOL.md section 12) before any reservation of the slot
+        landed there that could still be read: move the slot to the topic's current incarnation,
+        as a Kafka producer goes on writing to a topic created again under the same name. Raises
+        :class:`TopicNotFound` or :class:`TopicBeingDeleted` when there is none yet (a writer that
+        auto-initializes creates it), :class:`UnknownPartition` when it has fewer partitions."""
+        tp = slot.keys.tp
+        record = self.topics.require(tp.topic, fresh=True)
+        if record.topic_id == slot.keys.topic_id:  # not deleted after all: the record and control disagree
+            raise TopicRecreated(f"{tp}: meta/control of topic id {record.topic_id} is a tombstone, but the topic "
+                                 f"record names that id as live; nothing was reserved")
+        if tp.partition >= record.partitions:
+            raise UnknownPartition(tp.topic, tp.partition, record.partitions)
+        log.info("%s: topic id %s was deleted; appending to the topic's current id %s", tp, slot.keys.topic_id,
+                 record.topic_id)
+        slot.keys = PartitionKeys(slot.keys.root, tp, record.topic_id)
+        slot.proposed.clear()  # attempts at the deleted incarnation say nothing about this one
+        slot.in_doubt = False
 
     def _reservation(self, slot: _Slot, control: ControlRecord) -> ControlRecord | None:
         """The control a reserving CAS writes for ``slot`` (section 4.3, with the sink's progress,

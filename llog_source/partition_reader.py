@@ -15,7 +15,7 @@ import numpy as np
 import pyarrow as pa
 
 from llog.config import Config
-from llog.errors import ObjectNotFound, OffsetOutOfRange, PartitionNotInitialized, TopicRecreated
+from llog.errors import ObjectNotFound, OffsetOutOfRange, PartitionNotInitialized, TopicNotFound, TopicRecreated
 from llog.process_clients import log_reader
 from llog.reader import STREAM_CHUNK_BYTES, ReadRequest
 from llog_source.planning import LlogSplit, data_loss, removed_by_retention
@@ -44,6 +44,10 @@ def read_split(split: LlogSplit, config: Config, fail_on_data_loss: bool, includ
         data_loss(fail_on_data_loss, f"offsets {first}..{last} of {where}: {error}", "skipping them")
 
     position, end = split.start, split.end  # the next offset to return, the last one
+    if split.topic_id is not None and not _same_incarnation(reader, split):
+        data_loss(fail_on_data_loss, f"topic {split.topic!r} was deleted and created again since offsets "
+                                     f"{position}..{end} of {where} were planned", "skipping them")
+        return
     while position <= end:
         try:
             for batch in reader.stream_batches(ReadRequest(split.topic, split.partition, position, end),
@@ -52,7 +56,7 @@ def read_split(split: LlogSplit, config: Config, fail_on_data_loss: bool, includ
                     position = batch.column(0)[batch.num_rows - 1].as_py() + 1
                     yield spark_batch(same, batch, include_headers)
             return
-        except PartitionNotInitialized:
+        except (PartitionNotInitialized, TopicNotFound):
             data_loss(fail_on_data_loss, f"partition {where} no longer exists, so offsets {position}..{end} "
                                          "cannot be read", "skipping them")
             return
@@ -121,3 +125,14 @@ def spark_batch(same: _SameInEveryRow, batch: pa.RecordBatch, include_headers: b
         columns.append(batch.column(4).cast(ARROW_HEADERS_TYPE))
         return pa.RecordBatch.from_arrays(columns, schema=ARROW_SCHEMA_WITH_HEADERS)
     return pa.RecordBatch.from_arrays(columns, schema=ARROW_SCHEMA)
+
+
+def _same_incarnation(reader, split) -> bool:
+    """Whether the topic's current incarnation is the one the split was planned in (section 12):
+    offsets of a deleted incarnation must not be read from a later one."""
+    try:
+        if reader.keys(split.topic, split.partition).topic_id == split.topic_id:
+            return True
+        return reader.keys(split.topic, split.partition, fresh=True).topic_id == split.topic_id
+    except TopicNotFound:
+        return False

@@ -18,7 +18,7 @@ from typing import NamedTuple
 from pyspark.sql.datasource import InputPartition
 
 from llog.coordination import Coordination, Versioned
-from llog.discovery import list_topics, partition_controls
+from llog.discovery import initialized, list_topics, record_keys, topic_records
 from llog.errors import LlogError
 from llog.keys import PartitionKeys, TopicPartition
 from llog.records import ControlRecord
@@ -35,6 +35,8 @@ class LlogSplit(InputPartition):
     partition: int
     start: int
     end: int
+    #: The topic incarnation the offsets were planned in (PROTOCOL.md section 12).
+    topic_id: str | None = None
 
     @property
     def count(self) -> int:
@@ -47,6 +49,8 @@ class PartitionOffsets(NamedTuple):
 
     log_start_offset: int
     high_watermark: int
+    #: The topic incarnation the partition belongs to (PROTOCOL.md section 12).
+    topic_id: str | None = None
 
     @property
     def earliest(self) -> int:
@@ -67,27 +71,27 @@ def partition_offsets(coordination: Coordination, root: str, partitions: Iterabl
     """The log start offset and high watermark of each initialized partition of ``partitions``
     (one without a ``meta/control`` is left out): one multi-key read of every ``meta/control``."""
     partitions = list(partitions)
-    keys = [PartitionKeys(root, tp) for tp in partitions]
-    controls = coordination.get_many([(k.control, k.partition_key) for k in keys])
-    return {tp: _offsets(c) for tp, c in zip(partitions, controls) if c is not None}
+    ids = {r.topic: r.topic_id for r in topic_records(coordination, root, {tp.topic for tp in partitions})}
+    keys = [PartitionKeys(root, tp, ids[tp.topic]) for tp in partitions if tp.topic in ids]
+    return {k.tp: _offsets(k, c) for k, c in initialized(coordination, keys).items()}
 
 
-def _offsets(found: Versioned) -> PartitionOffsets:
+def _offsets(keys: PartitionKeys, found: Versioned) -> PartitionOffsets:
     control = ControlRecord.from_json(found.value, found.key)
-    return PartitionOffsets(control.log_start_offset, control.high_watermark)
+    return PartitionOffsets(control.log_start_offset, control.high_watermark, keys.topic_id)
 
 
 def subscription_offsets(coordination: Coordination, root: str, subscription: Subscription
                          ) -> dict[TopicPartition, PartitionOffsets]:
-    """The initialized partitions the subscription covers now, with their offsets: one skip
-    scan per topic (two per pattern) that reads their ``meta/control`` records at its end, or
-    (``assign``) :func:`partition_offsets`."""
+    """The initialized partitions the subscription covers now, with their offsets: the topic
+    records (one range scan for a pattern), then one multi-key read of their ``meta/control``
+    records, or (``assign``) :func:`partition_offsets`."""
     if subscription.assigned:
         return partition_offsets(coordination, root, subscription.assigned)
     topics = ([t for t in list_topics(coordination, root) if subscription.matches(t)]
               if subscription.pattern is not None else subscription.topics)
-    return {TopicPartition(t, p): _offsets(c)
-            for t in topics for p, c in partition_controls(coordination, root, t).items()}
+    keys = [k for record in topic_records(coordination, root, topics) for k in record_keys(root, record)]
+    return {k.tp: _offsets(k, c) for k, c in sorted(initialized(coordination, keys).items(), key=lambda kc: kc[0].tp)}
 
 
 def check_subscription(subscription: Subscription, found: Found) -> None:
@@ -217,14 +221,18 @@ def plan_splits(coordination: Coordination, root: str, start: Positions, end: Po
     if min_partitions and len(ranges) < min_partitions and total:
         share = min(share, max(1, math.ceil(total / min_partitions)))
     splits = []
+    ids = {r.topic: r.topic_id for r in topic_records(coordination, root, {tp.topic for tp, _, _ in ranges})} \
+        if ranges else {}
     for tp, first, last in ranges:
-        if last - first + 1 <= share:
-            splits.append(LlogSplit(tp.topic, tp.partition, first, last))
+        topic_id = ids.get(tp.topic)
+        if last - first + 1 <= share or topic_id is None:  # no record: the read says the topic is gone
+            splits.append(LlogSplit(tp.topic, tp.partition, first, last, topic_id))
             continue
-        keys = PartitionKeys(root, tp)
+        keys = PartitionKeys(root, tp, topic_id)
         ends = [keys.index_end_offset(v.key)
                 for v in coordination.range_scan(keys.index(first), keys.index(last), keys.partition_key)]
-        splits += [LlogSplit(tp.topic, tp.partition, lo, hi) for lo, hi in cut(first, last, ends + [last], share)]
+        splits += [LlogSplit(tp.topic, tp.partition, lo, hi, topic_id)
+                   for lo, hi in cut(first, last, ends + [last], share)]
     return splits
 
 

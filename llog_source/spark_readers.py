@@ -60,7 +60,10 @@ class _Planner:
     def found(self) -> dict[TopicPartition, PartitionOffsets]:
         """The subscription's partitions and their log start offsets and high watermarks, now."""
         config = self.options.config
-        return subscription_offsets(coordination(config), config.root_prefix, self.options.subscription)
+        found = subscription_offsets(coordination(config), config.root_prefix, self.options.subscription)
+        # Group commits go to the incarnation the offsets were planned in (PROTOCOL.md section 12).
+        self._topic_ids = {**getattr(self, "_topic_ids", {}), **{tp.topic: o.topic_id for tp, o in found.items()}}
+        return found
 
     def log_starts(self, partitions: list[TopicPartition]) -> dict[TopicPartition, int]:
         """The log start offsets of ``partitions`` now (earliest; 1 for one that no longer exists)."""
@@ -179,7 +182,7 @@ class LlogStreamReader(_Planner, DataSourceStreamReader, *_AVAILABLE_NOW):
         if group is None or not changed:
             return
         config = self.options.config
-        commit_offsets(coordination(config), config.root_prefix, group, changed)
+        commit_offsets(coordination(config), config.root_prefix, group, changed, getattr(self, "_topic_ids", None))
         self._committed.update(changed)
 
 
