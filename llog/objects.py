@@ -24,6 +24,7 @@ error mapping. A GET URL refused (403, say an expired session token) is signed a
 from __future__ import annotations
 
 import collections
+import email.utils
 import logging
 import threading
 import time
@@ -34,7 +35,12 @@ from typing import TypeVar
 
 import botocore.exceptions
 import urllib3
-from tenacity import Retrying, retry_if_exception, stop_after_attempt, wait_exponential_jitter
+from tenacity import (
+    Retrying,
+    retry_if_exception,
+    stop_after_attempt,
+    wait_exponential_jitter,
+)
 
 from llog.config import Config
 from llog.errors import ObjectNotFound, StorageError
@@ -283,6 +289,16 @@ class ObjectStore:
             if not page.get("IsTruncated"):
                 return
             request["ContinuationToken"] = page["NextContinuationToken"]
+
+    def server_time_ms(self, clock) -> tuple[int, int, int]:
+        """The S3 server's time (its ``Date`` header on a HEAD of the bucket, whole seconds), and
+        ``clock``'s before and after the request, all in ms since the epoch."""
+        bucket = self.config.require("s3_bucket").s3_bucket
+        started = clock.now_ms()
+        response = self._call("head", bucket, lambda: self._s3.head_bucket(Bucket=bucket))
+        ended = clock.now_ms()
+        date = response["ResponseMetadata"]["HTTPHeaders"]["date"]
+        return int(email.utils.parsedate_to_datetime(date).timestamp() * 1000), started, ended
 
     def close(self) -> None:
         self._http.clear()

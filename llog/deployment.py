@@ -1,0 +1,105 @@
+"""One grace period ``G`` per deployment, and clocks that agree with it (PROTOCOL.md section 9).
+
+Every timing rule of the protocol is a fraction of ``G`` (``LLOG_GC_GRACE_MS``): writers refuse
+blobs older than ``G/2``, materializers stop after ``G/4``, compaction and retention leave
+entries younger than ``G`` alone, GC deletes only blobs older than ``G``. Those rules protect one
+another only if every process under a root prefix uses the same ``G``: a sink started with an hour
+beside a GC of ten minutes would reference blobs the GC may already have deleted. So the first
+process that writes, compacts or collects under a root prefix records its ``G`` in
+``R/deployment`` (created only if absent), and every later one compares its own with it and
+refuses to run with another, naming both.
+
+The rules also compare times taken on different machines, and the blob ages GC judges come from
+the S3 server's clock (an object's ``Last-Modified``). A process whose clock is more than
+:data:`MAX_SKEW_FRACTION` of ``G`` away from the S3 server's ``Date`` is refused (writers,
+compactors, GC) or warned about (readers).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from dataclasses import dataclass
+
+from llog.clock import SYSTEM, Clock
+from llog.config import Config
+from llog.coordination import EXPECTED_ABSENT, Coordination
+from llog.errors import ClockSkew, GraceMismatch, VersionConflict
+from llog.keys import TOPICS_PARTITION_KEY
+
+log = logging.getLogger(__name__)
+
+#: How far a process's clock may be from the S3 server's, as a fraction of ``G`` (30 s of the
+#: default 10 minutes): well inside the margins the timing rules leave (``G/4`` and more).
+MAX_SKEW_FRACTION = 0.05
+
+
+def deployment_key(root: str) -> str:
+    """``R/deployment``: the deployment record, on the topic records' shard."""
+    return f"{root}/deployment"
+
+
+@dataclass(frozen=True)
+class Deployment:
+    gc_grace_ms: int
+    created_at_ms: int
+    created_by: str
+
+
+def agree_on_grace(coordination: Coordination, config: Config, clock: Clock, who: str) -> Deployment:
+    """Record this process's ``G`` under the root prefix if none is recorded yet; otherwise
+    raise :class:`GraceMismatch` unless it equals the recorded one. ``who`` names the process
+    in the record and in errors."""
+    key, pk = deployment_key(config.root_prefix), TOPICS_PARTITION_KEY
+    for _ in range(2):
+        found = coordination.get(key, pk)
+        if found is not None:
+            raw = json.loads(found.value)
+            recorded = Deployment(int(raw["gc_grace_ms"]), int(raw.get("created_at_ms", 0)),
+                                  str(raw.get("created_by", "?")))
+            if recorded.gc_grace_ms != config.gc_grace_ms:
+                raise GraceMismatch(
+                    f"{who} runs with LLOG_GC_GRACE_MS={config.gc_grace_ms}, but root prefix {config.root_prefix!r} "
+                    f"was set up with {recorded.gc_grace_ms} (by {recorded.created_by}): every writer, compactor, "
+                    f"retention pass, GC and sink under one root prefix must use the same grace period, or blobs "
+                    f"one of them still references may be deleted by another")
+            return recorded
+        mine = Deployment(config.gc_grace_ms, clock.now_ms(), who)
+        try:
+            coordination.put(key, json.dumps(mine.__dict__).encode(), pk, EXPECTED_ABSENT)
+            log.info("root prefix %r: recorded LLOG_GC_GRACE_MS=%d", config.root_prefix, config.gc_grace_ms)
+            return mine
+        except VersionConflict:
+            continue  # another process recorded one first (or our attempt landed): compare with it
+    raise AssertionError("unreachable: the record exists after a conflict")
+
+
+def clock_skew_ms(objects, clock: Clock) -> int:
+    """This clock minus the S3 server's (its ``Date`` header, to the second, taken halfway
+    through the request), in ms."""
+    server_ms, started_ms, ended_ms = objects.server_time_ms(clock)
+    return (started_ms + ended_ms) // 2 - server_ms
+
+
+def check_clock(objects, config: Config, clock: Clock, refuse: bool = True) -> int:
+    """:class:`ClockSkew` (``refuse``) or a warning when this clock is more than
+    :data:`MAX_SKEW_FRACTION` of ``G`` away from the S3 server's; returns the skew in ms. The
+    server's ``Date`` has whole seconds, so up to a second of skew is not seen."""
+    skew = clock_skew_ms(objects, clock)
+    allowed = int(config.gc_grace_ms * MAX_SKEW_FRACTION)
+    if abs(skew) > max(allowed, 1000):
+        message = (f"this machine's clock is {skew / 1000:+.1f} s off the S3 server's; at most {allowed / 1000:.1f} s "
+                   f"({MAX_SKEW_FRACTION:.0%} of LLOG_GC_GRACE_MS={config.gc_grace_ms}) is allowed: the protocol's "
+                   f"timing rules compare blob ages across machines (synchronize the clock, e.g. with NTP)")
+        if refuse:
+            raise ClockSkew(message)
+        log.warning("%s", message)
+    return skew
+
+
+def check_deployment(coordination: Coordination, objects, config: Config, clock: Clock, who: str) -> None:
+    """What a process that writes, compacts or collects checks once before it first does: one
+    ``G`` (:func:`agree_on_grace`) and the machine's clock close to the S3 server's
+    (:func:`check_clock`; the machine's, not ``clock``, which tests shift to make time pass)."""
+    agree_on_grace(coordination, config, clock, who)
+    check_clock(objects, config, SYSTEM)
