@@ -29,7 +29,7 @@ setup(
         "betterproto2-compiler==0.9.0",
         "xxhash<4",
         # The HTTP broker (broker_lite): a bare ASGI app on uvicorn with uvloop and httptools,
-        # bodies decoded and encoded by msgspec (shared/research/broker/recommendation.md).
+        # bodies decoded and encoded by msgspec.
         "uvicorn==0.54.0",
         "uvloop>=0.21",
         "httptools>=0.6",

@@ -343,7 +343,7 @@ def run(config: Config) -> dict:
              f"records of {sizes.record_bytes} B ({record_bytes / 1e6:.0f} MB of records per round), "
              f"{sizes.threads} threads, {sizes.rounds} rounds")
 
-    # The compactors' clock runs past the compaction lag G (PROTOCOL.md v1.1 section 6.1: only
+    # The compactors' clock runs past the compaction lag G (docs/protocol.md section 6.1: only
     # entries older than G are compacted), so the data each round has just written is compacted
     # at once. Their own age checks of the blob they write read the same clock: unaffected.
     lagged = ShiftedClock(config.gc_grace_ms / 1000 + 60)

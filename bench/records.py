@@ -1,4 +1,4 @@
-"""``python -m bench records``: what records-v2 (docs/records-v2.md) costs and saves, beside
+"""``python -m bench records``: what records-v2 (docs/protocol.md section 11) costs and saves, beside
 bytes-batch-v1, in one run.
 
 Core (no Spark). Two workloads, each 8 partitions x 10,000 records per ``append_shared`` (the

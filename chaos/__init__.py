@@ -10,7 +10,7 @@ each append it was acknowledged, after the acknowledgement.
 At the end it finishes what a killed writer left pending, runs a last GC pass (it must
 succeed), reads every partition back and checks that every acknowledged record is at its
 offset with its bytes (``lost``), that no record is in the log twice (``duplicated``), and the
-invariants of PROTOCOL.md section 8 (``invariant_violations``, with what the readers and GC
+invariants of docs/protocol.md section 8 (``invariant_violations``, with what the readers and GC
 saw during the run). One JSON line on stdout; exit 0 only if all three are zero.
 
 A failure replays with the seed it printed: ``python -m chaos --seed N`` (the timing of the

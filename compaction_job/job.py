@@ -1,5 +1,5 @@
-"""The compaction job: apply retention and compact partitions (docs/topics.md section 3,
-PROTOCOL.md section 6), then collect the blobs nothing references any more (section 9), as one
+"""The compaction job: apply retention and compact partitions (docs/protocol.md section 10.3,
+docs/protocol.md section 6), then collect the blobs nothing references any more (section 9), as one
 Spark job. Meant to run on a schedule (every 5 minutes in ``databricks.yml``).
 
 The driver discovers the partitions (every one, or those of ``--topics`` / ``--topic-pattern``),
@@ -71,7 +71,7 @@ class JobOptions:
     #: Seconds from the job's start after which no partition starts another compaction.
     max_runtime_s: float | None = None
     gc: bool = True
-    #: Run each compacted partition's retention pass first (docs/topics.md section 3).
+    #: Run each compacted partition's retention pass first (docs/protocol.md section 10.3).
     retention: bool = True
     #: GC grace period; None: the config's ``gc_grace_ms`` (never less).
     grace_ms: int | None = None

@@ -59,7 +59,7 @@ def main(argv: list[str] | None = None) -> int:
 
     started = time.perf_counter()
     with LogWriter(config, auto_initialize=True) as writer, LogReader(config) as reader:
-        for t in topics:  # as `llog topics create T --partitions N --if-not-exists` (docs/topics.md)
+        for t in topics:  # as `llog topics create T --partitions N --if-not-exists` (docs/protocol.md section 10)
             create_topic(writer.coordination, config.root_prefix, t, args.partitions, if_not_exists=True)
         first_hw = {(t, p): reader.high_watermark(t, p) if _initialized(reader, t, p) else 0
                     for t in topics for p in range(args.partitions)}

@@ -1,4 +1,4 @@
-"""llog: the Leaderless Log Protocol on Oxia and S3 (see PROTOCOL.md).
+"""llog: the Leaderless Log Protocol on Oxia and S3 (see docs/protocol.md).
 
 The protocol core shared by the Spark sink and source, the compaction job and the broker.
 It never imports Spark.

@@ -290,7 +290,7 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True)
     local_stack.add_stack_command(sub)
 
-    topics = sub.add_parser("topics", help="create, list, describe, alter and delete topics (docs/topics.md)"
+    topics = sub.add_parser("topics", help="create, list, describe, alter and delete topics (docs/protocol.md section 10)"
                             ).add_subparsers(dest="topics_command", required=True)
     p = topics.add_parser("create", help="create a topic (its record and partitions)")
     p.add_argument("topic")

@@ -1,4 +1,4 @@
-"""The clock every time check reads (PROTOCOL.md sections 4.3, 4.4, 6.1, 6.3, 8, 9).
+"""The clock every time check reads (docs/protocol.md sections 4.3, 4.4, 6.1, 6.3, 8, 9).
 
 Each component that checks a time (a writer's blob age before a reserving CAS, a
 materializer's budget ``D`` before an index create, the compactor's lag ``G`` and its blob age,

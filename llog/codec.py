@@ -1,4 +1,4 @@
-"""Record bodies and the LLS1 shared WAL blob (PROTOCOL.md section 3, docs/records-v2.md).
+"""Record bodies and the LLS1 shared WAL blob (docs/protocol.md section 3, docs/protocol.md section 11).
 
 A bytes-batch-v1 body is an Arrow ``binary`` array laid out flat: its offsets buffer, then its
 values buffer, behind a 12-byte header (magic, count, CRC-32 of the rest). Encoding reuses the
@@ -48,7 +48,7 @@ _COMPRESSION_NAMES = {code: name for name, code in COMPRESSION_CODES.items()}
 _ARROW_CODECS = {"none": None, "lz4": "lz4", "zstd": "zstd"}
 #: One header: a UTF-8 key (never null) and a value (null allowed).
 HEADERS_TYPE = pa.list_(pa.struct([pa.field("key", pa.string()), pa.field("value", pa.binary())]))
-#: The columns of a records-v2 body, in order (docs/records-v2.md section 3).
+#: The columns of a records-v2 body, in order (docs/protocol.md section 11.3).
 V2_SCHEMA = pa.schema([
     pa.field("key", pa.binary()),
     pa.field("value", pa.binary()),
@@ -111,7 +111,7 @@ def to_records(values: object, keys: object = None, headers: object = None, time
                what: str = "records", max_record_bytes: int | None = None) -> Records:
     """Check one group's records and put them in the form the codec takes: a ``binary`` array of
     values when every record is a non-null value alone (bytes-batch-v1 holds it), else a batch of
-    :data:`V2_SCHEMA` (docs/records-v2.md).
+    :data:`V2_SCHEMA` (docs/protocol.md section 11).
 
     ``values``: bytes (``None``: a tombstone). ``keys``: bytes or ``str`` (UTF-8), ``None`` for
     no key. ``headers``: per record ``None`` or a list of ``(key, value)`` pairs (key ``str`` or
@@ -429,7 +429,7 @@ def decode_batch(body: bytes | memoryview, expected_count: int | None = None, wh
 
 def encode_body(records: Records, compression: str = "none") -> EncodedBatch:
     """The body for ``records``: bytes-batch-v1 for values alone without compression,
-    records-v2 otherwise (docs/records-v2.md section 2)."""
+    records-v2 otherwise (docs/protocol.md section 11.2)."""
     if isinstance(records, pa.Array) and compression == "none":
         return encode_batch(records)
     return encode_records_v2(as_v2(records), compression)
@@ -455,7 +455,7 @@ def _options(compression: str, columns: int) -> tuple[ipc.IpcWriteOptions, int]:
 
 
 def encode_records_v2(batch: pa.RecordBatch, compression: str = "none") -> EncodedBatch:
-    """Encode a batch of :data:`V2_SCHEMA` as a records-v2 body (docs/records-v2.md section 3):
+    """Encode a batch of :data:`V2_SCHEMA` as a records-v2 body (docs/protocol.md section 11.3):
     the value column and every other column that is not null in every record; Arrow writes a
     stream of them, and the body keeps the stream's record batch message only."""
     n = batch.num_rows
@@ -484,7 +484,7 @@ def body_compression(body: bytes | memoryview) -> str:
 def decode_records_v2(body: bytes | memoryview, expected_count: int | None = None, where: str = "batch"
                       ) -> pa.RecordBatch:
     """Decode a whole records-v2 body into a batch of :data:`V2_SCHEMA` over the body's bytes
-    (uncompressed buffers are not copied). Checks everything docs/records-v2.md section 3 lists."""
+    (uncompressed buffers are not copied). Checks everything docs/protocol.md section 11.3 lists."""
     view = memoryview(body).cast("B")
     if len(view) < V2_HEADER_SIZE:
         raise CorruptBatch(f"{where}: {len(view)} bytes is too short for a records-v2 header")

@@ -1,4 +1,4 @@
-"""Compaction (PROTOCOL.md v1.1 section 6): rewrite a run of WAL entries of one partition as one
+"""Compaction (docs/protocol.md section 6): rewrite a run of WAL entries of one partition as one
 compacted blob, one bytes-batch-v1 body, and swap the index over to it without a moment in which
 any offset is unreadable.
 
@@ -30,7 +30,7 @@ Every step is idempotent and checks what the previous one left, so any compactor
 record. The records of a compacted run keep their bytes, offsets, keys, headers and event times;
 their ``created_at_ms`` becomes the newest of the run's entries (a compacted body has one). The
 body is bytes-batch-v1 when every entry is and the topic is uncompressed, records-v2 otherwise
-(docs/records-v2.md section 4).
+(docs/protocol.md section 11.4).
 """
 
 from __future__ import annotations
@@ -90,7 +90,7 @@ class PartitionCompaction:
     bytes: int = 0
     source_gets: int = 0
     source_entries: int = 0
-    #: Retention (docs/topics.md section 3): the log start offset after this run, and the
+    #: Retention (docs/protocol.md section 10.3): the log start offset after this run, and the
     #: offsets, index entries and bytes it dropped.
     log_start_offset: int = 1
     retention_records: int = 0
@@ -124,7 +124,7 @@ class Compactor(ClientUser):
                           retention: bool = False, progress: TaskFactory = silent,
                           topic_id: str | None = None) -> PartitionCompaction:
         """Claim the partition, recover, with ``retention`` run a retention pass
-        (docs/topics.md section 3), compact until nothing is left or ``time.monotonic()``
+        (docs/protocol.md section 10.3), compact until nothing is left or ``time.monotonic()``
         passes ``deadline``, release the claim. ``progress`` (:mod:`llog.progress`; ``llog
         compact`` passes :func:`llog.progress.task`) counts the records compacted. ``topic_id``:
         the incarnation to compact (default: the topic's current one)."""

@@ -85,7 +85,7 @@ AWS_FALLBACKS: dict[str, tuple[str, ...]] = {
     "s3_session_token": ("AWS_SESSION_TOKEN",),
 }
 
-#: Compressions of record bodies (docs/records-v2.md), Kafka's ``compression.type`` values.
+#: Compressions of record bodies (docs/protocol.md section 11), Kafka's ``compression.type`` values.
 COMPRESSION_TYPES = ("none", "lz4", "zstd")
 #: Per-topic settings ``LLOG_TOPIC_CONFIG`` may hold, by Kafka's name, and their values.
 TOPIC_SETTINGS: dict[str, tuple[str, ...]] = {"compression.type": COMPRESSION_TYPES}
@@ -187,21 +187,21 @@ class Config:
     tail_cache_dir: str | None = None
     #: Attempts of one CAS loop on a contended ``meta/control`` before giving up.
     cas_max_attempts: int = 64
-    #: WAL blobs unreferenced and older than this may be garbage collected (PROTOCOL.md section
+    #: WAL blobs unreferenced and older than this may be garbage collected (docs/protocol.md section
     #: 9); so nothing commits a reference to a blob older than half of it.
     gc_grace_ms: int = 600_000  # 10 minutes
-    #: A sink's exactly-once progress in ``meta/control`` (PROTOCOL.md section 9) is dropped when
+    #: A sink's exactly-once progress in ``meta/control`` (docs/protocol.md section 9) is dropped when
     #: it has not committed to that partition for this long (Kafka's
     #: ``transactional.id.expiration.ms``), so ``sinks`` does not grow with every query ever run.
     sink_progress_retention_ms: int = 7 * 24 * 3600 * 1000  # 7 days
     #: Writers refuse a record (key, value and headers) larger than this, before any I/O
     #: (Kafka's ``max.message.bytes``).
     max_record_bytes: int = 1 << 20
-    #: Compression of record bodies (docs/records-v2.md): ``none`` (value-only records stay
+    #: Compression of record bodies (docs/protocol.md section 11): ``none`` (value-only records stay
     #: bytes-batch-v1, the fastest path), ``zstd`` or ``lz4``; Kafka's ``compression.type``.
     compression_type: str = "none"
     #: Settings per topic, as JSON ``{"topic": {"compression.type": "zstd"}}`` (Kafka's names);
-    #: a topic's setting wins over the one above, and its topic record's (docs/topics.md) over both.
+    #: a topic's setting wins over the one above, and its topic record's (docs/protocol.md section 10) over both.
     topic_config: str | None = None
     #: Writers (the sink, the broker) create a topic that has no record on first use, with
     #: ``default_partitions`` partitions (Kafka's ``auto.create.topics.enable``, ``num.partitions``).

@@ -1,4 +1,4 @@
-"""Consumer groups (PROTOCOL.md section 9): per partition, the next offset a group will read,
+"""Consumer groups (docs/protocol.md section 9): per partition, the next offset a group will read,
 committed in Oxia at ``P/consumers/{group}``, so lag is visible outside the consuming job.
 
 Commits are CAS on the version read and only move forward: a late commit (a straggling driver
@@ -39,7 +39,7 @@ def incarnation_keys(coordination: Coordination, root: str, partitions: Iterable
                      topic_ids: Mapping[str, str] | None = None) -> dict[TopicPartition, PartitionKeys]:
     """The keys of each partition in the incarnation ``topic_ids`` names for its topic, else in
     the topic's current one (its record, read now: :class:`TopicNotFound` without one). Offsets
-    belong to the incarnation they were read from (PROTOCOL.md section 12): a commit on behalf of
+    belong to the incarnation they were read from (docs/protocol.md section 12): a commit on behalf of
     a deleted incarnation lands among its keys, never in a later topic of the same name."""
     partitions = list(partitions)
     ids = dict(topic_ids or {})
@@ -67,7 +67,7 @@ def commit_offsets(coordination: Coordination, root: str, group: str, offsets: M
 def reset_offsets(coordination: Coordination, root: str, group: str, to: str,
                   topics: Iterable[str] | None = None, dry_run: bool = False) -> dict[TopicPartition, int]:
     """Move ``group`` to ``to`` (backwards too): ``earliest`` (the log start offset, the first
-    offset retention kept; docs/topics.md section 3), ``latest`` (the log-end offset, high
+    offset retention kept; docs/protocol.md section 10.3), ``latest`` (the log-end offset, high
     watermark + 1: nothing left to read), or JSON ``{"topic": {"partition": offset}}`` with -2
     for earliest and -1 for latest (Kafka's form). Earliest and latest apply to the partitions
     the group has committed (of ``topics``); JSON names its partitions, which must exist.
@@ -198,7 +198,7 @@ class PartitionLag:
     committed_at_ms: int
     high_watermark: int
     #: The partition's log start offset: a committed offset below it points at records
-    #: retention removed (docs/topics.md section 3).
+    #: retention removed (docs/protocol.md section 10.3).
     log_start_offset: int = 1
 
     @property

@@ -1,4 +1,4 @@
-"""``meta/control`` and the three steps that change it for an append (PROTOCOL.md v1.1 section 4):
+"""``meta/control`` and the three steps that change it for an append (docs/protocol.md section 4):
 :func:`reserve` (4.3), :func:`materialize` (4.4) and :func:`clear` (4.5).
 
 Each step is one function, written once and used by every actor that takes it: the writer (for
@@ -217,7 +217,7 @@ def tripwire(coordination: Coordination, created: Sequence[Created]) -> int:
         if cursor is None or CompactionCursor.from_json(cursor.value, cursor.key).offset <= c.end_offset:
             continue
         log.error("%s: index entry %d was created behind the compaction cursor: a write landed later than the "
-                  "timing assumption allows (PROTOCOL.md section 8); deleting it again", c.keys.tp, c.end_offset)
+                  "timing assumption allows (docs/protocol.md section 8); deleting it again", c.keys.tp, c.end_offset)
         try:
             coordination.delete(c.keys.index(c.end_offset), c.keys.partition_key, expected_version=c.version)
             removed += 1

@@ -1,4 +1,4 @@
-"""Oxia access: get, CAS, ceiling get, range scan, delete range, ephemeral claims (PROTOCOL.md
+"""Oxia access: get, CAS, ceiling get, range scan, delete range, ephemeral claims (docs/protocol.md
 section 2), each with a deadline and a bounded retry.
 
 Every request carries a gRPC deadline (``LLOG_OXIA_REQUEST_TIMEOUT_MS``, *T*) added by a channel
@@ -532,7 +532,7 @@ class Coordination:
         """Lowest key >= ``key`` that starts with ``within``; None if there is none.
 
         Oxia's CEILING answers with the next key in the whole keyspace, which may lie past the
-        prefix; that answer means "none" here (PROTOCOL.md section 5.2).
+        prefix; that answer means "none" here (docs/protocol.md section 5.2).
         """
 
         def fn():
@@ -632,7 +632,7 @@ class Coordination:
         Raises :class:`VersionConflict` when the condition fails.
 
         ``guard`` is called immediately before every attempt, retries included, and what it
-        raises is raised unretried: a write guarded by a time check (PROTOCOL.md section 8,
+        raises is raised unretried: a write guarded by a time check (docs/protocol.md section 8,
         timing assumption) re-checks it before each send, so a retry after an outage never
         sends a write whose check has expired."""
         in_transit_failure = False
@@ -703,7 +703,7 @@ class Coordination:
 
         self._call("delete_range", f"{start}..{end}", fn)
 
-    # --- claims (PROTOCOL.md section 6) -------------------------------------------------------
+    # --- claims (docs/protocol.md section 6) -------------------------------------------------------
 
     def claim(self, key: str, value: bytes, partition_key: str) -> int:
         """Create an ephemeral record that must not exist yet; returns its version id.

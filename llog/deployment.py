@@ -1,4 +1,4 @@
-"""One grace period ``G`` per deployment, and clocks that agree with it (PROTOCOL.md section 9).
+"""One grace period ``G`` per deployment, and clocks that agree with it (docs/protocol.md section 9).
 
 Every timing rule of the protocol is a fraction of ``G`` (``LLOG_GC_GRACE_MS``): writers refuse
 blobs older than ``G/2``, materializers stop after ``G/4``, compaction and retention leave

@@ -2,7 +2,7 @@
 straight from Oxia (and one LIST per partition from S3), and what keeping it costs.
 
 Per partition (:func:`describe_partition`): its state, the readable offsets ``log_start_offset``
-(docs/topics.md section 3) to ``high_watermark`` and Kafka's log-end offset (``high_watermark +
+(docs/protocol.md section 10.3) to ``high_watermark`` and Kafka's log-end offset (``high_watermark +
 1``), the index entries, the compaction cursor, the pending append, and the bytes it keeps in
 S3: its share of shared WAL blobs (the ``byte_length`` of its byte-range entries and of the
 pending append) and the compacted objects its index references (one LIST of
@@ -53,7 +53,7 @@ class PartitionDescription:
     #: ``wal_bytes + compacted_bytes``: the bytes of record bodies the partition keeps in S3; None
     #: without an object store (the compacted objects' sizes are then unknown).
     bytes: int | None = None
-    #: The first offset still in the log (docs/topics.md section 3; 1 until retention moves it).
+    #: The first offset still in the log (docs/protocol.md section 10.3; 1 until retention moves it).
     log_start_offset: int = 1
     #: Kafka's log-end offset: the offset the next record gets (``high_watermark + 1``).
     log_end_offset: int = 1
@@ -131,7 +131,7 @@ def describe_topic(coordination: Coordination, root: str, topic: str,
 @dataclass(frozen=True)
 class TopicDescription:
     topic: str
-    #: From the topic record (docs/topics.md section 1); None, None and False without one.
+    #: From the topic record (docs/protocol.md section 10.1); None, None and False without one.
     topic_id: str | None
     state: str | None
     has_record: bool

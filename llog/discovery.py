@@ -1,4 +1,4 @@
-"""Finding topics and their partitions: from the topic records (PROTOCOL.md section 12).
+"""Finding topics and their partitions: from the topic records (docs/protocol.md section 12).
 
 Every partition belongs to one incarnation of a topic, named by its record's ``topic_id``, and
 the partitions of an incarnation are ``0..partitions-1`` of its record. So one range scan of the

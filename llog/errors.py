@@ -28,7 +28,7 @@ class ClockSkew(ConfigError):
 
 
 class InvalidTopicName(LlogError, ValueError):
-    """A topic name breaks Kafka's rule (PROTOCOL.md section 1)."""
+    """A topic name breaks Kafka's rule (docs/protocol.md section 1)."""
 
     def __init__(self, topic: object, reason: str):
         self.topic = topic
@@ -67,7 +67,7 @@ class InvalidOffset(LlogError, ValueError):
 
 
 class PartitionNotInitialized(LlogError):
-    """``meta/control`` does not exist for this topic-partition (PROTOCOL.md section 5.1)."""
+    """``meta/control`` does not exist for this topic-partition (docs/protocol.md section 5.1)."""
 
     def __init__(self, topic: str, partition: int):
         self.topic, self.partition = topic, partition
@@ -79,7 +79,7 @@ class PartitionNotInitialized(LlogError):
 
 class OffsetOutOfRange(LlogError):
     """An offset lies outside ``[log_start_offset, high_watermark]``: past the end, or below the
-    log start offset (removed by retention, docs/topics.md section 3; ``below_start``)."""
+    log start offset (removed by retention, docs/protocol.md section 10.3; ``below_start``)."""
 
     def __init__(self, topic: str, partition: int, offset: int, high_watermark: int, log_start_offset: int = 1):
         self.topic, self.partition = topic, partition
@@ -101,7 +101,7 @@ class OffsetOutOfRange(LlogError):
 
 
 class TopicNotFound(LlogError):
-    """A topic has no topic record (docs/topics.md), and it was not created automatically."""
+    """A topic has no topic record (docs/protocol.md section 10), and it was not created automatically."""
 
     def __init__(self, topic: str, why: str = ""):
         self.topic = topic
@@ -110,7 +110,7 @@ class TopicNotFound(LlogError):
 
 class TopicDeleted(TopicNotFound):
     """A partition's ``meta/control`` is a tombstone: the incarnation of the topic it belongs to
-    (its ``topic_id``) was deleted (PROTOCOL.md section 12). A later topic of the same name, if
+    (its ``topic_id``) was deleted (docs/protocol.md section 12). A later topic of the same name, if
     any, is another incarnation with keys of its own."""
 
     def __init__(self, topic: str, partition: int, topic_id: str):
@@ -137,7 +137,7 @@ class TopicBeingDeleted(LlogError):
 
 class TopicRecreated(LlogError):
     """A partition belongs to another topic of the same name than the writer expected: the topic
-    was deleted and created again meanwhile (docs/topics.md section 2)."""
+    was deleted and created again meanwhile (docs/protocol.md section 10.2)."""
 
 
 class UnknownPartition(LlogError, ValueError):
@@ -154,11 +154,11 @@ class PartitionCountMismatch(LlogError, ValueError):
 
 
 class InvalidTopicConfig(LlogError, ValueError):
-    """A topic setting is unknown or its value is not allowed (docs/topics.md section 1)."""
+    """A topic setting is unknown or its value is not allowed (docs/protocol.md section 10.1)."""
 
 
 class LogFenced(LlogError):
-    """The partition is FENCED; appends are rejected (PROTOCOL.md section 7)."""
+    """The partition is FENCED; appends are rejected (docs/protocol.md section 7)."""
 
     def __init__(self, topic: str, partition: int):
         self.topic, self.partition = topic, partition
@@ -191,7 +191,7 @@ class AppendFailed(LlogError):
 
 class StaleBlob(LlogError):
     """A staged blob is older than half the GC grace period, so committing a reference to it
-    could race garbage collection (PROTOCOL.md section 9). Upload the records again (a Spark
+    could race garbage collection (docs/protocol.md section 9). Upload the records again (a Spark
     query does so when it re-runs the batch)."""
 
 
@@ -207,11 +207,11 @@ class AppendOutcomeUnknown(LlogError):
 
 
 class CorruptBatch(LlogError):
-    """A bytes-batch-v1 body or LLS1 blob failed validation (PROTOCOL.md section 3)."""
+    """A bytes-batch-v1 body or LLS1 blob failed validation (docs/protocol.md section 3)."""
 
 
 class CorruptRecord(LlogError):
-    """An Oxia value is not the JSON record its key promises (PROTOCOL.md section 2)."""
+    """An Oxia value is not the JSON record its key promises (docs/protocol.md section 2)."""
 
 
 class StorageError(LlogError):
@@ -238,4 +238,4 @@ class VersionConflict(LlogError):
 
 
 class ClaimHeld(LlogError):
-    """An ephemeral claim already exists (PROTOCOL.md section 6, claims)."""
+    """An ephemeral claim already exists (docs/protocol.md section 6, claims)."""

@@ -17,7 +17,7 @@ import os
 import signal
 from collections.abc import Callable
 
-#: Every failpoint, by where it sits (PROTOCOL.md section numbers).
+#: Every failpoint, by where it sits (docs/protocol.md section numbers).
 POINTS = {
     "writer.after_blob_put": "section 4.2 done: the WAL blob exists, nothing in Oxia yet",
     "writer.after_reserve": "section 4.3 done: offsets reserved, pending set, no index entry",

@@ -1,4 +1,4 @@
-"""Fencing (PROTOCOL.md section 7): a FENCED partition rejects every append until unfenced.
+"""Fencing (docs/protocol.md section 7): a FENCED partition rejects every append until unfenced.
 
 Both directions go through :func:`llog.control.update_control`, which finishes a pending append
 first (with the v1.1 materialization rules), so a fence never strands a reserved-but-unindexed

@@ -1,4 +1,4 @@
-"""Garbage collection of blobs (PROTOCOL.md section 9, an llog extension).
+"""Garbage collection of blobs (docs/protocol.md section 9, an llog extension).
 
 A shared WAL blob (``R/wal-shared/``) may be deleted when no index entry and no pending append
 of any partition references it, and it is older than the grace period (``LLOG_GC_GRACE_MS``, by
@@ -12,8 +12,7 @@ are only ever made by a writer (or a sink commit, or a compactor) to a blob it w
 never to one older than half the grace period (``LogWriter`` and ``Compactor`` check the age
 immediately before the reserving CAS or the record create, raise ``StaleBlob`` and write again
 instead). An index entry is created only from a pending that still references its blob, within
-the materialization budget, and never again once compaction removed it (PROTOCOL.md v1.1
-sections 4.4, 6.1 and 8: the compaction lag ``G``). So a pass proceeds in this order:
+the materialization budget, and never again once compaction removed it (docs/protocol.md sections 4.4, 6.1 and 8: the compaction lag ``G``). So a pass proceeds in this order:
 
 1. Take the pass's time ``began`` first, before any partition is discovered. A blob is collected
    only if it was older than the grace period at ``began``: every reference to it was then made
@@ -94,7 +93,7 @@ def referenced_blobs(coordination: Coordination, root: str, partitions: Iterable
             referenced.add(CompactionRecord.from_json(compaction.value, compaction.key).data_key)
     for k, start in track(zip(keys, starts), "gc: reading references", len(keys), unit="partitions",
                           progress=progress):
-        covered = start - 1  # offsets below the log start are gone (docs/topics.md section 3)
+        covered = start - 1  # offsets below the log start are gone (docs/protocol.md section 10.3)
         for v in coordination.range_scan(k.index_prefix, k.index_end, k.partition_key):
             entry, end = IndexEntry.from_json(v.value, v.key), k.index_end_offset(v.key)
             if end < start:

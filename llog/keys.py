@@ -1,4 +1,4 @@
-"""Every Oxia key and S3 object name llog uses (PROTOCOL.md sections 2, 3 and 12).
+"""Every Oxia key and S3 object name llog uses (docs/protocol.md sections 2, 3 and 12).
 
 No other module formats a key or an object name. Topic names and partitions are validated here,
 before they can reach a key.
@@ -176,12 +176,12 @@ def incarnation_root(root: str, topic: str, topic_id: str) -> str:
     return f"{root}/{topic}/{topic_id}/partitions/"
 
 
-#: The partition key of every topic record: one shard holds them all (docs/topics.md section 1).
+#: The partition key of every topic record: one shard holds them all (docs/protocol.md section 10.1).
 TOPICS_PARTITION_KEY = "topics"
 
 
 def topic_key(root: str, topic: str) -> str:
-    """``R/topics/{topic}``, the topic record (docs/topics.md section 1)."""
+    """``R/topics/{topic}``, the topic record (docs/protocol.md section 10.1)."""
     return f"{root}/topics/{validate_topic(topic)}"
 
 

@@ -1,4 +1,4 @@
-"""Object storage access over boto3: put, get, range get, list, batch delete (PROTOCOL.md
+"""Object storage access over boto3: put, get, range get, list, batch delete (docs/protocol.md
 section 3). The only module that talks to S3.
 
 Every request has connect/read timeouts (``LLOG_S3_TIMEOUT_S``) and is retried here, up to

@@ -101,7 +101,7 @@ def coordination(config: Config) -> Coordination:
 
 def topic_cache(config: Config) -> TopicCache:
     """Topic records for a Spark task that places rows by a topic's partition count or
-    compresses by its ``compression.type`` (docs/topics.md; creates a missing topic when
+    compresses by its ``compression.type`` (docs/protocol.md section 10; creates a missing topic when
     ``LLOG_AUTO_CREATE_TOPICS`` allows), on the process's :func:`coordination`."""
     from llog.topics import TopicCache
 

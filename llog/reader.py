@@ -1,4 +1,4 @@
-"""The read path (PROTOCOL.md section 5).
+"""The read path (docs/protocol.md section 5).
 
 Offsets resolve to index entries (a range scan, then a ceiling get for the tail, then
 ``pending``), entries group by blob, each blob is fetched once per call (a range GET spanning the
@@ -47,7 +47,7 @@ from llog.objects import ObjectStore
 from llog.records import BYTES_BATCH_V1, RECORDS_V2, ControlRecord, IndexEntry, LocatedEntry
 
 #: Schema of the Arrow batches the reads return: offset, value (null: a tombstone), the time the
-#: log accepted the record, then what records-v2 adds (docs/records-v2.md; null for records
+#: log accepted the record, then what records-v2 adds (docs/protocol.md section 11; null for records
 #: written as bytes-batch-v1): key, headers and the producer's event time (ms).
 RECORD_SCHEMA = pa.schema([
     pa.field("offset", pa.int64(), nullable=False),
@@ -118,7 +118,7 @@ class PartitionBatches:
     high_watermark: int
     batches: list[pa.RecordBatch]
     #: The ``topic_id`` in the partition's ``meta/control`` when the range was resolved
-    #: (docs/topics.md section 1; None: initialized before topic records).
+    #: (docs/protocol.md section 10.1; None: initialized before topic records).
     topic_id: str | None = None
 
     @property
@@ -192,7 +192,7 @@ class LogReader(ClientUser):
     def offsets(self, topic: str, partition: int) -> tuple[int, int]:
         """``(log_start_offset, high_watermark)``: the readable offsets are the range between
         them, inclusive (none when the start is past the high watermark); below the start,
-        retention removed them (docs/topics.md section 3)."""
+        retention removed them (docs/protocol.md section 10.3)."""
         record = self._read_control(topic, partition)[1].record
         return record.log_start_offset, record.high_watermark
 
@@ -268,7 +268,7 @@ class LogReader(ClientUser):
     def _gone(self, keys: PartitionKeys, offset: int, problem: InconsistentReadState) -> LlogError:
         """The error for offsets no entry covers: :class:`OffsetOutOfRange` when ``meta/control``,
         read again, has a log start past ``offset`` (a retention pass dropped them after this
-        read began; docs/topics.md section 3), else ``problem`` (a gap)."""
+        read began; docs/protocol.md section 10.3), else ``problem`` (a gap)."""
         record = read_control(self.coordination, keys).record
         if offset < record.log_start_offset:
             return OffsetOutOfRange(keys.tp.topic, keys.tp.partition, offset, record.high_watermark,
@@ -701,7 +701,7 @@ def _same_topic(topic: str, partition: int, topic_ids: dict[tuple[str, int], str
                 now: ControlState | PartitionBatches) -> None:
     """Raise :class:`TopicRecreated` when the partition's ``topic_id`` differs from the one this
     read began with (``topic_ids``): the topic was deleted and created again meanwhile, and what
-    the offsets resolve to now are another topic's records (docs/topics.md section 2)."""
+    the offsets resolve to now are another topic's records (docs/protocol.md section 10.2)."""
     if topic_ids is None or (topic, partition) not in topic_ids:
         return
     found = now.topic_id if isinstance(now, PartitionBatches) else now.record.topic_id

@@ -1,4 +1,4 @@
-"""Typed Oxia records and their JSON form (PROTOCOL.md section 2).
+"""Typed Oxia records and their JSON form (docs/protocol.md section 2).
 
 The only place that turns JSON into records and back. Readers ignore unknown fields;
 :class:`ControlRecord` keeps them in ``extra`` so a CAS writes them back unchanged.
@@ -19,7 +19,7 @@ FENCED = "FENCED"
 DELETED = "DELETED"
 WAL = "WAL"
 COMPACTED = "COMPACTED"
-#: Body encodings (PROTOCOL.md section 3, docs/records-v2.md).
+#: Body encodings (docs/protocol.md section 3, docs/protocol.md section 11).
 BYTES_BATCH_V1 = "bytes-batch-v1"
 RECORDS_V2 = "records-v2"
 
@@ -126,7 +126,7 @@ class LocatedEntry:
 @dataclass(frozen=True)
 class PendingAppend:
     """``meta/control.pending``: an append whose offsets are reserved, index entry maybe not yet
-    written (PROTOCOL.md section 4)."""
+    written (docs/protocol.md section 4)."""
 
     append_id: str
     start_offset: int
@@ -178,7 +178,7 @@ class PendingAppend:
 
 @dataclass(frozen=True)
 class SinkProgress:
-    """``sinks[sink_id]`` in ``meta/control`` (PROTOCOL.md section 9): a sink (a streaming
+    """``sinks[sink_id]`` in ``meta/control`` (docs/protocol.md section 9): a sink (a streaming
     query) has committed the first ``slices`` of its batch ``batch_id``'s slices for this
     partition, and everything of its earlier batches, the last time at ``committed_at_ms``.
     Written by the CAS that reserves offsets."""
@@ -234,7 +234,7 @@ class ControlRecord:
 
     @property
     def log_start_offset(self) -> int:
-        """The first offset still in the log (docs/topics.md section 3); 1 when never moved."""
+        """The first offset still in the log (docs/protocol.md section 10.3); 1 when never moved."""
         value = self.extra.get("log_start_offset", 1)
         if not isinstance(value, int) or isinstance(value, bool) or not 1 <= value <= self.sequence_counter:
             raise CorruptRecord(f"meta/control: log_start_offset must be an int in 1..{self.sequence_counter} (the "
@@ -243,7 +243,7 @@ class ControlRecord:
 
     @property
     def topic_id(self) -> str | None:
-        """The ``topic_id`` of the topic that initialized the partition (docs/topics.md section
+        """The ``topic_id`` of the topic that initialized the partition (docs/protocol.md section 10 section
         1); None for a partition initialized before topic records existed."""
         value = self.extra.get("topic_id")
         if value is not None and not isinstance(value, str):
@@ -251,7 +251,7 @@ class ControlRecord:
         return value
 
     def with_extra(self, **fields: Any) -> "ControlRecord":
-        """This record with extension fields set (docs/topics.md: ``log_start_offset``, ``topic_id``)."""
+        """This record with extension fields set (docs/protocol.md section 10: ``log_start_offset``, ``topic_id``)."""
         return replace(self, extra={**self.extra, **fields})
 
     def with_changes(self, **changes: Any) -> "ControlRecord":
@@ -333,7 +333,7 @@ class CompactionCursor:
 
 @dataclass(frozen=True)
 class ConsumerOffset:
-    """``P/consumers/{group}`` (PROTOCOL.md section 9): the group's next offset to read."""
+    """``P/consumers/{group}`` (docs/protocol.md section 9): the group's next offset to read."""
 
     offset: int
     committed_at_ms: int
@@ -350,7 +350,7 @@ class ConsumerOffset:
         return cls(offset, _field(obj, "committed_at_ms", int, key))
 
 
-#: ``meta/compaction`` states (PROTOCOL.md section 6), in order.
+#: ``meta/compaction`` states (docs/protocol.md section 6), in order.
 WRITING_COMPACTED_INDEX = "WRITING_COMPACTED_INDEX"
 DELETING_OLD = "DELETING_OLD"
 UPDATING_CURSOR = "UPDATING_CURSOR"
@@ -404,7 +404,7 @@ class CompactionRecord:
         return record
 
 
-#: Topic states (docs/topics.md section 1).
+#: Topic states (docs/protocol.md section 10.1).
 ACTIVE = "ACTIVE"
 DELETING = "DELETING"
 TOPIC_STATES = (ACTIVE, DELETING)
@@ -412,7 +412,7 @@ TOPIC_STATES = (ACTIVE, DELETING)
 
 @dataclass(frozen=True)
 class TopicRecord:
-    """``R/topics/{topic}`` (docs/topics.md section 1): partition count, explicit config, state.
+    """``R/topics/{topic}`` (docs/protocol.md section 10.1): partition count, explicit config, state.
     Unknown fields are kept in ``extra`` and written back by every CAS."""
 
     topic: str

@@ -1,4 +1,4 @@
-"""Retention (docs/topics.md section 3): move a partition's log start offset past whole index
+"""Retention (docs/protocol.md section 10.3): move a partition's log start offset past whole index
 entries older than ``retention.ms`` or beyond ``retention.bytes``, then delete those entries.
 
 A pass runs under the partition's compactor claim, after compaction's recovery (step 0), so
@@ -11,7 +11,7 @@ end, read ``meta/control`` again and get the same error (``llog.reader``). The b
 entries referenced are left to GC, which collects them after the grace period.
 
 Whatever ``retention.ms`` says, an entry younger than the GC grace period ``G`` is never
-dropped: an index key deleted once must never be created again (PROTOCOL.md section 8, "Created
+dropped: an index key deleted once must never be created again (docs/protocol.md section 8, "Created
 once"), and a late create of it can land until ``G`` after its blob was written.
 """
 
@@ -46,7 +46,7 @@ class PartitionRetention:
 
 
 def finish_retention(coordination: Coordination, keys: PartitionKeys, log_start_offset: int | None = None) -> int:
-    """docs/topics.md section 3, step 1: the compaction cursor to at least the log start offset
+    """docs/protocol.md section 10.3, step 1: the compaction cursor to at least the log start offset
     (CAS, only forward), then the index keys below it deleted. Idempotent: any compactor's
     recovery runs it, so a pass that crashed after moving the start is finished. Returns the
     log start offset."""
@@ -75,7 +75,7 @@ def finish_retention(coordination: Coordination, keys: PartitionKeys, log_start_
 
 def apply_retention(coordination: Coordination, objects: ObjectStore, keys: PartitionKeys, config: Config,
                     retention_ms: int, retention_bytes: int, clock: Clock = SYSTEM) -> PartitionRetention:
-    """One retention pass of a partition (docs/topics.md section 3). The caller holds the
+    """One retention pass of a partition (docs/protocol.md section 10.3). The caller holds the
     partition's compactor claim and has run compaction's recovery."""
     start = finish_retention(coordination, keys)
     done = PartitionRetention(log_start_offset=start)

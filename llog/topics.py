@@ -1,4 +1,4 @@
-"""Topics as objects (docs/topics.md): the topic record ``R/topics/{topic}``, and create, alter,
+"""Topics as objects (docs/protocol.md section 10): the topic record ``R/topics/{topic}``, and create, alter,
 delete and list, each by the CAS the spec gives it. :class:`TopicCache` is what writers check
 before reserving offsets: the topic exists (or is created on first use), is not being deleted,
 and has the partition.
@@ -35,7 +35,7 @@ log = logging.getLogger(__name__)
 
 #: Kafka's ``cleanup.policy`` values llog has (no log compaction by key).
 CLEANUP_POLICIES = ("delete",)
-#: The settings a topic may hold (docs/topics.md section 1), in the order ``describe`` lists them.
+#: The settings a topic may hold (docs/protocol.md section 10.1), in the order ``describe`` lists them.
 TOPIC_CONFIGS = ("cleanup.policy", "compression.type", "retention.bytes", "retention.ms")
 #: How long a writer trusts a cached topic record before reading it again (Kafka producers'
 #: ``metadata.max.age.ms`` is 5 minutes; a config change reaches writers within this).
@@ -90,7 +90,7 @@ def parse_config_pairs(pairs: Iterable[str]) -> dict[str, Any]:
 
 @dataclass(frozen=True)
 class TopicSettings:
-    """A topic's effective settings: its record's, else the defaults (docs/topics.md section 1)."""
+    """A topic's effective settings: its record's, else the defaults (docs/protocol.md section 10.1)."""
 
     retention_ms: int
     retention_bytes: int
@@ -140,8 +140,8 @@ def list_topic_records(coordination: Coordination, root: str) -> list[TopicRecor
 def create_topic(coordination: Coordination, root: str, topic: str, partitions: int,
                  settings: Mapping[str, Any] | None = None, if_not_exists: bool = False,
                  clock: Clock = SYSTEM) -> TopicRecord:
-    """docs/topics.md section 2, create: the record only if absent, with a new ``topic_id``, then
-    its partitions (keys of their own: PROTOCOL.md section 12). With ``if_not_exists`` an
+    """docs/protocol.md section 10.2, create: the record only if absent, with a new ``topic_id``, then
+    its partitions (keys of their own: docs/protocol.md section 12). With ``if_not_exists`` an
     existing topic is returned as it is."""
     validate_topic(topic)
     if not isinstance(partitions, int) or isinstance(partitions, bool) or partitions < 1:
@@ -177,7 +177,7 @@ def _existing(topic: str, record: TopicRecord, if_not_exists: bool) -> TopicReco
 
 
 def initialize_partitions(coordination: Coordination, root: str, record: TopicRecord, partitions: Iterable[int]) -> None:
-    """Initialize each partition of the record's incarnation (PROTOCOL.md 4.1)."""
+    """Initialize each partition of the record's incarnation (docs/protocol.md 4.1)."""
     wanted = set(partitions)
     for k in record_keys(root, record):
         if k.tp.partition in wanted:
@@ -190,7 +190,7 @@ def initialize_partitions(coordination: Coordination, root: str, record: TopicRe
 def alter_topic(coordination: Coordination, root: str, topic: str, partitions: int | None = None,
                 set_config: Mapping[str, Any] | None = None, delete_config: Iterable[str] = (),
                 clock: Clock = SYSTEM) -> TopicRecord:
-    """docs/topics.md section 2, alter: CAS on the version read. ``partitions`` only grows (the
+    """docs/protocol.md section 10.2, alter: CAS on the version read. ``partitions`` only grows (the
     new ones are initialized after the CAS); ``set_config`` is checked, ``delete_config`` names
     settings to drop back to their defaults."""
     set_config = parse_config(set_config or {})
@@ -240,7 +240,7 @@ class DeleteReport:
 def delete_topic(coordination: Coordination, objects, root: str, topic: str,
                  claim_wait_s: float = DEFAULT_CLAIM_WAIT_S, clock: Clock = SYSTEM,
                  config: Config | None = None) -> DeleteReport:
-    """docs/topics.md section 2 and PROTOCOL.md section 12, delete: mark DELETING, then per
+    """docs/protocol.md section 10.2 and docs/protocol.md section 12, delete: mark DELETING, then per
     partition take its compactor claim (waiting up to ``claim_wait_s``), fence it, turn its
     ``meta/control`` into a tombstone, delete its other keys and its compacted objects; last the
     record. Re-running it finishes an interrupted delete. ``objects``: an
@@ -280,7 +280,7 @@ def _delete_partition(coordination: Coordination, objects, keys: PartitionKeys, 
                       clock: Clock, config: Config | None) -> int:
     """Steps 2 and 3 of a delete for one partition; returns the compacted objects deleted.
 
-    The tombstone goes first (PROTOCOL.md section 12): from then on no append, compaction,
+    The tombstone goes first (docs/protocol.md section 12): from then on no append, compaction,
     retention pass or initializer acts on this incarnation's partition, whatever it read before,
     and a reader or a broker that meets the tombstone knows the incarnation is gone."""
     claim = f'{{"compactor_id": "topic-delete", "claimed_at_ms": {int(time.time() * 1000)}}}'.encode()
@@ -334,7 +334,7 @@ class TopicCache:
     """Topic records as a writer (or a Spark task placing keyed rows) needs them: cached for
     :data:`CACHE_TTL_S`, read again when they do not answer (a partition past the count, a
     ``topic_id`` that differs), and created on first use when ``auto_create`` and
-    ``LLOG_AUTO_CREATE_TOPICS`` allow (docs/topics.md section 2). Thread-safe."""
+    ``LLOG_AUTO_CREATE_TOPICS`` allow (docs/protocol.md section 10.2). Thread-safe."""
 
     def __init__(self, coordination: Coordination, config: Config, clock: Clock = SYSTEM, auto_create: bool = True):
         self.coordination = coordination

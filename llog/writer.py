@@ -1,4 +1,4 @@
-"""The write path: one shared WAL blob, then one commit per partition (PROTOCOL.md v1.1 section 4).
+"""The write path: one shared WAL blob, then one commit per partition (docs/protocol.md section 4).
 
 ``append_shared(groups)`` encodes each topic-partition's records as one bytes-batch-v1 body,
 packs the bodies into one LLS1 blob, PUTs it (the only S3 write), then commits every partition
@@ -79,7 +79,7 @@ MAX_REMEMBERED_CONTROLS = 10_000
 class AppendGroup:
     """Records for one topic-partition: values (a sequence of ``bytes``, ``None`` for a
     tombstone, or an Arrow binary array) and optionally, as long as them, keys, headers and
-    event times (docs/records-v2.md; :func:`llog.codec.to_records` says what each takes)."""
+    event times (docs/protocol.md section 11; :func:`llog.codec.to_records` says what each takes)."""
 
     topic: str
     partition: int
@@ -107,7 +107,7 @@ class AppendResult:
     @property
     def topic_id(self) -> str:
         """The topic incarnation the records landed in (its id is a segment of every index key:
-        ``R/{topic}/{topic_id}/partitions/{p}/index/{e}``, PROTOCOL.md section 12)."""
+        ``R/{topic}/{topic_id}/partitions/{p}/index/{e}``, docs/protocol.md section 12)."""
         return self.index_key.rsplit("/", 5)[1]
 
 
@@ -226,7 +226,7 @@ def _results(merged: _Merged, staged: Sequence[StagedSlice], outcomes: Sequence[
 class LogWriter(ClientUser):
     """Appends records to topic-partitions. Thread-safe; reuse one per process.
 
-    Before offsets are reserved, each topic's record is checked (docs/topics.md section 2,
+    Before offsets are reserved, each topic's record is checked (docs/protocol.md section 10.2,
     :class:`llog.topics.TopicCache`): the partition must be below the topic's count
     (:class:`UnknownPartition`) and the topic not being deleted. With ``auto_initialize`` a topic
     without a record is created on its first append (``LLOG_AUTO_CREATE_TOPICS``, with
@@ -257,7 +257,7 @@ class LogWriter(ClientUser):
         return initialize_partition(self.coordination, self.keys(topic, partition, fresh=True))
 
     def check_partitions(self, partitions: Sequence[TopicPartition]) -> dict[TopicPartition, LlogError]:
-        """docs/topics.md section 2: each partition's topic exists (created first if this writer
+        """docs/protocol.md section 10.2: each partition's topic exists (created first if this writer
         auto-initializes) and has it; the ones that fail, with their errors."""
         refused: dict[TopicPartition, LlogError] = {}
         for tp in partitions:
@@ -551,7 +551,7 @@ class LogWriter(ClientUser):
 
     def _initialize(self, slot: _Slot) -> None:
         """A partition with no ``meta/control``: initialize it when its topic's record, read
-        fresh, is still of the slot's incarnation and has it (docs/topics.md section 2); when the
+        fresh, is still of the slot's incarnation and has it (docs/protocol.md section 10.2); when the
         record names another incarnation, move the slot there (:meth:`_follow`)."""
         tp = slot.keys.tp
         record = self.topics.require(tp.topic, fresh=True)
@@ -564,7 +564,7 @@ class LogWriter(ClientUser):
 
     def _follow(self, slot: _Slot) -> None:
         """The slot's topic incarnation was deleted (its ``meta/control`` is a tombstone, or the
-        record names another id; PROTOCOL.md section 12) before any reservation of the slot
+        record names another id; docs/protocol.md section 12) before any reservation of the slot
         landed there that could still be read: move the slot to the topic's current incarnation,
         as a Kafka producer goes on writing to a topic created again under the same name. Raises
         :class:`TopicNotFound` or :class:`TopicBeingDeleted` when there is none yet (a writer that

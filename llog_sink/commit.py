@@ -2,7 +2,7 @@
 
 Slices are taken in task order, and within a task in the order written, so each partition's
 slices get offsets in a fixed order. A streaming query commits as sink ``queryId``, batch
-``batchId``: each reserving CAS records how far the batch got in that partition (PROTOCOL.md
+``batchId``: each reserving CAS records how far the batch got in that partition (docs/protocol.md
 section 9), so a replayed batch, after a driver crash or a commit that failed halfway, commits
 only what is missing. ``abort`` commits nothing; its blobs are left for garbage collection.
 """
@@ -59,7 +59,7 @@ def sink_partition_count(record: TopicRecord | None, topic: str, partitions: int
     one, the ``partitions`` option, else ``LLOG_DEFAULT_PARTITIONS`` (it is created with that
     count when the first batch commits). A ``partitions`` option that disagrees with the topic
     is refused (:class:`PartitionCountMismatch`): its keyed rows would land elsewhere than other
-    writers' (docs/topics.md section 2)."""
+    writers' (docs/protocol.md section 10.2)."""
     if record is None:
         return partitions or default
     if partitions is not None and partitions != record.partitions:

@@ -11,12 +11,12 @@ Spark's Kafka sink, plus Kafka's record timestamp.
   partitioner puts it (murmur2 of the key modulo the topic's partition count; llog/partitioner.py),
   and every other row of a task goes to one partition per topic, chosen from the task's partition
   id, the batch id and the topic (sticky by task, and the same again when a batch is replayed).
-  The partition count is the topic record's (docs/topics.md), which the ``partitions`` option
+  The partition count is the topic record's (docs/protocol.md section 10), which the ``partitions`` option
   must match when given; a missing topic is created with it (or ``LLOG_DEFAULT_PARTITIONS``).
 - Other columns are ignored, with one warning.
 
 Records that are a value alone are written as bytes-batch-v1; keys, headers, timestamps,
-tombstones or compression make records-v2 (docs/records-v2.md).
+tombstones or compression make records-v2 (docs/protocol.md section 11).
 
 Spark hands the writers Arrow batches; a streaming write on pyspark 4.0 (no
 ``DataSourceStreamArrowWriter``) hands Rows, which :func:`row_batches` puts back into Arrow.

@@ -8,7 +8,7 @@ batch (``llog.sink.id`` / ``llog.sink.batch.id`` options, as ``foreach_batch.wri
 
 Options: ``topic``, ``partitions`` (default: the topic's partition count; a missing topic is
 created with it, else with ``LLOG_DEFAULT_PARTITIONS``, when the first batch commits; given for an
-existing topic, it must be the topic's count: docs/topics.md), ``compression`` (``zstd``, ``lz4`` or ``none``; default: the
+existing topic, it must be the topic's count: docs/protocol.md section 10), ``compression`` (``zstd``, ``lz4`` or ``none``; default: the
 topic's ``compression.type``), and any ``llog.*`` setting (``llog.s3.bucket``,
 ``llog.oxia.service.address``, ...; see ``llog/config.py``).
 
@@ -62,7 +62,7 @@ class _SinkSettings:
         option = _int_option(options, "partitions", None)
         layout = SinkLayout.from_schema(schema, options.get("topic") or None, option)
         #: The partition count every topic written must have when a batch commits (a missing topic
-        #: is created with it then): the count rows were placed by (docs/topics.md section 2).
+        #: is created with it then): the count rows were placed by (docs/protocol.md section 10.2).
         self.partitions = option
         self.sink_id = options.get(SINK_ID_OPTION) or None
         self.batch_id = _int_option(options, BATCH_ID_OPTION, 0)

@@ -54,7 +54,7 @@ def write_task(batches: Iterable[pa.RecordBatch], layout: SinkLayout, config: Co
     Slices are listed in the order their blobs were cut, whatever order the PUTs finish in.
     ``compression``: of every body, instead of each topic's ``compression.type``. When the
     layout has no partition count, or rows name their topic and no compression is given, the
-    task reads the topics' records from Oxia (cached per process; docs/topics.md).
+    task reads the topics' records from Oxia (cached per process; docs/protocol.md section 10).
     """
     started = time.perf_counter()
     topics = topic_cache(config) if layout.partitions is None or (compression is None and layout.has_topic_column) \

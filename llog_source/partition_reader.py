@@ -32,7 +32,7 @@ def read_split(split: LlogSplit, config: Config, fail_on_data_loss: bool, includ
     Offsets that can no longer be read are data loss (``data_loss``: fail naming them, or with
     ``failOnDataLoss=false`` warn and go on): a blob that is gone, a partition that no longer
     exists, an end past the high watermark (the topic was recreated), and offsets below the log
-    start offset (docs/topics.md section 3): retention moved it after the batch was planned, at
+    start offset (docs/protocol.md section 10.3): retention moved it after the batch was planned, at
     the start of the read or midway. The read then goes on from the log start; each retry starts
     past the last one (the log start only moves forward) or ends sooner, so it ends.
     """
@@ -60,7 +60,7 @@ def read_split(split: LlogSplit, config: Config, fail_on_data_loss: bool, includ
             data_loss(fail_on_data_loss, f"partition {where} no longer exists, so offsets {position}..{end} "
                                          "cannot be read", "skipping them")
             return
-        except TopicRecreated:  # docs/topics.md section 2: the records being read are gone
+        except TopicRecreated:  # docs/protocol.md section 10.2: the records being read are gone
             data_loss(fail_on_data_loss, f"topic {split.topic!r} was deleted and created again while offsets "
                                          f"{position}..{end} of {where} were read", "skipping them")
             return

@@ -3,7 +3,7 @@ micro-batch takes, and how a batch splits into Spark tasks. Reads Oxia only, nev
 
 Offsets here are Kafka-style positions: the *next* offset to read. A partition with high
 watermark ``hw`` is at position ``hw + 1``; an empty one at 1 (llog offsets start at 1).
-``earliest`` is a partition's log start offset (docs/topics.md section 3): retention removes the
+``earliest`` is a partition's log start offset (docs/protocol.md section 10.3): retention removes the
 offsets below it, and a query positioned there has lost them (``failOnDataLoss``).
 """
 
@@ -35,7 +35,7 @@ class LlogSplit(InputPartition):
     partition: int
     start: int
     end: int
-    #: The topic incarnation the offsets were planned in (PROTOCOL.md section 12).
+    #: The topic incarnation the offsets were planned in (docs/protocol.md section 12).
     topic_id: str | None = None
 
     @property
@@ -45,11 +45,11 @@ class LlogSplit(InputPartition):
 
 class PartitionOffsets(NamedTuple):
     """What a partition's ``meta/control`` says about its readable offsets now: ``log_start_offset
-    ..high_watermark`` (docs/topics.md section 3)."""
+    ..high_watermark`` (docs/protocol.md section 10.3)."""
 
     log_start_offset: int
     high_watermark: int
-    #: The topic incarnation the partition belongs to (PROTOCOL.md section 12).
+    #: The topic incarnation the partition belongs to (docs/protocol.md section 12).
     topic_id: str | None = None
 
     @property

@@ -61,7 +61,7 @@ class _Planner:
         """The subscription's partitions and their log start offsets and high watermarks, now."""
         config = self.options.config
         found = subscription_offsets(coordination(config), config.root_prefix, self.options.subscription)
-        # Group commits go to the incarnation the offsets were planned in (PROTOCOL.md section 12).
+        # Group commits go to the incarnation the offsets were planned in (docs/protocol.md section 12).
         self._topic_ids = {**getattr(self, "_topic_ids", {}), **{tp.topic: o.topic_id for tp, o in found.items()}}
         return found
 

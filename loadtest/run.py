@@ -149,7 +149,7 @@ class Run:
 
     def _create_topic(self, scenario: Scenario) -> None:
         """The scenario's topic with its partitions (a produce to a partition past a topic's count
-        is refused; docs/topics.md), if it does not exist yet."""
+        is refused; docs/protocol.md section 10), if it does not exist yet."""
         with Coordination(self.config) as coordination:
             create_topic(coordination, self.config.root_prefix, scenario.topic, scenario.partitions, if_not_exists=True)
 
