@@ -8,7 +8,8 @@ SIGKILL and starts them again, and restarts Oxia and the S3 server once each. Ev
 each append it was acknowledged, after the acknowledgement.
 
 A kill waits up to 2 s for its actor to be mid-operation, by the actor's own activity file (a
-kill between operations tests little).
+kill between operations tests little); the first kills go to a writer and a compactor, until one
+of each was killed mid-operation.
 
 At the end, once every actor has stopped, it finishes what the next actor would (per partition,
 a compactor's recovery step: a pending append materialized, a ``meta/compaction`` record resumed

@@ -37,6 +37,8 @@ _STOP_S = 10
 #: How long a kill waits for its actor to be mid-operation (its activity file shows a ``begin``
 #: last) before it kills the actor anyway: a kill between operations tests little.
 _AIM_S = 2
+#: The roles a run must have killed mid-operation (:func:`not_exercised`); the first kills go to them.
+_MUST_KILL = ("writer", "compactor")
 #: How far past the grace period ``G`` the final GC's clock runs ahead of the real one.
 _FINAL_GC_MARGIN_S = 30
 
@@ -184,7 +186,11 @@ def _disturb(run: Run) -> None:
             _progress(f"pausing {actor.label} for {pause:.1f} s")
             run.pause(actor, pause)
         else:
-            aim = (actor, now + _AIM_S)
+            # Until a writer and a compactor were killed mid-operation, kill one of them: a short
+            # run picking at random among all actors may well kill no compactor.
+            needed = [a for a in run.actors if a.paused_until is None and a.role in _MUST_KILL
+                      and not run.killed_mid_operation[a.role]]
+            aim = (rng.choice(needed) if needed else actor, now + _AIM_S)
 
 
 def read_acks(acks_dir: Path, partitions: int) -> dict[int, dict[int, list[bytes]]]:
@@ -361,8 +367,7 @@ def not_exercised(run: Run, result: dict) -> list[str]:
     missing = [what for what, done in (("nothing acknowledged", result["records_acked"]),
                                        ("no compaction completed", result["compactions_completed"]),
                                        ("GC deleted nothing", result["gc_deleted_blobs"])) if not done]
-    missing += [f"no {role} killed mid-operation" for role in ("writer", "compactor")
-                if not run.killed_mid_operation[role]]
+    missing += [f"no {role} killed mid-operation" for role in _MUST_KILL if not run.killed_mid_operation[role]]
     return missing
 
 
