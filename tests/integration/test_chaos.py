@@ -70,6 +70,11 @@ def test_the_end_of_run_check_finishes_a_compaction_killed_between_its_index_ove
         f"{T}[0] invariants: AssertionError: {T}[0]: entry 1..15 overlaps offset 10 "
         f"(meta/compaction {DELETING_OLD} 1..15)"]
 
+    # A killed compactor's claim stays until its session expires: the check waits for it, bounded.
+    claim = writer.coordination.claim(keys.compactor_claim, b"a killed compactor's", keys.partition_key)
+    with pytest.raises(TimeoutError, match="meta/compactor-claim still held after 0.5 s"):
+        finish_interrupted(config, T, [0], timeout_s=0.5)
+    writer.coordination.release(keys.compactor_claim, keys.partition_key, claim)
     assert finish_interrupted(config, T, [0], timeout_s=10) == 1
     assert check_at_rest(writer.coordination, config.root_prefix, T, [0]) == []
     assert [r.value for r in reader.read_range(T, 0, 1)] == records
