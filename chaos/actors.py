@@ -4,12 +4,17 @@ Settings come from ``LLOG_*`` environment variables (the controller passes its c
 actor works until SIGTERM. A writer appends one JSON line per acknowledged group to
 ``D/acks/N.jsonl``, only after ``append_shared`` returned. What a reader or GC sees that the
 protocol forbids (an unreadable or wrong record, a gap) goes to ``D/violations/N.jsonl``;
-transient failures (a server restarting) are logged and retried.
+transient failures (a server restarting) are logged and retried. Every actor writes a ``begin``
+line to ``D/activity/N.jsonl`` before each operation (an append, one partition's compaction pass,
+a GC pass, one partition's read) and an ``end`` line, with what the operation did, after it: a
+SIGKILL that leaves a ``begin`` last killed the actor mid-operation, and the ``end`` lines are
+what the run counts as compactions completed and blobs GC deleted.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import random
 import signal
@@ -53,13 +58,28 @@ class _Lines:
     def write(self, **fields) -> None:
         self._file.write(json.dumps(fields) + "\n")
 
+    @contextlib.contextmanager
+    def operation(self, name: str, **fields):
+        """A ``begin`` line, then the block, then an ``end`` line with the fields the block put in
+        the dict it was given (also when it raised; never when the process was killed)."""
+        self.write(begin=name, **fields)
+        did: dict = {}
+        try:
+            yield did
+        finally:
+            self.write(end=name, **fields, **did)
+
+
+def _activity(args) -> _Lines:
+    return _Lines(args.dir / "activity" / f"{args.name}.jsonl")
+
 
 def _log(name: str, message: str) -> None:
     print(f"{time.strftime('%H:%M:%S')} {name}: {message}", file=sys.stderr, flush=True)
 
 
 def writer(args, config: Config) -> None:
-    rng, acks = random.Random(args.seed), _Lines(args.dir / "acks" / f"{args.name}.jsonl")
+    rng, acks, activity = random.Random(args.seed), _Lines(args.dir / "acks" / f"{args.name}.jsonl"), _activity(args)
     with LogWriter(config, auto_initialize=True) as log:
         for seq in range(1_000_000_000):
             if _stopping:
@@ -67,26 +87,34 @@ def writer(args, config: Config) -> None:
             partitions = rng.sample(range(args.partitions), rng.randint(1, args.partitions))
             groups = [AppendGroup(args.topic, p, [record_value(args.name, seq, p, i) for i in range(rng.randint(1, 50))])
                       for p in partitions]
-            try:
-                results = log.append_shared(groups)
-            except AppendFailed as e:
-                _log(args.name, f"append {seq} partly failed: {e}")
-                results = e.results
-            except Exception as e:  # noqa: BLE001 - a chaos run goes on; new values next time
-                _log(args.name, f"append {seq} failed: {type(e).__name__}: {e}")
+            # The operation ends once its acks are recorded: a kill before that was mid-append.
+            with activity.operation("append", seq=seq) as did:
+                try:
+                    results = log.append_shared(groups)
+                except AppendFailed as e:
+                    _log(args.name, f"append {seq} partly failed: {e}")
+                    results = e.results
+                except Exception as e:  # noqa: BLE001 - a chaos run goes on; new values next time
+                    _log(args.name, f"append {seq} failed: {type(e).__name__}: {e}")
+                    results = []
+                for r in results:
+                    acks.write(name=args.name, seq=seq, partition=r.partition, start=r.start_offset, count=r.count)
+                did.update(acked=len(results), of=len(groups))
+            if not results:
                 time.sleep(0.2)
                 continue
-            for r in results:
-                acks.write(name=args.name, seq=seq, partition=r.partition, start=r.start_offset, count=r.count)
             time.sleep(rng.uniform(0, 0.05))
 
 
 def compactor(args, config: Config) -> None:
+    activity = _activity(args)
     with Compactor(config, max_offsets=args.max_offsets) as c:
         while not _stopping:
             for p in range(args.partitions):
                 try:
-                    done = c.compact_partition(args.topic, p, deadline=time.monotonic() + 5)
+                    with activity.operation("compact", partition=p) as did:
+                        done = c.compact_partition(args.topic, p, deadline=time.monotonic() + 5)
+                        did.update(compactions=done.compactions, records=done.records, recoveries=done.recoveries)
                     if done.compactions:
                         _log(args.name, f"{args.topic}[{p}]: {done.compactions} compaction(s), {done.records} records")
                 except Exception as e:  # noqa: BLE001 - the next pass resumes
@@ -95,11 +123,13 @@ def compactor(args, config: Config) -> None:
 
 
 def gc(args, config: Config) -> None:
-    violations = _Lines(args.dir / "violations" / f"{args.name}.jsonl")
+    violations, activity = _Lines(args.dir / "violations" / f"{args.name}.jsonl"), _activity(args)
     with LogReader(config) as reader:
         while not _stopping:
             try:
-                report = gc_pass(reader.coordination, reader.objects, config.root_prefix, config.gc_grace_ms)
+                with activity.operation("gc") as did:
+                    report = gc_pass(reader.coordination, reader.objects, config.root_prefix, config.gc_grace_ms)
+                    did.update(deleted=report.deleted)
                 if report.deleted:
                     _log(args.name, f"deleted {report.deleted} blob(s)")
             except InconsistentReadState as e:
@@ -110,13 +140,15 @@ def gc(args, config: Config) -> None:
 
 
 def reader(args, config: Config) -> None:
-    violations = _Lines(args.dir / "violations" / f"{args.name}.jsonl")
+    violations, activity = _Lines(args.dir / "violations" / f"{args.name}.jsonl"), _activity(args)
     following = {p: 1 for p in range(args.partitions)}
     with LogReader(config) as log:
         while not _stopping:
             for p, start in following.items():
                 try:
-                    records = log.read_range(args.topic, p, start)
+                    with activity.operation("read", partition=p, start=start) as did:
+                        records = log.read_range(args.topic, p, start)
+                        did.update(records=len(records))
                 except (OffsetOutOfRange, PartitionNotInitialized):
                     continue
                 except DAMAGE as e:
