@@ -1,6 +1,6 @@
 """The broker's HTTP surface as a bare ASGI application (no framework: a dozen routes do not need
-one, and a request/route layer costs a quarter of the throughput here; see
-``shared/research/broker/recommendation.md``). Bodies are decoded, validated and encoded with
+one, and a request/route layer cost a quarter of the throughput when measured).
+Bodies are decoded, validated and encoded with
 msgspec (:mod:`broker_lite.models`); ``/openapi.json`` is generated from the same models
 (:mod:`broker_lite.openapi`).
 
@@ -10,17 +10,20 @@ Routes (the seed's contract, ``HTTP_API.txt``, plus groups, topics and the OpenA
 - ``POST /produce`` (role ``write``), through the group commit (:mod:`broker_lite.batcher`):
   200 every group committed, 409 some failed (per-partition errors), 404 every group names a
   topic or partition that does not exist (a partition past the topic's count, a topic not
-  created automatically: docs/topics.md section 2), 503 + ``Retry-After`` all refused for
+  created automatically: docs/protocol.md section 10.2), 503 + ``Retry-After`` all refused for
   backpressure (nothing written). A topic without a record is created on its first produce
   (``LLOG_AUTO_CREATE_TOPICS``, ``LLOG_DEFAULT_PARTITIONS``);
 - ``POST /consume`` (role ``read``, :mod:`broker_lite.consume`): 200 with per-partition results
   (errors among them, ``auto_offset_reset`` for offsets retention removed), 503 +
   ``Retry-After`` when too many consumes fetch or wait;
 - ``POST /groups/{group}/commit`` and ``GET /groups/{group}`` (role ``read``): the consumer
-  groups the Spark source commits (``llog.consumer_groups``): offsets and lag;
+  groups the Spark source commits (``llog.consumer_groups``): offsets and lag. Offsets belong to
+  an incarnation of a topic (docs/protocol.md section 12): a commit goes to the one its ``topic_id``
+  names (what the consume results said), checked against the topic's current one (409
+  ``UnknownTopicId`` when it is not), else to the one current when the commit is handled;
 - ``GET /topics``, ``GET /topics/{topic}``: each topic's record (partition count, state,
-  effective config; docs/topics.md section 1), and per partition its log start offset, high
-  watermark and bytes. Topics written before topic records are listed from their partitions.
+  effective config, ``topic_id``; docs/protocol.md section 10.1), and per partition of its current
+  incarnation its log start offset, high watermark and bytes.
 
 Any request: 400 for no ``Content-Length`` (a chunked body), an empty or malformed body, or a
 body not of the route's shape (the error names the field); 413 for a body over
@@ -62,16 +65,16 @@ from broker_lite.models import (
 )
 from llog.config import Config
 from llog.consumer_groups import commit_offsets, describe_group
-from llog.describe import describe_topic
-from llog.discovery import list_topics, topic_partitions
+from llog.describe import describe_partition
+from llog.discovery import partition_controls, topic_records
 from llog.errors import (
     EmptyAppend, InvalidOffset, InvalidPartition, InvalidPayload, InvalidTopicName, LlogError, PartitionNotInitialized,
-    TopicNotFound, UnknownPartition,
+    TopicDeleted, TopicNotFound, UnknownPartition,
 )
-from llog.keys import TopicPartition, validate_group, validate_topic
+from llog.keys import PartitionKeys, TopicPartition, validate_group, validate_topic
 from llog.reader import LogReader
-from llog.records import ACTIVE, TopicRecord
-from llog.topics import TopicSettings, list_topic_records, read_topic
+from llog.records import ControlRecord, TopicRecord
+from llog.topics import TopicSettings
 from llog.writer import AppendGroup, LogWriter
 
 log = logging.getLogger(__name__)
@@ -82,8 +85,8 @@ _DECODERS = {model: msgspec.json.Decoder(model) for model in (ProduceRequest, Co
 #: llog errors that mean the request itself is bad (a 400).
 _BAD_INPUT = (InvalidTopicName, InvalidPartition, InvalidPayload, EmptyAppend, InvalidOffset)
 #: llog errors that mean the request names a topic or partition that does not exist (a 404).
-_NOT_FOUND = (PartitionNotInitialized, TopicNotFound, UnknownPartition)
-#: A produce answers 404 when every group failed with one of these (docs/topics.md section 2).
+_NOT_FOUND = (PartitionNotInitialized, TopicNotFound, TopicDeleted, UnknownPartition)
+#: A produce answers 404 when every group failed with one of these (docs/protocol.md section 10.2).
 _NOTHING_THERE = frozenset(e.__name__ for e in _NOT_FOUND)
 BACKPRESSURE = "BackPressureRejected"
 ROLES = {"write": ("write",), "read": ("read",), "both": ("write", "read")}
@@ -326,7 +329,7 @@ class BrokerApp:
         results = [_result(g, o) for g, o in zip(groups, outcomes)]
         failed = [r for r in results if not r.ok]
         if failed and len(failed) == len(results) and all(r.error_type in _NOTHING_THERE for r in failed):
-            # The client's mistake, not a conflict: nothing it names exists (docs/topics.md section 2).
+            # The client's mistake, not a conflict: nothing it names exists (docs/protocol.md section 10.2).
             self.metrics.produce_rejected()
             first = failed[0]
             more = f" (and {len(failed) - 1} more group(s): see results)" if len(failed) > 1 else ""
@@ -363,11 +366,14 @@ class BrokerApp:
 
     async def _commit(self, group: str, request: GroupCommitRequest):
         offsets: dict[TopicPartition, int] = {}
+        named: dict[str, set[str]] = {}  # per topic, the topic ids the request names
         for o in request.offsets:
             tp = _topic_partition(o.topic, o.partition)
             offsets[tp] = max(o.offset, offsets.get(tp, 0))
+            if o.topic_id is not None:
+                named.setdefault(tp.topic, set()).add(o.topic_id)
         try:
-            moved = await asyncio.to_thread(self._commit_offsets, group, offsets)
+            moved = await asyncio.to_thread(self._commit_offsets, group, offsets, named)
         except PartitionNotInitialized as e:
             raise _Refused(404, type(e).__name__, str(e)) from None
         except InvalidOffset as e:
@@ -375,15 +381,39 @@ class BrokerApp:
         return 200, GroupCommitResponse(group, [GroupCommitted(tp.topic, tp.partition, o, tp in moved)
                                                 for tp, o in offsets.items()]), []
 
-    def _commit_offsets(self, group: str, offsets: dict[TopicPartition, int]) -> dict[TopicPartition, int]:
-        """Commit after checking each partition exists and each offset is at most its log end
-        (high watermark + 1): a commit past the end would hide records written later."""
-        coordination = self.reader.coordination
-        for tp, offset in offsets.items():
-            end = self.reader.high_watermark(tp.topic, tp.partition) + 1
-            if offset > end:
-                raise InvalidOffset(f"{tp}: offset {offset} is past the log end {end} (the high watermark + 1)")
-        return commit_offsets(coordination, self.config.root_prefix, group, offsets)
+    def _commit_offsets(self, group: str, offsets: dict[TopicPartition, int],
+                        named: dict[str, set[str]]) -> dict[TopicPartition, int]:
+        """Commit to the topics' incarnations current now (their records, read now), after
+        checking each is the one the request names (``named``: per topic, the ``topic_id`` the
+        consumer read from, if it said), each partition exists in it and each offset is at most
+        its log end (high watermark + 1): a commit past the end would hide records written later.
+        Nothing is committed when a check fails. An incarnation deleted after the checks gets the
+        commit among its own keys, never a later topic's (docs/protocol.md section 12)."""
+        coordination, root = self.reader.coordination, self.config.root_prefix
+        at = time.monotonic()
+        current = {r.topic: r.topic_id for r in topic_records(coordination, root, {tp.topic for tp in offsets})}
+        for topic, topic_id in current.items():  # no later consume here answers an older incarnation
+            self.consume.learn_incarnation(topic, topic_id, at)
+        for topic in sorted({tp.topic for tp in offsets}):
+            if topic not in current:
+                raise TopicNotFound(topic)
+            stale = sorted(named.get(topic, set()) - {current[topic]})
+            if stale:
+                raise _Refused(409, "UnknownTopicId", f"topic {topic!r} is incarnation {current[topic]}, not "
+                                                      f"{', '.join(stale)}: it was deleted (and created again) after "
+                                                      "those offsets were read; nothing was committed")
+        keys = {tp: PartitionKeys(root, tp, current[tp.topic]) for tp in offsets}
+        controls = coordination.get_many([(k.control, k.partition_key) for k in keys.values()])
+        for (tp, k), found in zip(keys.items(), controls):
+            if found is None:
+                raise PartitionNotInitialized(tp.topic, tp.partition)
+            control = ControlRecord.from_json(found.value, k.control)
+            if control.deleted:
+                raise TopicDeleted(tp.topic, tp.partition, k.topic_id)
+            end = control.high_watermark + 1
+            if offsets[tp] > end:
+                raise InvalidOffset(f"{tp}: offset {offsets[tp]} is past the log end {end} (the high watermark + 1)")
+        return commit_offsets(coordination, root, group, offsets, topic_ids=current)
 
     async def _describe_group(self, group: str, principal: Principal):
         rows = await asyncio.to_thread(describe_group, self.reader.coordination, self.config.root_prefix, group)
@@ -395,43 +425,32 @@ class BrokerApp:
     # --- topics ---------------------------------------------------------------------------------
 
     def _topics(self) -> list[TopicSummary]:
-        """Every topic record (one scan of one shard, docs/topics.md section 1), and the topics
-        written before topic records, from their partitions, by name."""
-        coordination, root = self.reader.coordination, self.config.root_prefix
-        records = {r.topic: r for r in list_topic_records(coordination, root)}
-        summaries = [self._summary(topic, record.partitions, record) for topic, record in records.items()]
-        for topic in list_topics(coordination, root):
-            if topic not in records:
-                partitions = topic_partitions(coordination, root, topic)
-                if partitions:  # unless deleted since the listing
-                    summaries.append(self._summary(topic, max(partitions) + 1, None))
-        return sorted(summaries, key=lambda s: s.topic)
+        """Every topic record (one scan of one shard, docs/protocol.md section 10.1; every topic has
+        one, docs/protocol.md section 12), by name."""
+        return [self._summary(record) for record in topic_records(self.reader.coordination, self.config.root_prefix)]
 
-    def _summary(self, topic: str, partitions: int, record: TopicRecord | None) -> TopicSummary:
-        return TopicSummary(topic, partitions, record.state if record is not None else ACTIVE,
-                            record.topic_id if record is not None else None, self._settings(topic, record))
-
-    def _settings(self, topic: str, record: TopicRecord | None) -> TopicConfig:
-        return msgspec.convert(TopicSettings.of(topic, record, self.config).as_kafka(), TopicConfig)
+    def _summary(self, record: TopicRecord) -> TopicSummary:
+        settings = TopicSettings.of(record.topic, record, self.config).as_kafka()
+        return TopicSummary(record.topic, record.partitions, record.state, record.topic_id,
+                            msgspec.convert(settings, TopicConfig))
 
     def _topic(self, topic: str) -> TopicDescription:
-        """The topic's record and its initialized partitions, each with its log start offset
-        (docs/topics.md section 3)."""
+        """The topic's record and the initialized partitions of the incarnation it names, each
+        with its log start offset (docs/protocol.md section 10.3)."""
         try:
             validate_topic(topic)
         except InvalidTopicName as e:
             raise _Refused(400, type(e).__name__, str(e)) from None
         coordination, root = self.reader.coordination, self.config.root_prefix
-        found = read_topic(coordination, root, topic)
-        record = found.record if found is not None else None
-        rows = describe_topic(coordination, root, topic, self.reader.objects)
-        if record is None and not rows:
-            raise _Refused(404, "TopicNotFound", f"topic {topic!r} has no topic record and no initialized partitions")
-        count = record.partitions if record is not None else max(r.partition for r in rows) + 1
+        record, controls = partition_controls(coordination, root, topic)
+        if record is None:
+            raise _Refused(404, "TopicNotFound", f"topic {topic!r} has no topic record")
+        rows = [describe_partition(coordination, root, topic, p, self.reader.objects, record.topic_id)
+                for p in sorted(controls)]
         partitions = [PartitionSummary(r.partition, r.log_state, r.log_start_offset, r.high_watermark,
                                        r.index_entries, r.compacted_entries, r.bytes) for r in rows]
-        summary = self._summary(topic, count, record)
-        return TopicDescription(topic, partitions, count, summary.state, summary.topic_id, summary.config)
+        summary = self._summary(record)
+        return TopicDescription(topic, partitions, record.partitions, summary.state, summary.topic_id, summary.config)
 
 
 def _records(records: list) -> pa.BinaryArray | list[bytes]:

@@ -2,7 +2,7 @@
 is written with one ``LogWriter.append_shared`` (one S3 PUT, every partition committed in
 lockstep). A request is answered as soon as the offsets of the batch that holds it are
 reserved (``append_shared``'s ``on_durable``: from then the records are durable, ordered and
-readable, PROTOCOL.md section 4), with its own offsets: ``append_shared`` gives each group its
+readable, docs/protocol.md section 4), with its own offsets: ``append_shared`` gives each group its
 own consecutive range, and a partition's groups keep the order in which they were admitted. The
 flush goes on to write the index entries and clear the reservations; a failure there loses
 nothing (the next writer finishes them) and is logged.

@@ -16,12 +16,20 @@ wakes it. Reader calls run in a thread pool, never on the event loop; at most
 :data:`MAX_PENDING_FETCHES` queue for it, and past that (or :data:`MAX_WAITERS` long polls) a
 request is refused with :class:`ConsumeBusy` (503, ``Retry-After``).
 
-Retention (docs/topics.md section 3): every ok result and every ``OffsetOutOfRange`` one carries
+Retention (docs/protocol.md section 10.3): every ok result and every ``OffsetOutOfRange`` one carries
 the partition's log start offset, as Kafka's fetch response does. A fetch outside the readable
 offsets (below the log start, or past the high watermark + 1) answers that partition with
 ``OffsetOutOfRange``, or, as the request's ``auto_offset_reset`` says, is read again from the log
 start (``earliest``) or the log end (``latest``); a partition reset so is read from its new offset
 for the rest of the request (a long poll waits there).
+
+Incarnations (docs/protocol.md section 12): a topic deleted and created again is another incarnation
+(another ``topic_id``) whose offsets start at 1 again. Every cached run is of the incarnation its
+append was reserved under, and a tail cache answers a partition only with runs of the incarnation
+a read of its ``meta/control`` resolved (the topic record as the reader caches it, read again when
+that control is a tombstone or missing), within :data:`LOG_START_MAX_AGE_S`; a read that finds
+another incarnation drops the cached one. Every ok result names the ``topic_id`` its records are
+of, so a client can tell a re-created topic and commit its offsets to the incarnation it read.
 """
 
 from __future__ import annotations
@@ -32,6 +40,7 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import NamedTuple
 
 import msgspec
 import pyarrow as pa
@@ -42,7 +51,7 @@ from broker_lite.models import (
 )
 from broker_lite.tail_cache import TailCache, TailCacheDir
 from llog.config import Config
-from llog.errors import LlogError, OffsetOutOfRange, PartitionNotInitialized
+from llog.errors import LlogError, OffsetOutOfRange, PartitionNotInitialized, TopicNotFound, TopicRecreated
 from llog.keys import PartitionKeys, TopicPartition, validate_partition, validate_topic
 from llog.reader import FetchRequest, Fetched, LogReader
 from llog.records import ControlRecord
@@ -60,8 +69,8 @@ MAX_WAITERS = 10_000
 #: 16: on the local stack the broker is bound by its interpreter lock, and 16 threads contending
 #: for it served 150-170k records/s on a miss where 8 served 200-220k (4: 150-190k).
 FETCH_THREADS = 8
-#: How long a partition's log start offset, once read, lets the tail caches answer without reading
-#: it again (see :meth:`ConsumeService._cache_start`).
+#: How long a partition's log start offset and incarnation, once read, let the tail caches answer
+#: without reading them again (see :meth:`ConsumeService._cacheable`).
 LOG_START_MAX_AGE_S = 1.0
 #: Resets (``auto_offset_reset``) of one partition in one pass: a retention pass that moves the
 #: log start again between the reset and the read makes the read out of range once more.
@@ -74,6 +83,16 @@ class ConsumeBusy(LlogError):
     def __init__(self, message: str, retry_after_s: int = 1):
         super().__init__(message)
         self.retry_after_s = retry_after_s
+
+
+class _Known(NamedTuple):
+    """What a read of a partition's ``meta/control`` found: its log start offset and the
+    ``topic_id`` of the incarnation it is of (both None: no such partition, or its incarnation
+    was deleted), and the ``time.monotonic()`` the read began at."""
+
+    log_start: int | None
+    topic_id: str | None
+    at: float
 
 
 @dataclass(eq=False)  # hashed by identity: kept in sets
@@ -116,9 +135,11 @@ class ConsumeService:
         self._by_partition: dict[TopicPartition, set[_Waiter]] = {}
         self._probe: asyncio.Task | None = None
         self._closed = False
-        #: Per partition: its log start offset (None: the partition does not exist) and the
-        #: ``time.monotonic()`` of the read it came from (taken before the read began).
-        self._log_starts: dict[TopicPartition, tuple[int | None, float]] = {}
+        #: Per partition: what the latest read of its ``meta/control`` found.
+        self._known: dict[TopicPartition, _Known] = {}
+        #: Per topic: the ``topic_id`` the latest read of any of its partitions found, and the
+        #: ``time.monotonic()`` that read began at (a partition known of another is read again).
+        self._latest_ids: dict[str, tuple[str, float]] = {}
         #: Called on the loop with each answered consume's :class:`ConsumeStats` (the metrics).
         self.observer: Callable[[ConsumeStats], None] | None = None
 
@@ -133,17 +154,18 @@ class ConsumeService:
         :class:`AppendResult` or its error; ``groups``: the batch's, records as Arrow arrays):
         cache each partition's records as one run (``append_shared`` gives a partition's groups
         consecutive offsets, in order) and wake the consumers waiting on it."""
-        by_partition: dict[TopicPartition, list[tuple[AppendResult, pa.BinaryArray]]] = {}
+        by_partition: dict[tuple[TopicPartition, str | None], list[tuple[AppendResult, pa.BinaryArray]]] = {}
         for group, outcome in zip(groups, outcomes):
             if isinstance(outcome, AppendResult):
-                by_partition.setdefault(TopicPartition(outcome.topic, outcome.partition), []).append(
-                    (outcome, group.records))
-        for tp, committed in by_partition.items():
+                tp = TopicPartition(outcome.topic, outcome.partition)
+                by_partition.setdefault((tp, outcome.topic_id), []).append((outcome, group.records))
+        for (tp, topic_id), committed in by_partition.items():
             first, last = committed[0][0].start_offset, committed[-1][0].end_offset
-            values = committed[0][1] if len(committed) == 1 else pa.concat_arrays([v for _, v in committed])
-            self.cache.add(tp, first, values)
-            if self.shared is not None:
-                self._files.submit(self._share, tp, first, values)
+            if topic_id is not None:
+                values = committed[0][1] if len(committed) == 1 else pa.concat_arrays([v for _, v in committed])
+                self.cache.add(tp, topic_id, first, values)
+                if self.shared is not None:
+                    self._files.submit(self._share, tp, topic_id, first, values)
             for waiter in self._by_partition.get(tp, ()):
                 if last >= waiter.wanted[tp]:
                     waiter.event.set()
@@ -158,9 +180,9 @@ class ConsumeService:
         for tp in wanted:
             self._by_partition.setdefault(tp, set()).add(waiter)
 
-    def _share(self, tp: TopicPartition, first: int, values) -> None:
+    def _share(self, tp: TopicPartition, topic_id: str, first: int, values) -> None:
         try:
-            self.shared.add(tp, first, values)
+            self.shared.add(tp, topic_id, first, values)
         except OSError as e:  # opportunistic: readers miss and go to Oxia and S3
             log.warning("cannot write to the tail cache directory %s: %s", self.shared.root, e)
 
@@ -248,28 +270,33 @@ class ConsumeService:
     async def _fetch(self, partitions: list[ConsumePartition], max_bytes: int,
                      stats: ConsumeStats) -> list[tuple[ConsumeResult, int]]:
         """Each partition's result and its record bytes: the tail cache for each partition it
-        holds (and may answer, :meth:`_cache_start`), the reader for the rest (one call, so
+        holds (and may answer, :meth:`_cacheable`), the reader for the rest (one call, so
         shared blobs are fetched once); byte budgets applied in request order."""
         results: list[tuple[ConsumeResult, int] | None] = [None] * len(partitions)
         misses: list[int] = []
         remaining = max_bytes
         tps = [TopicPartition(p.topic, p.partition) for p in partitions]
         if self.cache.enabled:  # the partitions the cache may hold at their offsets
-            await self._know_log_starts([tp for tp, p in zip(tps, partitions)
-                                         if (tail := self.cache.tail(tp)) is not None and p.fetch_offset <= tail])
+            cached = [tp for tp, p in zip(tps, partitions)
+                      if (tail := self.cache.tail(tp)) is not None and p.fetch_offset <= tail]
+            await self._know_log_starts(cached)
+            for tp in cached:
+                known = self._fresh_known(tp)
+                if known is not None and known.topic_id != self.cache.incarnation(tp):
+                    self.cache.forget(tp)  # the cached incarnation was deleted (maybe created again)
         for i, (tp, p) in enumerate(zip(tps, partitions)):
             if remaining <= 0:
                 misses.append(i)  # the reader answers with the high watermark and no records
                 continue
-            log_start = self._cache_start(tp, p.fetch_offset) if self.cache.enabled else None
-            hit = (self.cache.get(tp, p.fetch_offset, min(p.partition_max_bytes, remaining))
-                   if log_start is not None else None)
+            known = self._cacheable(tp, p.fetch_offset) if self.cache.enabled else None
+            hit = (self.cache.get(tp, known.topic_id, p.fetch_offset, min(p.partition_max_bytes, remaining))
+                   if known is not None else None)
             if hit is None:
                 misses.append(i)
                 stats.cache_misses += self.cache.enabled
                 continue
             stats.cache_hits += 1
-            results[i] = _from_values(p, hit.first, hit.values, hit.tail, log_start)
+            results[i] = _from_values(p, hit.first, hit.values, hit.tail, known.log_start, known.topic_id)
             remaining -= results[i][1]
         if misses:
             wanted = [partitions[i] for i in misses]
@@ -290,12 +317,14 @@ class ConsumeService:
         if self._pending_fetches >= MAX_PENDING_FETCHES:
             raise ConsumeBusy(f"{self._pending_fetches} fetches are waiting for Oxia and S3, the most this broker queues")
 
-    # --- log start offsets (docs/topics.md section 3) -------------------------------------------
+    # --- log start offsets (docs/protocol.md section 10.3) and incarnations (docs/protocol.md section 12) -----
 
-    def _cache_start(self, tp: TopicPartition, offset: int) -> int | None:
-        """The log start offset of ``tp`` when a tail cache (this process's or the shared
-        directory) may answer it at ``offset``, else None: only when the partition's log start
-        offset was read within :data:`LOG_START_MAX_AGE_S` and ``offset`` is not below it.
+    def _cacheable(self, tp: TopicPartition, offset: int) -> _Known | None:
+        """What was read of ``tp`` when a tail cache (this process's or the shared directory) may
+        answer it at ``offset``, else None: only when the partition's log start offset and
+        incarnation were read within :data:`LOG_START_MAX_AGE_S`, the partition exists and is
+        not deleted, and ``offset`` is not below the log start. The cache then answers with runs
+        of that incarnation only.
 
         A cache holds records this broker produced, and offsets are immutable, so a cached
         record below the log start is still the right record of its offset; but retention
@@ -307,22 +336,26 @@ class ConsumeService:
         cache answers only at or above a log start it knows; the log start it knows may be up to
         :data:`LOG_START_MAX_AGE_S` old (a retention pass in that window looks as if it ran that
         much later), which costs a hot partition one multi-key Oxia read a second. The same
-        read also keeps a deleted topic's cached records from being served (no ``meta/control``:
-        the reader answers ``PartitionNotInitialized``)."""
-        known = self._known_start(tp)
-        return known if known is not None and offset >= known else None
+        read resolves the incarnation, so a deleted topic's cached records are not served (its
+        ``meta/control`` is a tombstone), nor are they as a later topic of the same name's; a
+        delete in that window looks as if it ran that much later too."""
+        known = self._fresh_known(tp)
+        return known if known is not None and known.log_start is not None and offset >= known.log_start else None
 
-    def _known_start(self, tp: TopicPartition) -> int | None:
-        """``tp``'s log start offset as read within :data:`LOG_START_MAX_AGE_S` (None: not read
-        then, or no such partition)."""
-        known = self._log_starts.get(tp)
-        if known is None or time.monotonic() - known[1] > LOG_START_MAX_AGE_S:
+    def _fresh_known(self, tp: TopicPartition) -> _Known | None:
+        """What was read of ``tp`` within :data:`LOG_START_MAX_AGE_S`, unless a later read of a
+        partition of its topic found another incarnation (None: read it again)."""
+        known = self._known.get(tp)
+        if known is None or time.monotonic() - known.at > LOG_START_MAX_AGE_S:
             return None
-        return known[0]
+        latest = self._latest_ids.get(tp.topic)
+        if known.topic_id is not None and latest is not None and latest[0] != known.topic_id and latest[1] >= known.at:
+            return None
+        return known
 
     async def _know_log_starts(self, partitions: list[TopicPartition]) -> None:
-        """Read the log start offsets of ``partitions`` whose known one is too old for
-        :meth:`_cache_start` (one multi-key Oxia read, in the pool)."""
+        """Read the log start offsets and incarnations of ``partitions`` whose known ones are
+        too old for :meth:`_cacheable` (one multi-key Oxia read, in the pool)."""
         stale = self._stale(partitions)
         if stale:
             self._admit_fetch()
@@ -333,28 +366,64 @@ class ConsumeService:
                 self._pending_fetches -= 1
 
     def _stale(self, partitions: Sequence[TopicPartition]) -> list[TopicPartition]:
-        now = time.monotonic()
-        return list(dict.fromkeys(tp for tp in partitions if tp not in self._log_starts
-                                  or now - self._log_starts[tp][1] > LOG_START_MAX_AGE_S))
+        return [tp for tp in dict.fromkeys(partitions) if self._fresh_known(tp) is None]
 
-    def _learn(self, tp: TopicPartition, log_start: int | None, at: float) -> None:
-        """``tp``'s log start offset (None: no such partition) as a read that began at ``at``
-        found it; an older read finishing later does not replace it."""
-        known = self._log_starts.get(tp)
-        if known is None or known[1] <= at:
-            self._log_starts[tp] = (log_start, at)
+    def _learn(self, tp: TopicPartition, log_start: int | None, topic_id: str | None, at: float) -> None:
+        """``tp``'s log start offset and incarnation (both None: no such partition, or deleted)
+        as a read that began at ``at`` found them; an older read finishing later does not replace
+        them."""
+        known = self._known.get(tp)
+        if known is None or known.at <= at:
+            self._known[tp] = _Known(log_start, topic_id, at)
+        if topic_id is not None:
+            self.learn_incarnation(tp.topic, topic_id, at)
+
+    def learn_incarnation(self, topic: str, topic_id: str, at: float) -> None:
+        """``topic``'s current incarnation as a read of its record that began at ``at``
+        (``time.monotonic()``) found it, somewhere else in this broker (a group commit): a
+        partition known of another incarnation, from an older read, is read again before a tail
+        cache answers it. Any thread."""
+        latest = self._latest_ids.get(topic)
+        if latest is None or latest[1] <= at:
+            self._latest_ids[topic] = (topic_id, at)
 
     def _read_controls(self, partitions: list[TopicPartition]) -> dict[TopicPartition, ControlRecord]:
-        """In a pool thread: the partitions' ``meta/control`` records (one multi-key read), their
-        log starts learned; the partitions that exist."""
+        """In a pool thread: the ``meta/control`` of each partition in its topic's current
+        incarnation (the topic record as the reader caches it), in one multi-key read, their log
+        starts and incarnations learned; the partitions that exist and are not deleted. A control
+        missing or a tombstone may mean the topic was created again since its record was cached:
+        those topics' records are read again and, where the id changed, their controls once more
+        (as :meth:`LogReader.fetch` does)."""
         at = time.monotonic()
-        keys = [PartitionKeys(self.root, tp) for tp in partitions]
-        found = self.reader.coordination.get_many([(k.control, k.partition_key) for k in keys])
-        controls = {tp: ControlRecord.from_json(v.value, k.control)
-                    for tp, k, v in zip(partitions, keys, found) if v is not None}
+        found: dict[TopicPartition, tuple[str, ControlRecord]] = {}
+        todo = list(partitions)
+        for attempt in range(2):
+            keys: dict[TopicPartition, PartitionKeys] = {}
+            for tp in todo:
+                try:
+                    keys[tp] = self.reader.keys(tp.topic, tp.partition)
+                except TopicNotFound:
+                    pass  # its record was read just now (an absence is not cached): no such topic
+            values = self.reader.coordination.get_many([(k.control, k.partition_key) for k in keys.values()]) \
+                if keys else []
+            gone = []
+            for (tp, k), value in zip(keys.items(), values):
+                record = ControlRecord.from_json(value.value, k.control) if value is not None else None
+                if record is not None and not record.deleted:
+                    found[tp] = (k.topic_id, record)
+                else:
+                    gone.append(tp)
+            if not gone or attempt:
+                break
+            ids = {}
+            for topic in {tp.topic for tp in gone}:
+                record = self.reader.topics.get(topic, fresh=True)
+                ids[topic] = record.topic_id if record is not None else None
+            todo = [tp for tp in gone if ids[tp.topic] not in (None, keys[tp].topic_id)]
         for tp in partitions:
-            self._learn(tp, controls[tp].log_start_offset if tp in controls else None, at)
-        return controls
+            topic_id, record = found.get(tp, (None, None))
+            self._learn(tp, record.log_start_offset if record is not None else None, topic_id, at)
+        return {tp: record for tp, (_, record) in found.items()}
 
     def _read(self, partitions: list[ConsumePartition], max_bytes: int) -> tuple[list[tuple[ConsumeResult, int]], int]:
         """In a pool thread: the shared tail cache directory first (if any, where it may answer),
@@ -367,55 +436,80 @@ class ConsumeService:
             if stale:
                 self._read_controls(stale)
             for i, p in enumerate(partitions):
-                log_start = self._cache_start(TopicPartition(p.topic, p.partition), p.fetch_offset)
-                if remaining <= 0 or log_start is None:
+                known = self._cacheable(TopicPartition(p.topic, p.partition), p.fetch_offset)
+                if remaining <= 0 or known is None:
                     continue
-                hit = self._shared_get(p, min(p.partition_max_bytes, remaining))
+                hit = self._shared_get(p, known.topic_id, min(p.partition_max_bytes, remaining))
                 if hit is not None:
-                    out[i] = _from_values(p, hit.first, hit.values, hit.tail, log_start)
+                    out[i] = _from_values(p, hit.first, hit.values, hit.tail, known.log_start, known.topic_id)
                     remaining -= out[i][1]
                     hits += 1
         rest = [i for i, r in enumerate(out) if r is None]
         if rest:
-            requests = [FetchRequest(partitions[i].topic, partitions[i].partition, partitions[i].fetch_offset,
-                                     partitions[i].partition_max_bytes) for i in rest]
-            at = time.monotonic()
-            outcomes = self.reader.fetch(requests, max_bytes=max(remaining, 0))
-            starts = self._log_starts_of(rest, partitions, outcomes, at)
-            for i, outcome in zip(rest, outcomes):
-                out[i] = _from_outcome(partitions[i], outcome, starts.get(i))
+            self._read_log(partitions, rest, out, max(remaining, 0))
         return out, hits
 
-    def _log_starts_of(self, indexes: list[int], partitions: list[ConsumePartition], outcomes: list,
-                       at: float) -> dict[int, int]:
-        """Per fetched partition (by index), its log start offset, learned: as the fetch read it
-        (``Fetched.log_start_offset``, ``OffsetOutOfRange.log_start_offset``), else (a reader
-        whose ``Fetched`` does not carry it) as known within :data:`LOG_START_MAX_AGE_S` or as a
-        read of ``meta/control`` after the fetch finds it."""
-        starts: dict[int, int] = {}
-        unknown: list[int] = []
-        for i, outcome in zip(indexes, outcomes):
-            tp = TopicPartition(partitions[i].topic, partitions[i].partition)
-            start = getattr(outcome, "log_start_offset", None)
-            if isinstance(outcome, PartitionNotInitialized):
-                self._learn(tp, None, at)
-            elif start is not None:
-                starts[i] = start
-                self._learn(tp, start, at)
-            elif isinstance(outcome, Fetched):
-                if (known := self._known_start(tp)) is not None and known <= outcome.offset:
-                    starts[i] = known
-                else:
-                    unknown.append(i)
-        if unknown:
-            tps = [TopicPartition(partitions[i].topic, partitions[i].partition) for i in unknown]
-            controls = self._read_controls(tps)
-            starts.update({i: controls[tp].log_start_offset for i, tp in zip(unknown, tps) if tp in controls})
-        return starts
+    def _read_log(self, partitions: list[ConsumePartition], indexes: list[int],
+                  out: list[tuple[ConsumeResult, int] | None], max_bytes: int) -> None:
+        """In a pool thread: ``partitions[i]`` for each of ``indexes`` from Oxia and S3 (one
+        :meth:`LogReader.fetch`) into ``out[i]``, log starts and incarnations learned.
 
-    def _shared_get(self, p: ConsumePartition, max_bytes: int):
+        The reader resolves each partition's incarnation from its cached topic record (read again
+        when it meets a tombstone), and says which by the record it caches: the same before and
+        after the fetch, that is the one. When it changed (the topic was created again, and the
+        fetch or another read noticed), the partition is fetched once more; if it changes again,
+        it answers :class:`TopicRecreated` (fetch again)."""
+        todo = indexes
+        for attempt in range(2):
+            requests = [FetchRequest(partitions[i].topic, partitions[i].partition, partitions[i].fetch_offset,
+                                     partitions[i].partition_max_bytes) for i in todo]
+            at = time.monotonic()
+            before = self._topic_ids({partitions[i].topic for i in todo})
+            outcomes = self.reader.fetch(requests, max_bytes=max_bytes)
+            after = self._topic_ids({p.topic for p, o in zip(requests, outcomes)
+                                     if isinstance(o, (Fetched, OffsetOutOfRange))})
+            again = []
+            for i, outcome in zip(todo, outcomes):
+                topic = partitions[i].topic
+                topic_id = after.get(topic)
+                if isinstance(outcome, (Fetched, OffsetOutOfRange)) and topic_id != before[topic]:
+                    if not attempt:
+                        again.append(i)
+                        continue
+                    outcome = TopicRecreated(f"topic {topic!r} was deleted and created again while this fetch "
+                                             f"ran (topic id {before[topic]}, then {topic_id}): fetch again")
+                log_start = self._learn_outcome(partitions[i], outcome, topic_id, at)
+                out[i] = _from_outcome(partitions[i], outcome, log_start, topic_id)
+                max_bytes = max(max_bytes - out[i][1], 0)
+            if not again:
+                return
+            todo = again
+
+    def _topic_ids(self, topics: set[str]) -> dict[str, str | None]:
+        """Each topic's ``topic_id`` as the reader caches its record (None: no record)."""
+        ids = {}
+        for topic in topics:
+            record = self.reader.topics.get(topic)
+            ids[topic] = record.topic_id if record is not None else None
+        return ids
+
+    def _learn_outcome(self, p: ConsumePartition, outcome: Fetched | LlogError, topic_id: str | None,
+                       at: float) -> int | None:
+        """Learn what a fetch of ``p`` (in incarnation ``topic_id``) found: the partition's log
+        start offset (``Fetched.log_start_offset``, ``OffsetOutOfRange.log_start_offset``), or
+        that it does not exist (no topic, not initialized, deleted). Returns the log start."""
+        tp = TopicPartition(p.topic, p.partition)
+        if isinstance(outcome, (PartitionNotInitialized, TopicNotFound)):
+            self._learn(tp, None, None, at)
+            return None
+        start = getattr(outcome, "log_start_offset", None)
+        if start is not None and topic_id is not None and isinstance(outcome, (Fetched, OffsetOutOfRange)):
+            self._learn(tp, start, topic_id, at)
+        return start
+
+    def _shared_get(self, p: ConsumePartition, topic_id: str, max_bytes: int):
         try:
-            return self.shared.get(TopicPartition(p.topic, p.partition), p.fetch_offset, max_bytes)
+            return self.shared.get(TopicPartition(p.topic, p.partition), topic_id, p.fetch_offset, max_bytes)
         except (OSError, LlogError) as e:  # a run being deleted, or damaged: Oxia and S3 answer
             log.warning("tail cache directory: %s: %s", type(e).__name__, e)
             return None
@@ -473,27 +567,29 @@ def _reset_offset(policy: str, result: ConsumeResult) -> int | None:
     return result.log_start_offset if policy == "earliest" else result.high_watermark + 1
 
 
-def _from_outcome(p: ConsumePartition, outcome: Fetched | LlogError, log_start: int | None) -> tuple[ConsumeResult, int]:
-    """The result of the reader's outcome for ``p``, and its record bytes."""
+def _from_outcome(p: ConsumePartition, outcome: Fetched | LlogError, log_start: int | None,
+                  topic_id: str | None) -> tuple[ConsumeResult, int]:
+    """The result of the reader's outcome for ``p`` (of incarnation ``topic_id``), and its record
+    bytes."""
     if isinstance(outcome, Fetched) and any(_has_more_than_values(b) for b in outcome.batches):
-        return _from_batches(p, outcome, log_start)
+        return _from_batches(p, outcome, log_start, topic_id)
     if isinstance(outcome, Fetched):
         columns = [b.column(1) for b in outcome.batches]
         values = pa.concat_arrays(columns) if len(columns) > 1 else columns[0] if columns else []
-        return _from_values(p, p.fetch_offset, values, outcome.high_watermark, log_start)
+        return _from_values(p, p.fetch_offset, values, outcome.high_watermark, log_start, topic_id)
     if isinstance(outcome, OffsetOutOfRange):  # where the readable offsets are: a client can reset
         return ConsumeResult(p.topic, p.partition, False, high_watermark=outcome.high_watermark,
-                             log_start_offset=outcome.log_start_offset, error_type=type(outcome).__name__,
-                             error=str(outcome)), 0
+                             log_start_offset=outcome.log_start_offset, topic_id=topic_id,
+                             error_type=type(outcome).__name__, error=str(outcome)), 0
     return ConsumeResult(p.topic, p.partition, False, error_type=type(outcome).__name__, error=str(outcome)), 0
 
 
 def _from_values(p: ConsumePartition, first: int, values: list[bytes] | pa.BinaryArray,
-                 high_watermark: int, log_start: int | None) -> tuple[ConsumeResult, int]:
-    """The result of records ``first..`` (``values``), and their bytes."""
+                 high_watermark: int, log_start: int | None, topic_id: str | None) -> tuple[ConsumeResult, int]:
+    """The result of records ``first..`` (``values``) of incarnation ``topic_id``, and their bytes."""
     if not len(values):
         return ConsumeResult(p.topic, p.partition, True, high_watermark=high_watermark, log_start_offset=log_start,
-                             next_fetch_offset=p.fetch_offset, record_count=0, records=[]), 0
+                             next_fetch_offset=p.fetch_offset, record_count=0, records=[], topic_id=topic_id), 0
     records = None
     if isinstance(values, pa.Array):  # from Oxia and S3: UTF-8 checked by Arrow for all at once
         size = payload_bytes(values)
@@ -515,7 +611,7 @@ def _from_values(p: ConsumePartition, first: int, values: list[bytes] | pa.Binar
     last = first + len(values) - 1
     return ConsumeResult(p.topic, p.partition, True, high_watermark=max(high_watermark, last),
                          log_start_offset=log_start, start_offset=first, end_offset=last, next_fetch_offset=last + 1,
-                         record_count=len(values), records=records), size
+                         record_count=len(values), records=records, topic_id=topic_id), size
 
 
 def _has_more_than_values(batch: pa.RecordBatch) -> bool:
@@ -533,7 +629,8 @@ def _text_or_base64(value: bytes | None) -> tuple[str | None, bytes | None]:
         return None, value
 
 
-def _from_batches(p: ConsumePartition, fetched: Fetched, log_start: int | None) -> tuple[ConsumeResult, int]:
+def _from_batches(p: ConsumePartition, fetched: Fetched, log_start: int | None,
+                  topic_id: str | None) -> tuple[ConsumeResult, int]:
     """The result of fetched records that carry more than a value (records-v2), record by record."""
     records, size = [], 0
     for batch in fetched.batches:
@@ -548,7 +645,8 @@ def _from_batches(p: ConsumePartition, fetched: Fetched, log_start: int | None) 
     last = p.fetch_offset + len(records) - 1
     return ConsumeResult(p.topic, p.partition, True, high_watermark=max(fetched.high_watermark, last),
                          log_start_offset=log_start, start_offset=p.fetch_offset, end_offset=last,
-                         next_fetch_offset=last + 1, record_count=len(records), records=records), size
+                         next_fetch_offset=last + 1, record_count=len(records), records=records,
+                         topic_id=topic_id), size
 
 
 def _response(results: list[ConsumeResult]) -> ConsumeResponse:

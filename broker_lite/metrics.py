@@ -1,6 +1,5 @@
 """The broker's metrics: ``GET /metrics`` (a JSON snapshot) and ``GET /metrics/prometheus``
-(Prometheus text, ``text/plain; version=0.0.4``), the seed's contract (``HTTP_API.txt``;
-``shared/research/broker/contract.md`` sections 1.2 and 1.3).
+(Prometheus text, ``text/plain; version=0.0.4``), the reference implementation's metrics contract.
 
 One :class:`BrokerMetrics` per process. Its own numbers (HTTP, produce, consume) are plain
 counters under a lock, updated by the app on the event loop; numbers that live elsewhere are read

@@ -1,6 +1,6 @@
 """The broker's request and response bodies, as msgspec Structs: the one definition that decodes
-and validates requests and encodes responses (the seed's HTTP contract,
-``shared/reference/HTTP_API.txt``). A body that does not match gets a 400 naming the field.
+and validates requests and encodes responses (the HTTP contract of the reference
+implementation). A body that does not match gets a 400 naming the field.
 """
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ from typing import Annotated, Literal
 
 import msgspec
 
-#: A topic as the request shape checks it; llog's topic rule (PROTOCOL.md section 1) is checked
+#: A topic as the request shape checks it; llog's topic rule (docs/protocol.md section 1) is checked
 #: when the request is admitted, also with a 400.
 Topic = Annotated[str, msgspec.Meta(min_length=1)]
 Partition = Annotated[int, msgspec.Meta(ge=0)]
@@ -101,7 +101,7 @@ class ConsumeRequest(msgspec.Struct, forbid_unknown_fields=True):
     min_bytes: Annotated[int, msgspec.Meta(ge=0)] = 1
     #: Record bytes to return for the whole request at most (the first record always).
     max_bytes: Annotated[int, msgspec.Meta(gt=0)] = DEFAULT_MAX_BYTES
-    #: A ``fetch_offset`` below the partition's log start (removed by retention, docs/topics.md
+    #: A ``fetch_offset`` below the partition's log start (removed by retention, docs/protocol.md section 10
     #: section 3) or past its high watermark + 1: ``none`` answers the partition with
     #: ``OffsetOutOfRange`` (its ``log_start_offset`` and ``high_watermark`` say where to go);
     #: ``earliest`` reads from the log start instead, ``latest`` from the log end (no records,
@@ -122,7 +122,7 @@ class ConsumedHeader(msgspec.Struct, omit_defaults=True):
 class ConsumedRecord(msgspec.Struct, omit_defaults=True):
     """A record: its value as ``payload`` when its bytes are UTF-8, else ``base64`` (neither: a
     tombstone, Kafka's null value). Records written with a key, headers or an event time
-    (docs/records-v2.md) also carry ``key`` (or ``key_base64``), ``headers`` and ``timestamp``
+    (docs/protocol.md section 11) also carry ``key`` (or ``key_base64``), ``headers`` and ``timestamp``
     (ms since the epoch)."""
 
     offset: int
@@ -141,7 +141,7 @@ class ConsumeResult(msgspec.Struct, omit_defaults=True):
     partition: int
     ok: bool
     high_watermark: int | None = None
-    #: The first offset still in the log (docs/topics.md section 3; Kafka's fetch response has
+    #: The first offset still in the log (docs/protocol.md section 10.3; Kafka's fetch response has
     #: it): on every ok result, and on an ``OffsetOutOfRange`` one, so a client can reset.
     log_start_offset: int | None = None
     start_offset: int | None = None
@@ -149,6 +149,11 @@ class ConsumeResult(msgspec.Struct, omit_defaults=True):
     next_fetch_offset: int | None = None
     record_count: int | None = None
     records: list[ConsumedRecord] | None = None
+    #: The incarnation of the topic the records are of (its record's ``topic_id``; docs/protocol.md
+    #: section 12), on every ok result and on an ``OffsetOutOfRange`` one. A topic deleted and
+    #: created again has a new one, and its offsets start at 1 again: a client that sees it
+    #: change starts over, and commits its offsets with the id it read them from.
+    topic_id: str | None = None
     error_type: str | None = None
     error: str | None = None
 
@@ -169,6 +174,12 @@ class GroupOffset(msgspec.Struct, forbid_unknown_fields=True):
     partition: Partition
     #: The next offset the group will read (Kafka's committed offset): last consumed + 1.
     offset: Annotated[int, msgspec.Meta(ge=1)]
+    #: The ``topic_id`` of the consume results the offset was read from (Kafka's topic id in an
+    #: offset commit). Checked: an id that is not the topic's current one (the topic was deleted,
+    #: maybe created again) refuses the whole commit with 409 ``UnknownTopicId``, nothing
+    #: committed. Without it, the offset goes to the topic's incarnation current when the commit
+    #: is handled.
+    topic_id: Annotated[str, msgspec.Meta(pattern="^[A-Za-z0-9-]{1,64}$")] | None = None
 
 
 class GroupCommitRequest(msgspec.Struct, forbid_unknown_fields=True):
@@ -208,7 +219,7 @@ class GroupDescription(msgspec.Struct):
 # --- topics ----------------------------------------------------------------------------------
 
 class TopicConfig(msgspec.Struct):
-    """A topic's effective settings (docs/topics.md section 1, Kafka's names): its record's, else
+    """A topic's effective settings (docs/protocol.md section 10.1, Kafka's names): its record's, else
     the defaults."""
 
     cleanup_policy: str = msgspec.field(name="cleanup.policy")
@@ -221,14 +232,13 @@ class TopicConfig(msgspec.Struct):
 
 class TopicSummary(msgspec.Struct):
     topic: str
-    #: The topic record's partition count (partitions ``0..partitions-1``); for a topic written
-    #: before topic records, its highest initialized partition + 1.
+    #: The topic record's partition count (partitions ``0..partitions-1``).
     partitions: int
     #: ``ACTIVE``, or ``DELETING`` while a delete runs.
     state: str
-    #: New at every create (docs/topics.md section 1); null for a topic written before topic
-    #: records, which has no record until its next write gives it one.
-    topic_id: str | None
+    #: New at every create (docs/protocol.md section 10.1): the incarnation of the topic (docs/protocol.md
+    #: section 12), as consume results name it.
+    topic_id: str
     config: TopicConfig
 
 
@@ -240,7 +250,7 @@ class PartitionSummary(msgspec.Struct):
     partition: int
     log_state: str
     #: The first offset still in the log: ``log_start_offset..high_watermark`` are readable,
-    #: the offsets below were removed by retention (docs/topics.md section 3).
+    #: the offsets below were removed by retention (docs/protocol.md section 10.3).
     log_start_offset: int
     high_watermark: int
     index_entries: int
@@ -257,5 +267,5 @@ class TopicDescription(msgspec.Struct):
     #: As :class:`TopicSummary`'s ``partitions``, ``state`` and ``topic_id``.
     partition_count: int
     state: str
-    topic_id: str | None
+    topic_id: str
     config: TopicConfig

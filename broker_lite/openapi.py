@@ -32,7 +32,7 @@ REF_TEMPLATE = "#/components/schemas/{name}"
 JSON = "application/json"
 PROMETHEUS = "text/plain; version=0.0.4"
 
-#: llog's topic (and group id) rule as JSON Schema: Kafka's, PROTOCOL.md section 1.
+#: llog's topic (and group id) rule as JSON Schema: Kafka's, docs/protocol.md section 1.
 NAME_SCHEMA: dict[str, Any] = {
     "type": "string",
     "pattern": f"^[A-Za-z0-9._-]{{1,{MAX_TOPIC_LENGTH}}}$",
@@ -141,7 +141,10 @@ ROUTES: tuple[Route, ...] = (
                       "max_wait_ms for min_bytes. Every ok result, and an OffsetOutOfRange one, carries the "
                       "partition's log_start_offset (offsets below it were removed by retention); a fetch_offset "
                       "out of range answers OffsetOutOfRange, or with auto_offset_reset earliest or latest reads "
-                      "from the log start or the log end instead. Served by --role read and both.",
+                      "from the log start or the log end instead. Every ok result, and an OffsetOutOfRange one, "
+                      "names the topic_id of the topic's incarnation its records and offsets are of: a topic "
+                      "deleted and created again has a new topic_id and starts again at offset 1, and records of "
+                      "a deleted incarnation are never answered as a later one's. Served by --role read and both.",
           answers=(
               Answer(200, "Each requested topic-partition's records (maybe none), or why not.",
                      models.ConsumeResponse),
@@ -151,18 +154,23 @@ ROUTES: tuple[Route, ...] = (
     Route("commitGroup", "post", "/groups/{group}/commit", "Commit a consumer group's offsets", "groups",
           params=("group",), request=models.GroupCommitRequest,
           example={"offsets": [{"topic": "orders", "partition": 0, "offset": 2}]},
-          description="Commits only move forward. Served by --role read and both.",
+          description="Commits only move forward. Offsets belong to an incarnation of a topic: an offset with "
+                      "a topic_id (the consume results' one) is committed to that incarnation only if it is the "
+                      "topic's current one, else the whole commit is refused with 409 UnknownTopicId; an offset "
+                      "without one goes to the incarnation current when the commit is handled. A topic deleted "
+                      "and created again starts with no committed offsets. Served by --role read and both.",
           answers=(
               Answer(200, "Each offset, and whether it moved the group's committed offset.",
                      models.GroupCommitResponse),
+              _error(409, "UnknownTopicId: an offset's topic_id is not its topic's current one (the topic was "
+                          "deleted, maybe created again, after the offset was read); nothing committed."),
               _BAD_BODY, _TOO_LARGE)),
     Route("describeGroup", "get", "/groups/{group}", "Describe a consumer group: committed offsets and lag", "groups",
           params=("group",), description="Served by --role read and both.", answers=(
               Answer(200, "The group's committed offsets and lag per partition.", models.GroupDescription),
               _BAD_NAME)),
     Route("listTopics", "get", "/topics", "List topics", "topics",
-          description="Every topic record, and every topic written before topic records (listed from its "
-                      "partitions, topic_id null). With auth on, only the topics the key may produce to or consume "
+          description="Every topic record. With auth on, only the topics the key may produce to or consume "
                       "from (all with admin).",
           answers=(Answer(200, "Every topic with its partition count, state and effective config.",
                           models.TopicList),)),

@@ -6,11 +6,15 @@ anything a reader of Oxia and S3 could not see: such a reader reads the reservat
 readable tail), as a *run*: a batch's consecutive offsets in one partition. A
 lookup at an offset inside a run returns records from there, on through the runs that follow it
 without a gap (another writer's offsets in between are not here: the lookup stops at the gap and
-the consumer's next fetch misses and goes to the reader). Offsets are immutable while a topic
-lives, so a cached record is never stale; only the high watermark a hit reports can be behind one
-that another writer moved. A topic deleted and created again (docs/topics.md) starts at offset 1
-again: a run that overlaps cached offsets means exactly that, and the partition's older runs are
-dropped before it is added.
+the consumer's next fetch misses and goes to the reader). Offsets are immutable within an
+incarnation of a topic, so a cached record is never stale; only the high watermark a hit reports
+can be behind one that another writer moved.
+
+Runs are cached per incarnation (docs/protocol.md section 12): a topic deleted and created again is a
+new incarnation with a new ``topic_id``, whose offsets start at 1 again, so every run carries the
+``topic_id`` its append was reserved under and a lookup names the ``topic_id`` the fetch resolved:
+a run of another incarnation is never an answer. A partition keeps the runs of one incarnation:
+a run of another one drops them (so does :meth:`TailCache.forget`, when a fetch resolves another).
 
 Bounded by ``LLOG_TAIL_CACHE_MAX_BYTES`` (record bytes plus a per-record overhead); the oldest
 runs are evicted first. ``0`` turns the cache off. Used from the event loop only: no locks.
@@ -21,6 +25,7 @@ from __future__ import annotations
 import bisect
 import collections
 import os
+import shutil
 import threading
 from dataclasses import dataclass
 from pathlib import Path
@@ -29,7 +34,7 @@ import numpy as np
 import pyarrow as pa
 
 from llog.codec import decode_batch, encode_batch, to_binary_array
-from llog.keys import TopicPartition
+from llog.keys import TopicPartition, validate_topic_id
 
 #: Bytes a cached record costs beyond its value (its offset in the run's table, about).
 RECORD_OVERHEAD = 16
@@ -88,31 +93,39 @@ class TailCache:
         self.max_bytes = max_bytes
         self.bytes = 0
         self.hits = self.misses = self.evictions = 0
+        #: Per partition: the ``topic_id`` of the incarnation its runs are of.
+        self._ids: dict[TopicPartition, str] = {}
         self._runs: dict[TopicPartition, list[_Run]] = {}
         self._firsts: dict[TopicPartition, list[int]] = {}
-        #: ``(topic, partition, first)`` of every run, oldest first (atomic tuples: untracked).
-        self._age: collections.deque[tuple[str, int, int]] = collections.deque()
+        #: ``(topic, partition, topic_id, first)`` of every run, oldest first (atomic tuples: untracked).
+        self._age: collections.deque[tuple[str, int, str, int]] = collections.deque()
 
     @property
     def enabled(self) -> bool:
         return self.max_bytes > 0
 
-    def add(self, tp: TopicPartition, first: int, values: pa.BinaryArray | list[bytes]) -> None:
-        """Records committed at offsets ``first..``; a run larger than the whole cache is not kept."""
+    def add(self, tp: TopicPartition, topic_id: str, first: int, values: pa.BinaryArray | list[bytes]) -> None:
+        """Records committed at offsets ``first..`` of incarnation ``topic_id``; a run larger than
+        the whole cache is not kept. The runs of another incarnation of ``tp`` are dropped."""
         if not self.enabled or not len(values):
             return
         run = _run(first, values)
         if _cost(run) > self.max_bytes:
             return
+        if self._ids.get(tp, topic_id) != topic_id:
+            self.forget(tp)  # the topic was deleted (and created again): those runs are of no use
+        self._ids[tp] = topic_id
         runs, firsts = self._runs.setdefault(tp, []), self._firsts.setdefault(tp, [])
         at = bisect.bisect_left(firsts, first)
         if (at < len(firsts) and firsts[at] <= _last(run)) or (at and _last(runs[at - 1]) >= first):
-            # Offsets this cache holds were committed again: the topic was re-created.
+            # Offsets are reserved once within an incarnation, so this is a bug elsewhere: keep
+            # only the newest run rather than guess which records an offset has.
             self.forget(tp)
+            self._ids[tp] = topic_id
             runs, firsts, at = self._runs.setdefault(tp, []), self._firsts.setdefault(tp, []), 0
         runs.insert(at, run)
         firsts.insert(at, first)
-        self._age.append((tp.topic, tp.partition, first))
+        self._age.append((tp.topic, tp.partition, topic_id, first))
         self.bytes += _cost(run)
         while self.bytes > self.max_bytes:
             self._evict()
@@ -122,29 +135,37 @@ class TailCache:
         for run in self._runs.pop(tp, []):
             self.bytes -= _cost(run)
         self._firsts.pop(tp, None)
+        self._ids.pop(tp, None)
 
     def _evict(self) -> None:
-        topic, partition, first = self._age.popleft()
+        topic, partition, topic_id, first = self._age.popleft()
         tp = TopicPartition(topic, partition)
+        if self._ids.get(tp) != topic_id:
+            return  # forgotten, with its incarnation
         runs, firsts = self._runs.get(tp), self._firsts.get(tp)
         at = -1 if not firsts else 0 if firsts[0] == first else bisect.bisect_left(firsts, first)
         if at < 0 or at == len(firsts) or firsts[at] != first:
-            return  # forgotten (its topic was re-created)
+            return  # forgotten
         self.bytes -= _cost(runs[at])
         del runs[at], firsts[at]
         if not runs:
-            del self._runs[tp], self._firsts[tp]
+            del self._runs[tp], self._firsts[tp], self._ids[tp]
         self.evictions += 1
 
+    def incarnation(self, tp: TopicPartition) -> str | None:
+        """The ``topic_id`` of the runs cached for ``tp`` (None if none)."""
+        return self._ids.get(tp)
+
     def tail(self, tp: TopicPartition) -> int | None:
-        """The last offset cached for ``tp`` (None if none)."""
+        """The last offset cached for ``tp``, of its cached incarnation (None if none)."""
         runs = self._runs.get(tp)
         return _last(runs[-1]) if runs else None
 
-    def get(self, tp: TopicPartition, offset: int, max_bytes: int) -> CacheHit | None:
-        """Records from ``offset`` while they are cached without a gap, about ``max_bytes`` of
-        them (the first always); None when ``offset`` is not cached (a miss)."""
-        firsts = self._firsts.get(tp)
+    def get(self, tp: TopicPartition, topic_id: str, offset: int, max_bytes: int) -> CacheHit | None:
+        """Records of incarnation ``topic_id`` from ``offset`` while they are cached without a
+        gap, about ``max_bytes`` of them (the first always); None when ``offset`` of that
+        incarnation is not cached (a miss)."""
+        firsts = self._firsts.get(tp) if self._ids.get(tp) == topic_id else None
         at = bisect.bisect_right(firsts, offset) - 1 if firsts else -1
         runs = self._runs.get(tp)
         if at < 0 or _last(runs[at]) < offset:
@@ -178,11 +199,14 @@ class TailCacheDir:
     broker that consumes (another process, e.g. ``--role read``) reads runs from there before it
     asks Oxia and S3.
 
-    A run is the file ``{dir}/{root}/{topic}/{partition}/{first:020d}-{last:020d}.llb``, one
-    bytes-batch-v1 body (PROTOCOL.md section 3, CRC checked when read), written to a temporary
-    name and renamed, so a reader sees a whole run or none. A writer keeps at most ``max_bytes``
-    of its own runs and deletes its oldest first; a run deleted while a reader looks for it is a
-    miss. Blocking: call from threads, not the event loop.
+    A run is the file ``{dir}/{root}/{topic}/{topic_id}/{partition}/{first:020d}-{last:020d}.llb``
+    (one directory per incarnation of a topic, as in :class:`TailCache`), one bytes-batch-v1 body
+    (docs/protocol.md section 3, CRC checked when read), written to a temporary name and renamed, so a
+    reader sees a whole run or none. A reader looks only in the directory of the incarnation its
+    fetch resolved. A writer keeps at most ``max_bytes`` of its own runs and deletes its oldest
+    first; its first run of an incarnation removes the partition's directories of the others. A
+    run deleted while a reader looks for it is a miss. Blocking: call from threads, not the event
+    loop.
     """
 
     def __init__(self, directory: str | os.PathLike, root: str, max_bytes: int):
@@ -191,20 +215,25 @@ class TailCacheDir:
         self.bytes = 0
         self._written: collections.deque[tuple[Path, int]] = collections.deque()
         self._lock = threading.Lock()
-        #: Per partition: its directory's mtime and the runs listed then (:meth:`_spans`).
-        self._listings: dict[TopicPartition, tuple[int, list[tuple[int, int, str]]]] = {}
+        #: Per partition: the incarnation this process last wrote a run of.
+        self._writing: dict[TopicPartition, str] = {}
+        #: Per partition and incarnation: its directory's mtime and the runs listed then (:meth:`_spans`).
+        self._listings: dict[tuple[TopicPartition, str], tuple[int, list[tuple[int, int, str]]]] = {}
 
-    def _dir(self, tp: TopicPartition) -> Path:
-        return self.root / tp.topic / str(tp.partition)
+    def _dir(self, tp: TopicPartition, topic_id: str) -> Path:
+        return self.root / tp.topic / validate_topic_id(topic_id) / str(tp.partition)
 
-    def add(self, tp: TopicPartition, first: int, values: pa.BinaryArray | list[bytes]) -> None:
+    def add(self, tp: TopicPartition, topic_id: str, first: int, values: pa.BinaryArray | list[bytes]) -> None:
         body = encode_batch(to_binary_array(values))
         if not values or body.length > self.max_bytes:
             return
-        directory = self._dir(tp)
+        directory = self._dir(tp, topic_id)
+        if self._writing.get(tp) != topic_id:
+            self._drop_other_incarnations(tp, topic_id)
+            self._writing[tp] = topic_id
         directory.mkdir(parents=True, exist_ok=True)
         last = first + len(values) - 1
-        for run_first, run_last, name in self._spans(tp, first):  # the topic was re-created (TailCache)
+        for run_first, run_last, name in self._spans(tp, topic_id, first):  # a bug elsewhere (TailCache.add)
             if run_first <= last and run_last >= first:
                 (directory / name).unlink(missing_ok=True)
         path = directory / f"{first:020d}-{last:020d}.llb"
@@ -221,41 +250,60 @@ class TailCacheDir:
                 old.unlink(missing_ok=True)
                 self.bytes -= size
 
-    def _spans(self, tp: TopicPartition, offset: int) -> list[tuple[int, int, str]]:
-        """The runs in ``tp``'s directory as ``(first, last, file name)``, ascending. The listing
-        is kept while the directory's mtime stays and ``offset`` is within it (a listing is
-        thousands of names; the mtime may not change for two runs written within its tick, so
-        an offset past the listing lists again). A stale listing only costs misses: a run
-        deleted since is not found when read."""
-        directory = self._dir(tp)
+    def _drop_other_incarnations(self, tp: TopicPartition, topic_id: str) -> None:
+        """Remove ``tp``'s runs of every incarnation but ``topic_id`` (no reader serves them: this
+        only frees the space; a writer of an older one still at work may write some again)."""
+        try:
+            ids = os.listdir(self.root / tp.topic)
+        except FileNotFoundError:
+            return
+        for other in ids:
+            if other != topic_id:
+                shutil.rmtree(self.root / tp.topic / other / str(tp.partition), ignore_errors=True)
+                try:
+                    (self.root / tp.topic / other).rmdir()  # when that was its last partition
+                except OSError:
+                    pass
+
+    def _spans(self, tp: TopicPartition, topic_id: str, offset: int) -> list[tuple[int, int, str]]:
+        """The runs in the directory of ``tp``'s incarnation ``topic_id`` as ``(first, last, file
+        name)``, ascending. The listing is kept while the directory's mtime stays and ``offset``
+        is within it (a listing is thousands of names; the mtime may not change for two runs
+        written within its tick, so an offset past the listing lists again). A stale listing only
+        costs misses: a run deleted since is not found when read."""
+        directory = self._dir(tp, topic_id)
         try:
             mtime = os.stat(directory).st_mtime_ns
         except FileNotFoundError:
             return []
-        kept = self._listings.get(tp)
+        kept = self._listings.get((tp, topic_id))
         if kept is not None and kept[0] == mtime and kept[1] and offset <= kept[1][-1][1]:
             return kept[1]
-        names = sorted(n for n in os.listdir(directory) if n.endswith(".llb"))
+        try:
+            names = sorted(n for n in os.listdir(directory) if n.endswith(".llb"))
+        except FileNotFoundError:  # removed since (its incarnation was replaced)
+            return []
         spans = [(int(n[:20]), int(n[21:41]), n) for n in names]
-        self._listings[tp] = (mtime, spans)
+        self._listings[(tp, topic_id)] = (mtime, spans)
         return spans
 
-    def get(self, tp: TopicPartition, offset: int, max_bytes: int) -> CacheHit | None:
-        """Like :meth:`TailCache.get`, from the directory; ``tail`` is the last offset of the
-        runs found there."""
-        spans = self._spans(tp, offset)
+    def get(self, tp: TopicPartition, topic_id: str, offset: int, max_bytes: int) -> CacheHit | None:
+        """Like :meth:`TailCache.get`, from the directory of incarnation ``topic_id``; ``tail`` is
+        the last offset of the runs found there."""
+        spans = self._spans(tp, topic_id, offset)
         at = bisect.bisect_right(spans, (offset, float("inf"))) - 1
         if at < 0 or spans[at][1] < offset:
             return None
+        directory = self._dir(tp, topic_id)
         out: list[bytes] = []
         budget, position = max_bytes, offset
         while at < len(spans) and spans[at][0] <= position <= spans[at][1] and budget > 0:
             first, last, name = spans[at]
             try:
-                raw = (self._dir(tp) / name).read_bytes()
+                raw = (directory / name).read_bytes()
             except FileNotFoundError:
                 break
-            values = decode_batch(raw, last - first + 1, str(self._dir(tp) / name)).to_pylist()[position - first:]
+            values = decode_batch(raw, last - first + 1, str(directory / name)).to_pylist()[position - first:]
             for value in values:
                 if out and len(value) > budget:
                     budget = 0

@@ -349,7 +349,9 @@ def test_brokers_share_the_tail_cache_through_a_directory(module_config, tmp_pat
             run_broker(module_config, args=["--role", "read"], LLOG_TAIL_CACHE_DIR=shared) as (reader, _):
         first = produce(writer, "shared", 0, [f"r{i}" for i in range(5)])
         produce(writer, "shared", 0, [f"r{i}" for i in range(5, 8)])
-        directory, deadline = shared / module_config.root_prefix / "shared" / "0", time.monotonic() + 10
+        topic_id = httpx.get(f"{writer}/topics/shared").json()["topic_id"]  # a directory per incarnation
+        directory = shared / module_config.root_prefix / "shared" / topic_id / "0"
+        deadline = time.monotonic() + 10
         while len(runs := sorted(p.name for p in directory.glob("*.llb"))) < 2 and time.monotonic() < deadline:
             time.sleep(0.05)  # written after the ack, off the event loop
         assert runs == [f"{1:020d}-{5:020d}.llb", f"{6:020d}-{8:020d}.llb"] and first["end_offset"] == 5
@@ -357,5 +359,6 @@ def test_brokers_share_the_tail_cache_through_a_directory(module_config, tmp_pat
         result, = consume(reader, [{"topic": "shared", "partition": 0, "fetch_offset": 3}]).json()["results"]
         after = metrics(reader)
     assert payloads(result) == [f"r{i}" for i in range(2, 8)] and result["high_watermark"] == 8
+    assert result["topic_id"] == topic_id
     assert after["http"]["consume_blob_cache_hits_total"] - before["consume_blob_cache_hits_total"] == 1
     assert after["http"]["consume_blob_cache_misses_total"] == before["consume_blob_cache_misses_total"]

@@ -14,8 +14,8 @@ import httpx
 import pytest
 
 from llog.fence import fence
-from llog.keys import PartitionKeys, TopicPartition
 from llog.reader import LogReader
+from llog.topics import read_topic
 from llog.writer import LogWriter
 from tests.helpers.broker_process import run_broker
 
@@ -54,7 +54,10 @@ def test_produce_answers_each_group_with_its_offsets(module_config, broker):
     first, second, third = answer["results"]
     assert {k: first[k] for k in ("topic", "partition", "ok", "start_offset", "end_offset", "count")} == {
         "topic": "orders", "partition": 0, "ok": True, "start_offset": 1, "end_offset": 2, "count": 2}
-    assert first["index_key"] == f"{module_config.root_prefix}/orders/partitions/0/index/{3:020d}"  # one body for both groups
+    with LogReader(module_config) as reader:
+        topic_id = read_topic(reader.coordination, module_config.root_prefix, "orders").record.topic_id
+    # one body for both groups, in the topic's incarnation (PROTOCOL.md section 12)
+    assert first["index_key"] == f"{module_config.root_prefix}/orders/{topic_id}/partitions/0/index/{3:020d}"
     assert first["wal_uri"].startswith(f"s3://{module_config.s3_bucket}/{module_config.root_prefix}/wal-shared/")
     assert (second["partition"], second["start_offset"], third["start_offset"], third["end_offset"]) == (1, 1, 3, 3)
     assert first["wal_uri"] == second["wal_uri"] == third["wal_uri"]  # one request, one blob
@@ -81,7 +84,7 @@ def test_concurrent_requests_share_blobs_and_every_ack_reads_back(module_config,
 def test_a_failed_partition_gives_409_with_the_others_committed(module_config, broker):
     with LogWriter(module_config, auto_initialize=True) as writer:
         writer.append("mixed", 1, [b"x"])
-        fence(writer.coordination, PartitionKeys(module_config.root_prefix, TopicPartition("mixed", 1)), module_config)
+        fence(writer.coordination, writer.keys("mixed", 1), module_config)
     response = _produce(broker, {"topic_partitions": [{"topic": "mixed", "partition": 0, "records": ["ok"]},
                                                       {"topic": "mixed", "partition": 1, "records": ["no"]}]})
     assert response.status_code == 409

@@ -18,12 +18,10 @@ import pytest
 from broker_lite.consume import LOG_START_MAX_AGE_S
 from llog.clock import SYSTEM, ShiftedClock
 from llog.compactor import Compactor
-from llog.control import initialize_partition
 from llog.coordination import Coordination
-from llog.keys import PartitionKeys, TopicPartition
 from llog.reader import LogReader
 from llog.records import ACTIVE, DELETING
-from llog.topics import _mark_deleting, create_topic, read_topic
+from llog.topics import _mark_deleting, create_topic, delete_topic, read_topic
 from tests.helpers.broker_process import run_broker
 
 #: The broker's ``LLOG_DEFAULT_PARTITIONS``: not 1, so a topic it creates shows where its count came from.
@@ -198,21 +196,25 @@ def test_a_long_poll_reset_to_latest_waits_at_the_log_end(module_config, coordin
 # --- GET /topics, GET /topics/{topic} -----------------------------------------------------------------
 
 
-def test_topics_list_records_with_their_config_and_topics_written_before_records(
-        module_config, coordination, broker):
+def test_topics_list_every_record_with_its_config_and_incarnation(module_config, coordination, broker):
+    """Every topic has a record (PROTOCOL.md section 12): the list is the records, each with its
+    ``topic_id``; a deleted topic is not listed, and created again it lists its new id."""
     root = module_config.root_prefix
     record = create_topic(coordination, root, "listed-conf", 2, {"retention.ms": 1000, "compression.type": "zstd"})
-    for p in (0, 2):  # partitions of a topic written before topic records: no topic_id, no record
-        initialize_partition(coordination, PartitionKeys(root, TopicPartition("listed-legacy", p)))
+    gone = create_topic(coordination, root, "listed-gone", 1)
+    create_topic(coordination, root, "listed-again", 1)
+    with LogReader(module_config) as reader:
+        delete_topic(reader.coordination, reader.objects, root, "listed-gone")
+        delete_topic(reader.coordination, reader.objects, root, "listed-again")
+    again = create_topic(coordination, root, "listed-again", 2)
     topics = {t["topic"]: t for t in httpx.get(f"{broker}/topics", timeout=30).json()["topics"]}
     assert topics["listed-conf"] == {
         "topic": "listed-conf", "partitions": 2, "state": "ACTIVE", "topic_id": record.topic_id,
         "config": {"cleanup.policy": "delete", "compression.type": "zstd",
                    "retention.bytes": module_config.retention_bytes, "retention.ms": 1000}}
-    assert topics["listed-legacy"] == {
-        "topic": "listed-legacy", "partitions": 3, "state": "ACTIVE", "topic_id": None,
-        "config": {"cleanup.policy": "delete", "compression.type": module_config.compression("listed-legacy"),
-                   "retention.bytes": module_config.retention_bytes, "retention.ms": module_config.retention_ms}}
+    assert "listed-gone" not in topics and gone.topic_id not in {t["topic_id"] for t in topics.values()}
+    assert (topics["listed-again"]["topic_id"], topics["listed-again"]["partitions"]) == (again.topic_id, 2)
+    assert httpx.get(f"{broker}/topics/listed-gone", timeout=30).status_code == 404
     names = list(topics)
     assert names == sorted(names)
 

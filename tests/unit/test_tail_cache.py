@@ -1,9 +1,12 @@
-"""The broker's tail cache: hits inside and across runs, gaps, byte budgets, eviction."""
+"""The broker's tail cache: hits inside and across runs, gaps, byte budgets, eviction, and
+incarnations of a topic (PROTOCOL.md section 12), in memory and in the shared directory."""
 
-from broker_lite.tail_cache import RECORD_OVERHEAD, TailCache
+from broker_lite.tail_cache import RECORD_OVERHEAD, TailCache, TailCacheDir
 from llog.keys import TopicPartition
 
 TP = TopicPartition("t", 0)
+#: Two incarnations of topic ``t`` (topic ids as a topic record has them).
+OLD, NEW = "0b5e3c1e-0000-4000-8000-000000000001", "0b5e3c1e-0000-4000-8000-000000000002"
 
 
 def values(n: int, first: int = 1, size: int = 10) -> list[bytes]:
@@ -12,48 +15,48 @@ def values(n: int, first: int = 1, size: int = 10) -> list[bytes]:
 
 def test_a_hit_reads_through_adjacent_runs_and_stops_at_a_gap():
     cache = TailCache(10**6)
-    cache.add(TP, 1, values(5))
-    cache.add(TP, 11, values(5, 11))   # 6..10 came from another writer
-    cache.add(TP, 6 + 10, values(3, 16))
-    hit = cache.get(TP, 3, 10**6)
+    cache.add(TP, OLD, 1, values(5))
+    cache.add(TP, OLD, 11, values(5, 11))   # 6..10 came from another writer
+    cache.add(TP, OLD, 6 + 10, values(3, 16))
+    hit = cache.get(TP, OLD, 3, 10**6)
     assert (hit.first, hit.values, hit.tail) == (3, values(3, 3), 18)
-    hit = cache.get(TP, 12, 10**6)
+    hit = cache.get(TP, OLD, 12, 10**6)
     assert hit.values == values(4, 12) + values(3, 16)
-    assert cache.get(TP, 7, 10**6) is None and cache.get(TP, 19, 10**6) is None
-    assert cache.get(TopicPartition("t", 1), 1, 10**6) is None
+    assert cache.get(TP, OLD, 7, 10**6) is None and cache.get(TP, OLD, 19, 10**6) is None
+    assert cache.get(TopicPartition("t", 1), OLD, 1, 10**6) is None
     assert (cache.hits, cache.misses) == (2, 3)
 
 
 def test_runs_added_out_of_order_are_found():
     cache = TailCache(10**6)
-    cache.add(TP, 4, values(3, 4))
-    cache.add(TP, 1, values(3))
-    assert cache.get(TP, 1, 10**6).values == values(6)
+    cache.add(TP, OLD, 4, values(3, 4))
+    cache.add(TP, OLD, 1, values(3))
+    assert cache.get(TP, OLD, 1, 10**6).values == values(6)
 
 
 def test_a_hit_returns_what_fits_the_budget_and_at_least_one_record():
     cache = TailCache(10**6)
-    cache.add(TP, 1, values(5))
-    cache.add(TP, 6, values(5, 6))
-    assert cache.get(TP, 2, 35).values == values(3, 2)
-    assert cache.get(TP, 4, 45).values == values(4, 4)  # across the run boundary
-    assert cache.get(TP, 2, 3).values == values(1, 2)
+    cache.add(TP, OLD, 1, values(5))
+    cache.add(TP, OLD, 6, values(5, 6))
+    assert cache.get(TP, OLD, 2, 35).values == values(3, 2)
+    assert cache.get(TP, OLD, 4, 45).values == values(4, 4)  # across the run boundary
+    assert cache.get(TP, OLD, 2, 3).values == values(1, 2)
 
 
 def test_the_oldest_runs_are_evicted_past_the_limit():
     per_run = 5 * (10 + RECORD_OVERHEAD)
     cache = TailCache(3 * per_run)
     for k in range(5):
-        cache.add(TP, 1 + 5 * k, values(5, 1 + 5 * k))
+        cache.add(TP, OLD, 1 + 5 * k, values(5, 1 + 5 * k))
     assert cache.bytes == 3 * per_run and cache.evictions == 2
-    assert cache.get(TP, 10, 10**6) is None
-    assert cache.get(TP, 11, 10**6).values == values(15, 11)
+    assert cache.get(TP, OLD, 10, 10**6) is None
+    assert cache.get(TP, OLD, 11, 10**6).values == values(15, 11)
 
 
 def test_a_zero_limit_turns_the_cache_off():
     cache = TailCache(0)
-    cache.add(TP, 1, values(5))
-    assert not cache.enabled and cache.get(TP, 1, 100) is None and cache.tail(TP) is None
+    cache.add(TP, OLD, 1, values(5))
+    assert not cache.enabled and cache.get(TP, OLD, 1, 100) is None and cache.tail(TP) is None
 
 
 def test_runs_from_arrow_arrays_read_like_runs_from_lists():
@@ -61,52 +64,73 @@ def test_runs_from_arrow_arrays_read_like_runs_from_lists():
 
     cache = TailCache(10**6)
     array = pa.array([v.decode() for v in values(8)], type=pa.string()).view(pa.binary()).slice(2, 5)
-    cache.add(TP, 3, array)
-    cache.add(TP, 8, values(2, 8))
-    assert cache.get(TP, 4, 10**6).values == values(6, 4)
+    cache.add(TP, OLD, 3, array)
+    cache.add(TP, OLD, 8, values(2, 8))
+    assert cache.get(TP, OLD, 4, 10**6).values == values(6, 4)
 
 
 def test_the_directory_cache_finds_runs_written_after_it_listed_and_misses_deleted_ones(tmp_path):
-    from broker_lite.tail_cache import TailCacheDir
-
     writer = TailCacheDir(tmp_path, "root", 10**6)
     reader = TailCacheDir(tmp_path, "root", 10**6)
-    writer.add(TP, 1, values(5))
-    assert reader.get(TP, 2, 10**6).values == values(4, 2)
-    writer.add(TP, 6, values(5, 6))  # maybe within the same mtime tick as the first
-    hit = reader.get(TP, 7, 10**6)
+    writer.add(TP, OLD, 1, values(5))
+    assert reader.get(TP, OLD, 2, 10**6).values == values(4, 2)
+    writer.add(TP, OLD, 6, values(5, 6))  # maybe within the same mtime tick as the first
+    hit = reader.get(TP, OLD, 7, 10**6)
     assert hit.values == values(4, 7) and hit.tail == 10
-    assert reader.get(TP, 3, 10**6).values == values(8, 3)  # across the two runs
+    assert reader.get(TP, OLD, 3, 10**6).values == values(8, 3)  # across the two runs
     small = TailCacheDir(tmp_path, "root", 1)  # keeps nothing: a run over its limit is not written
-    small.add(TP, 11, values(5, 11))
-    assert reader.get(TP, 11, 10**6) is None
-    for run in (tmp_path / "root" / "t" / "0").glob("*.llb"):
+    small.add(TP, OLD, 11, values(5, 11))
+    assert reader.get(TP, OLD, 11, 10**6) is None
+    for run in (tmp_path / "root" / "t" / OLD / "0").glob("*.llb"):
         run.unlink()
-    assert reader.get(TP, 2, 10**6) is None and reader.get(TP, 12, 10**6) is None
+    assert reader.get(TP, OLD, 2, 10**6) is None and reader.get(TP, OLD, 12, 10**6) is None
 
 
-def test_a_re_created_topic_replaces_the_old_runs():
-    """docs/topics.md: a topic deleted and created again starts at offset 1; a run overlapping
-    cached offsets drops the partition's old runs, so the old records are never served."""
+def test_a_lookup_never_answers_with_runs_of_another_incarnation():
+    """A topic deleted and created again starts at offset 1 again under a new topic id: the old
+    incarnation's runs are no answer for the new one, whether or not the broker itself added a
+    run of the new one (another writer may have written it)."""
     cache = TailCache(10**6)
-    cache.add(TP, 1, values(5))
-    cache.add(TP, 6, values(5, 6))
+    cache.add(TP, OLD, 1, values(20))
+    assert cache.get(TP, NEW, 1, 10**6) is None and cache.get(TP, NEW, 20, 10**6) is None
+    assert cache.incarnation(TP) == OLD and cache.get(TP, OLD, 1, 10**6).values == values(20)
+
+
+def test_a_run_of_a_new_incarnation_replaces_the_old_runs():
+    cache = TailCache(10**6)
+    cache.add(TP, OLD, 1, values(5))
+    cache.add(TP, OLD, 6, values(5, 6))
     new = [b"new-%d" % i for i in range(3)]
-    cache.add(TP, 1, new)
-    hit = cache.get(TP, 1, 10**6)
-    assert (hit.values, hit.tail) == (new, 3)
-    assert cache.get(TP, 6, 10**6) is None
+    cache.add(TP, NEW, 1, new)
+    hit = cache.get(TP, NEW, 1, 10**6)
+    assert (hit.values, hit.tail) == (new, 3) and cache.incarnation(TP) == NEW
+    assert cache.get(TP, NEW, 6, 10**6) is None and cache.get(TP, OLD, 1, 10**6) is None
     assert cache.bytes == sum(map(len, new)) + RECORD_OVERHEAD * 3
+    cache.add(TP, NEW, 4, values(7, 4))  # not overlapping the old runs' offsets 4..10 any more
+    assert cache.get(TP, NEW, 1, 10**6).values == new + values(7, 4)
     for i in range(200):  # evicting past the forgotten runs' age entries works
-        cache.add(TopicPartition("u", 0), 1 + 10 * i, values(10, 1 + 10 * i, 500))
+        cache.add(TopicPartition("u", 0), OLD, 1 + 10 * i, values(10, 1 + 10 * i, 500))
     assert cache.bytes <= cache.max_bytes
 
 
-def test_the_directory_cache_drops_overlapping_runs_of_a_re_created_topic(tmp_path):
-    from broker_lite.tail_cache import TailCacheDir
+def test_forget_drops_a_partition_s_incarnation():
+    cache = TailCache(10**6)
+    cache.add(TP, OLD, 1, values(5))
+    cache.forget(TP)
+    assert cache.get(TP, OLD, 1, 10**6) is None and cache.incarnation(TP) is None and cache.bytes == 0
 
-    shared = TailCacheDir(tmp_path, "llog", 10**6)
-    shared.add(TP, 1, values(5))
-    shared.add(TP, 1, [b"again"])
-    hit = shared.get(TP, 1, 10**6)
+
+def test_the_directory_cache_keeps_incarnations_apart(tmp_path):
+    """Runs live in a directory per incarnation: a reader of the new one never sees the old one's
+    runs, and a writer's first run of the new one removes the old one's directory."""
+    old_writer = TailCacheDir(tmp_path, "llog", 10**6)
+    new_writer = TailCacheDir(tmp_path, "llog", 10**6)
+    reader = TailCacheDir(tmp_path, "llog", 10**6)
+    old_writer.add(TP, OLD, 1, values(20))
+    assert reader.get(TP, NEW, 1, 10**6) is None
+    assert reader.get(TP, OLD, 1, 10**6).values == values(20)
+    new_writer.add(TP, NEW, 1, [b"again"])
+    hit = reader.get(TP, NEW, 1, 10**6)
     assert (hit.values, hit.tail) == ([b"again"], 1)
+    assert reader.get(TP, OLD, 1, 10**6) is None
+    assert sorted(p.name for p in (tmp_path / "llog" / "t").iterdir()) == [NEW]
