@@ -53,9 +53,16 @@ from llog.config import Config
 from llog.coordination import Coordination
 from llog.discovery import partitions_of
 from llog.errors import LlogError
-from llog.gc import GcReport, all_partitions, check_grace, collect_garbage, referenced_blobs
+from llog.gc import (
+    GcReport,
+    all_partitions,
+    check_grace,
+    collect_garbage,
+    referenced_blobs,
+)
 from llog.keys import PartitionKeys, partition_keys, validate_topic
 from llog.objects import ObjectStore
+from llog.sink_batches import pinned_references
 
 #: Partitions one Spark task compacts, one after another, by default.
 DEFAULT_PARTITIONS_PER_TASK = 16
@@ -225,6 +232,8 @@ def run(spark, options: JobOptions, config: Config) -> CompactionReport:
     began = datetime.now(timezone.utc)  # before discovery: GC's time (llog.gc)
     deadline_epoch = None if options.max_runtime_s is None else time.time() + options.max_runtime_s
     with Coordination(config) as coordination:
+        # GC's references: pinned sink batches first (llog.gc), before the tasks read the partitions'.
+        pinned = pinned_references(coordination, config.root_prefix) if options.gc else set()
         selected, groups = plan(coordination, config.root_prefix, options)
     report = CompactionReport(partitions_seen=len(selected))
     results = []
@@ -238,7 +247,7 @@ def run(spark, options: JobOptions, config: Config) -> CompactionReport:
                        .collect())
         finally:
             sc.setJobDescription(None)
-    referenced: set[str] = set()
+    referenced: set[str] = set(pinned)
     for result in results:
         referenced.update(result["referenced"])
         for done in result["compactions"]:

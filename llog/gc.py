@@ -53,6 +53,7 @@ from llog.keys import PartitionKeys, s3_uri, shared_wal_prefix
 from llog.objects import _DELETE_BATCH, ObjectStore
 from llog.progress import TaskFactory, silent, track
 from llog.records import CompactionRecord, ControlRecord, IndexEntry
+from llog.sink_batches import pinned_references
 
 #: Prefixes listed at once (the shared WAL prefix, and each partition's compacted blobs).
 _LIST_THREADS = 16
@@ -180,7 +181,8 @@ def gc_pass(coordination: Coordination, objects: ObjectStore, root: str, grace_m
     with progress("gc: finding partitions", unit="partitions") as found:
         partitions = all_partitions(coordination, root)
         found(len(partitions))
-    referenced = referenced_blobs(coordination, root, partitions, progress)
+    # Pinned sink batches first: their references move to pending appends, then to the index.
+    referenced = pinned_references(coordination, root) | referenced_blobs(coordination, root, partitions, progress)
     failpoints.hit("gc.after_scan")
     return collect_garbage(objects, root, referenced, grace_ms, now=began, dry_run=dry_run, partitions=partitions,
                            progress=progress)

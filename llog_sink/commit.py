@@ -2,9 +2,11 @@
 
 Slices are taken in task order, and within a task in the order written, so each partition's
 slices get offsets in a fixed order. A streaming query commits as sink ``queryId``, batch
-``batchId``: each reserving CAS records how far the batch got in that partition (docs/protocol.md
-section 9), so a replayed batch, after a driver crash or a commit that failed halfway, commits
-only what is missing. ``abort`` commits nothing; its blobs are left for garbage collection.
+``batchId``: the batch's slices are pinned in Oxia before the first is committed
+(:mod:`llog.sink_batches`), and each reserving CAS records how far the batch got in that
+partition (docs/protocol.md section 9.1), so a replayed batch, after a driver crash or a commit
+that failed halfway, commits only what is missing of the pinned slices, however Spark cut the
+replay. ``abort`` commits nothing; its blobs are left for garbage collection.
 """
 
 from __future__ import annotations
@@ -21,10 +23,11 @@ from dataclasses import dataclass
 from llog import failpoints
 from llog.config import Config
 from llog.errors import PartitionCountMismatch
+from llog.process_clients import log_writer
 from llog.records import TopicRecord
+from llog.sink_batches import pin_batch
 from llog.topics import TopicCache
 from llog.writer import SinkBatch
-from llog.process_clients import log_writer
 from llog_sink.task_writer import SinkCommitMessage
 
 log = logging.getLogger(__name__)
@@ -103,6 +106,8 @@ def commit_batch(config: Config, messages: Sequence[SinkCommitMessage | None], b
             check_partition_count(writer.topics, topic, partitions)
     conflicts_before = writer.coordination.stats["cas_conflict"]
     failpoints.hit("sink.before_commit")
+    if sink_id:  # a replay commits the cut its first attempt pinned, whatever its own tasks did
+        slices = pin_batch(writer.coordination, writer.objects, writer.config, sink_id, batch_id, slices, writer.clock)
     results = writer.commit_staged(slices, SinkBatch(sink_id, batch_id) if sink_id else None)
     failpoints.hit("sink.after_commit")
     done = BatchCommit(
