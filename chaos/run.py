@@ -23,6 +23,7 @@ from llog.clock import ShiftedClock
 from llog.compactor import Compactor
 from llog.config import Config
 from llog.coordination import Coordination
+from llog.discovery import topic_records
 from llog.gc import all_partitions, gc_pass, referenced_blobs
 from llog.keys import PartitionKeys, TopicPartition
 from llog.reader import LogReader
@@ -259,14 +260,15 @@ def check_at_rest(coordination: Coordination, root: str, topic: str, partitions:
     leaves work unfinished (a pending append, a ``meta/compaction`` record), one line each with
     the partition's compaction record as evidence."""
     problems = []
+    topic_id = topic_records(coordination, root, [topic])[0].topic_id
     for p in partitions:
-        keys = PartitionKeys(root, TopicPartition(topic, p))
+        keys = PartitionKeys(root, TopicPartition(topic, p), topic_id)
         found = coordination.get(keys.compaction, keys.partition_key)
         record = CompactionRecord.from_json(found.value, found.key) if found is not None else None
         evidence = (f"meta/compaction {record.state} {record.start_offset}..{record.end_offset}" if record
                     else "no meta/compaction record")
         try:
-            snapshot = check_partition(coordination, root, topic, p)
+            snapshot = check_partition(coordination, root, topic, p, topic_id)
         except Exception as e:  # noqa: BLE001 - every failure counts
             problems.append(f"{topic}[{p}] invariants: {type(e).__name__}: {e} ({evidence})")
             continue

@@ -53,13 +53,7 @@ from llog.config import Config
 from llog.coordination import Coordination
 from llog.discovery import partitions_of
 from llog.errors import LlogError
-from llog.gc import (
-    GcReport,
-    all_partitions,
-    check_grace,
-    collect_garbage,
-    referenced_blobs,
-)
+from llog.gc import GcReport, all_partitions, check_grace, collect_garbage, referenced_blobs
 from llog.keys import PartitionKeys, partition_keys, validate_topic
 from llog.objects import ObjectStore
 from llog.sink_batches import pinned_references

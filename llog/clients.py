@@ -3,16 +3,20 @@ the clock their time checks read (:mod:`llog.clock`)."""
 
 from __future__ import annotations
 
+import logging
 import threading
 from concurrent.futures import ThreadPoolExecutor
 
 from llog.clock import SYSTEM, Clock
 from llog.config import Config
 from llog.coordination import Coordination
-from llog.deployment import check_deployment
+from llog.deployment import check_clock, check_deployment
+from llog.errors import LlogError
 from llog.keys import PartitionKeys
 from llog.objects import ObjectStore
 from llog.topics import TopicCache
+
+log = logging.getLogger(__name__)
 
 
 class ClientUser:
@@ -27,6 +31,7 @@ class ClientUser:
         self._owned = [c for c, given in ((self.coordination, coordination), (self.objects, objects)) if given is None]
         self._topics: TopicCache | None = None
         self._deployment_checked = False
+        self._clock_warned = False
         self._deployment_lock = threading.Lock()
         self._pool = ThreadPoolExecutor(max_workers=max_workers, thread_name_prefix=thread_name_prefix)
 
@@ -56,6 +61,17 @@ class ClientUser:
             if not self._deployment_checked:
                 check_deployment(self.coordination, self.objects, self.config, self.clock, who)
                 self._deployment_checked = True
+
+    def warn_clock_once(self) -> None:
+        """Once per instance, for a reader: a warning when this machine's clock is far from the S3
+        server's (:func:`llog.deployment.check_clock`); a read never fails for it."""
+        if self._clock_warned:
+            return
+        self._clock_warned = True
+        try:
+            check_clock(self.objects, self.config, SYSTEM, refuse=False)
+        except LlogError as e:  # the server's time could not be had: the read itself will say more
+            log.debug("clock check skipped: %s", e)
 
     def keys(self, topic: str, partition: int, fresh: bool = False) -> PartitionKeys:
         """The keys of ``topic[partition]`` in the topic's current incarnation (:class:`TopicNotFound`

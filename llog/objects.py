@@ -35,12 +35,7 @@ from typing import TypeVar
 
 import botocore.exceptions
 import urllib3
-from tenacity import (
-    Retrying,
-    retry_if_exception,
-    stop_after_attempt,
-    wait_exponential_jitter,
-)
+from tenacity import Retrying, retry_if_exception, stop_after_attempt, wait_exponential_jitter
 
 from llog.config import Config
 from llog.errors import ObjectNotFound, StorageError

@@ -205,6 +205,7 @@ class LogReader(ClientUser):
         of ``offset``, in one multi-key read per shard. A control missing or a tombstone under a
         cached topic id may mean the topic was re-created since it was cached: those topics'
         records are read again, and the read repeated once."""
+        self.warn_clock_once()
         stale: set[str] = set()
         for attempt in range(2):
             for topic in stale:
