@@ -32,6 +32,9 @@ log = logging.getLogger(__name__)
 #: How far a process's clock may be from the S3 server's, as a fraction of ``G`` (30 s of the
 #: default 10 minutes): well inside the margins the timing rules leave (``G/4`` and more).
 MAX_SKEW_FRACTION = 0.05
+#: How much older than the moment it is sent an HTTP ``Date`` may be: truncated to the second, and
+#: cached for up to a second by some servers.
+DATE_SLACK_MS = 2000
 
 
 def deployment_key(root: str) -> str:
@@ -74,20 +77,23 @@ def agree_on_grace(coordination: Coordination, config: Config, clock: Clock, who
     raise AssertionError("unreachable: the record exists after a conflict")
 
 
-def clock_skew_ms(objects, clock: Clock) -> int:
-    """This clock minus the S3 server's (its ``Date`` header, to the second, taken halfway
-    through the request), in ms."""
+def clock_skew_ms(objects, clock: Clock) -> tuple[int, int]:
+    """The range of skews (this clock minus the S3 server's, in ms) consistent with one reading of
+    the server's ``Date``: it was stamped between this clock's readings before and after the
+    request, truncated to the second, and may be up to a second old (servers such as the local
+    one, on fasthttp, refresh a cached ``Date`` once a second)."""
     server_ms, started_ms, ended_ms = objects.server_time_ms(clock)
-    return (started_ms + ended_ms) // 2 - server_ms
+    return started_ms - server_ms - DATE_SLACK_MS, ended_ms - server_ms
 
 
 def check_clock(objects, config: Config, clock: Clock, refuse: bool = True) -> int:
-    """:class:`ClockSkew` (``refuse``) or a warning when this clock is more than
-    :data:`MAX_SKEW_FRACTION` of ``G`` away from the S3 server's; returns the skew in ms. The
-    server's ``Date`` has whole seconds, so up to a second of skew is not seen."""
-    skew = clock_skew_ms(objects, clock)
+    """:class:`ClockSkew` (``refuse``) or a warning when this clock is surely more than
+    :data:`MAX_SKEW_FRACTION` of ``G`` away from the S3 server's: when no skew within that
+    allowance fits the reading (:func:`clock_skew_ms`). Returns the smallest skew that fits, in ms."""
+    low, high = clock_skew_ms(objects, clock)
+    skew = 0 if low <= 0 <= high else (low if low > 0 else high)
     allowed = int(config.gc_grace_ms * MAX_SKEW_FRACTION)
-    if abs(skew) > max(allowed, 1000):
+    if abs(skew) > allowed:
         message = (f"this machine's clock is {skew / 1000:+.1f} s off the S3 server's; at most {allowed / 1000:.1f} s "
                    f"({MAX_SKEW_FRACTION:.0%} of LLOG_GC_GRACE_MS={config.gc_grace_ms}) is allowed: the protocol's "
                    f"timing rules compare blob ages across machines (synchronize the clock, e.g. with NTP)")

@@ -289,8 +289,9 @@ class ObjectStore:
         """The S3 server's time (its ``Date`` header on a HEAD of the bucket, whole seconds), and
         ``clock``'s before and after the request, all in ms since the epoch."""
         bucket = self.config.require("s3_bucket").s3_bucket
+        s3 = self._s3  # made first: making it takes longer than the request
         started = clock.now_ms()
-        response = self._call("head", bucket, lambda: self._s3.head_bucket(Bucket=bucket))
+        response = self._call("head", bucket, lambda: s3.head_bucket(Bucket=bucket))
         ended = clock.now_ms()
         date = response["ResponseMetadata"]["HTTPHeaders"]["date"]
         return int(email.utils.parsedate_to_datetime(date).timestamp() * 1000), started, ended
