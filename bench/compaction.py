@@ -55,6 +55,7 @@ from llog.keys import parse_s3_uri
 from llog.objects import ObjectStore, make_s3_client
 from llog.reader import LogReader
 from llog.records import COMPACTED, WAL, IndexEntry, LocatedEntry
+from llog.topics import create_topic
 from llog.writer import AppendGroup, LogWriter
 
 TOPIC = "bench"
@@ -129,8 +130,7 @@ def _fill(config: Config, topic: str, sizes: Sizes, payloads: _Payloads, entries
     started = time.perf_counter()
     n = sizes.records_per_entry
     with LogWriter(config, auto_initialize=True) as writer:
-        for p in range(sizes.partitions):
-            writer.initialize_partition(topic, p)
+        create_topic(writer.coordination, config.root_prefix, topic, sizes.partitions, if_not_exists=True)
         for call in llog_progress.track(range(entries), f"compaction: filling {topic}", unit="appends"):
             first = call * n + 1
             results = writer.append_shared([AppendGroup(topic, p, payloads.entry(p, first))

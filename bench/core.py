@@ -22,6 +22,7 @@ from bench.report import emit, mb_s, progress, random_values, timed, timed_toget
 from llog.config import Config
 from llog.objects import make_s3_client
 from llog.reader import LogReader, ReadRequest
+from llog.topics import create_topic
 from llog.writer import AppendGroup, LogWriter
 
 RECORD_BYTES = 100
@@ -38,8 +39,9 @@ def run(config: Config) -> dict:
     as_lists = [a.to_pylist() for a in arrays]
 
     with LogWriter(config, auto_initialize=True) as writer, LogReader(config) as reader:
-        for p in range(PARTITIONS):
-            writer.initialize_partition(topic, p)
+        # Every partition initialized before the clock starts (a topic needs its record: protocol
+        # section 12; an auto-created one would get LLOG_DEFAULT_PARTITIONS).
+        create_topic(writer.coordination, config.root_prefix, topic, PARTITIONS)
         results = []
         groups = [AppendGroup(topic, p, arrays[p]) for p in range(PARTITIONS)]
         puts0, writes0 = writer.objects.stats["put"], writer.coordination.writes()

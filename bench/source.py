@@ -43,6 +43,7 @@ from jobs.local_spark import local_spark
 from llog import progress as llog_progress
 from llog.config import Config
 from llog.process_clients import close_all, log_reader
+from llog.topics import create_topic
 from llog.writer import AppendGroup, LogWriter
 from llog_source.partition_reader import read_split
 from llog_source.planning import LlogSplit, cut
@@ -97,8 +98,7 @@ def _fill(config: Config, topic: str, sizes: Sizes, per_partition: int) -> dict:
     appends = 0
     with LogWriter(config, auto_initialize=True) as writer, llog_progress.task(
             f"source: filling {topic}", total=per_partition * sizes.partitions, unit="records") as filled:
-        for p in range(sizes.partitions):
-            writer.initialize_partition(topic, p)
+        create_topic(writer.coordination, config.root_prefix, topic, sizes.partitions, if_not_exists=True)
 
         def fill_group(partitions: list[int]) -> int:
             done, calls = 0, 0

@@ -12,6 +12,7 @@ from dataclasses import dataclass
 
 from llog.control import read_control
 from llog.coordination import Coordination
+from llog.discovery import topic_records
 from llog.keys import PartitionKeys, TopicPartition
 from llog.reader import LogReader
 from llog.records import COMPACTED, WAL, CompactionCursor, IndexEntry, LocatedEntry, PendingAppend
@@ -32,9 +33,15 @@ class Snapshot:
         return self.sequence_counter - 1
 
 
-def check_partition(coordination: Coordination, root: str, topic: str, partition: int) -> Snapshot:
-    """Assert the section 8 invariants that one partition's state must satisfy at rest."""
-    keys = PartitionKeys(root, TopicPartition(topic, partition))
+def check_partition(coordination: Coordination, root: str, topic: str, partition: int,
+                    topic_id: str | None = None) -> Snapshot:
+    """Assert the section 8 invariants that one partition's state must satisfy at rest, in the
+    incarnation ``topic_id`` (default: the topic's current one, from its record)."""
+    if topic_id is None:
+        found = topic_records(coordination, root, [topic])
+        assert found, f"topic {topic!r} has no topic record"
+        topic_id = found[0].topic_id
+    keys = PartitionKeys(root, TopicPartition(topic, partition), topic_id)
     control = read_control(coordination, keys).record
     cursor_value = coordination.get(keys.compaction_cursor, keys.partition_key)
     assert cursor_value is not None, f"{keys.tp}: meta/control exists but meta/compaction-cursor does not"
@@ -42,6 +49,8 @@ def check_partition(coordination: Coordination, root: str, topic: str, partition
     entries = [LocatedEntry(keys.index_end_offset(v.key), IndexEntry.from_json(v.value, v.key))
                for v in coordination.range_scan(keys.index_prefix, keys.index_end, keys.partition_key)]
     hw, start = control.high_watermark, control.log_start_offset
+    # Every control names the incarnation whose keys it lies among (section 12).
+    assert control.topic_id == topic_id, f"{keys.tp}: meta/control names topic id {control.topic_id}, not {topic_id}"
 
     # Monotonic bounds: 1 <= S <= high watermark + 1 and S <= cursor <= sequence_counter, with S
     # the log start offset (1 until retention moves it; docs/topics.md section 4).

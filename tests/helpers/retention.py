@@ -4,22 +4,49 @@ are ``tests.helpers.invariants.check_partition``)."""
 
 from __future__ import annotations
 
+import uuid
 from collections.abc import Sequence
 
-from llog.coordination import Coordination
-from llog.keys import PartitionKeys, TopicPartition, s3_uri
+from llog.coordination import EXPECTED_ABSENT, Coordination
+from llog.discovery import topic_records
+from llog.keys import TOPICS_PARTITION_KEY, PartitionKeys, TopicPartition, s3_uri, topic_key
 from llog.objects import ObjectStore
-from llog.records import IndexEntry, LocatedEntry
+from llog.records import ACTIVE, ControlRecord, IndexEntry, LocatedEntry, TopicRecord
 
 
-def partition_keys(root: str, topic: str, partition: int) -> PartitionKeys:
-    return PartitionKeys(root, TopicPartition(topic, partition))
+def current_keys(coordination: Coordination, root: str, topic: str, partition: int) -> PartitionKeys:
+    """The partition's keys in the topic's current incarnation (its record's ``topic_id``)."""
+    found = topic_records(coordination, root, [topic])
+    assert found, f"topic {topic!r} has no topic record"
+    return PartitionKeys(root, TopicPartition(topic, partition), found[0].topic_id)
+
+
+def record_only(coordination: Coordination, root: str, topic: str, partitions: int) -> TopicRecord:
+    """A topic whose create stopped after writing its record (docs/topics.md section 2, create):
+    the record, and no partition initialized."""
+    record = TopicRecord(topic, str(uuid.uuid4()), partitions, {}, ACTIVE, 1, 1)
+    coordination.put(topic_key(root, topic), record.to_json(), TOPICS_PARTITION_KEY, EXPECTED_ABSENT)
+    return record
 
 
 def keys_left(coordination: Coordination, keys: PartitionKeys) -> list[str]:
     """Every Oxia key of the partition (``meta/*``, ``index/*``, ``consumers/*``, the claim): one
-    range scan of ``[P//, P/~/)``, the range a topic delete removes (docs/topics.md section 2)."""
-    return [v.key for v in coordination.range_scan(*keys.subtree, keys.partition_key)]
+    range scan of ``[P//, P/~/)``, which holds both ranges a topic delete removes and the
+    tombstone it keeps (docs/protocol.md section 12)."""
+    return [v.key for v in coordination.range_scan(f"{keys.base}//", f"{keys.base}/~/", keys.partition_key)]
+
+
+def check_deleted(coordination: Coordination, keys: PartitionKeys) -> ControlRecord:
+    """Assert a delete left exactly the partition's tombstone (section 12): ``meta/control`` with
+    ``log_state`` DELETED and the incarnation's ``topic_id``, and no other key. Returns it."""
+    left = keys_left(coordination, keys)
+    assert left == [keys.control], f"{keys.tp} of {keys.topic_id}: keys left after the delete: {left}"
+    found = coordination.get(keys.control, keys.partition_key)
+    tombstone = ControlRecord.from_json(found.value, found.key)
+    assert tombstone.deleted and tombstone.topic_id == keys.topic_id, (
+        f"{keys.tp}: meta/control after the delete is {tombstone.log_state} of {tombstone.topic_id}, "
+        f"not a tombstone of {keys.topic_id}")
+    return tombstone
 
 
 def index_entries(coordination: Coordination, keys: PartitionKeys) -> list[LocatedEntry]:

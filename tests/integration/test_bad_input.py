@@ -7,10 +7,12 @@ import pytest
 
 from llog.errors import (
     CorruptBatch, EmptyAppend, InconsistentReadState, InvalidOffset, InvalidPartition, InvalidPayload,
-    InvalidTopicName, OffsetOutOfRange, PartitionNotInitialized,
+    InvalidTopicName, OffsetOutOfRange, PartitionNotInitialized, TopicNotFound,
 )
-from llog.keys import PartitionKeys, TopicPartition, parse_s3_uri, shared_wal_prefix
+from llog.keys import parse_s3_uri, shared_wal_prefix
+from llog.topics import read_topic
 from llog.writer import AppendGroup, LogWriter
+from tests.helpers.retention import record_only
 
 
 def nothing_written(writer: LogWriter, config) -> bool:
@@ -49,14 +51,32 @@ def test_bad_appends_fail_before_anything_is_written(config, writer, groups, err
     assert nothing_written(writer, config)
 
 
-def test_append_to_uninitialized_partition_without_auto_initialize(config):
+def test_append_to_a_topic_without_a_record_without_auto_initialize(config):
     with LogWriter(config) as writer:
-        with pytest.raises(PartitionNotInitialized, match=r"t\[3\] is not initialized"):
+        with pytest.raises(TopicNotFound, match="'t' does not exist"):
             writer.append("t", 3, [b"x"])
-        assert writer.coordination.get(writer.keys("t", 3).control, "t:3") is None
+        with pytest.raises(TopicNotFound):
+            writer.initialize_partition("t", 3)
+        with pytest.raises(TopicNotFound):
+            writer.keys("t", 3)
+        assert read_topic(writer.coordination, config.root_prefix, "t") is None  # not created
+        assert not list(writer.objects.list(shared_wal_prefix(config.root_prefix)))  # refused before the blob
+
+
+def test_a_partition_whose_create_stopped_after_the_record_is_initialized_by_its_first_write(config, reader):
+    record = record_only(reader.coordination, config.root_prefix, "t", 4)
+    with LogWriter(config) as writer:
+        keys = writer.keys("t", 3)
+        assert keys.topic_id == record.topic_id
+        assert writer.coordination.get(keys.control, "t:3") is None
+        with pytest.raises(PartitionNotInitialized, match=r"t\[3\] is not initialized"):
+            reader.read_range("t", 3, 1)  # a topic that exists, a partition that is not initialized
         assert writer.initialize_partition("t", 3) is True
         assert writer.initialize_partition("t", 3) is False  # idempotent
         assert writer.append("t", 3, [b"x"]).start_offset == 1
+        assert writer.append("t", 2, [b"y"]).start_offset == 1  # initialized by the append
+    assert [r.value for r in reader.read_range("t", 3, 1)] == [b"x"]
+    assert [r.value for r in reader.read_range("t", 2, 1)] == [b"y"]
 
 
 def test_bad_reads(writer, reader):
@@ -94,7 +114,7 @@ def test_corrupt_blob_is_detected(config, writer, reader):
 def test_missing_index_entry_is_a_gap_not_a_skip(config, writer, reader):
     for i in range(3):
         writer.append("t", 0, [f"{i}".encode()] * 5)
-    keys = PartitionKeys(config.root_prefix, TopicPartition("t", 0))
+    keys = writer.keys("t", 0)
     writer.coordination.delete(keys.index(10), keys.partition_key)
     assert [r.value for r in reader.read_range("t", 0, 1, 5)] == [b"0"] * 5
     with pytest.raises(InconsistentReadState, match="no index entry covers offset 6"):

@@ -248,10 +248,11 @@ def test_gc_deletes_exactly_the_old_unreferenced_blobs(config):
     objects.close()
 
 
-def test_gc_collects_the_compacted_blob_of_a_compactor_that_died_before_its_record(config, writer, reader):
-    config = config.replace(gc_grace_ms=2000)
-    values = _fill(writer, "orphan")
-    keys = writer.keys("orphan", 0)
+def test_gc_collects_the_compacted_blob_of_a_compactor_that_died_before_its_record(config, reader):
+    config = config.replace(gc_grace_ms=2000)  # every process under the root prefix uses one G
+    with LogWriter(config, auto_initialize=True) as writer:
+        values = _fill(writer, "orphan")
+        keys = writer.keys("orphan", 0)
     killed = compactor_process.run(config, "orphan", [0], max_offsets=200, failpoint="compactor.after_blob_put")
     assert killed.returncode == -9, killed.stderr
     objects = ObjectStore(config)
@@ -274,14 +275,15 @@ def test_gc_collects_the_compacted_blob_of_a_compactor_that_died_before_its_reco
         objects.close()
 
 
-def test_a_gap_in_an_index_stops_gc_before_anything_is_deleted(config, writer):
-    config = config.replace(gc_grace_ms=2000)
-    _fill(writer, "gap", appends=3, records=10)
+def test_a_gap_in_an_index_stops_gc_before_anything_is_deleted(config):
+    config = config.replace(gc_grace_ms=2000)  # every process under the root prefix uses one G
+    with LogWriter(config, auto_initialize=True) as writer:
+        _fill(writer, "gap", appends=3, records=10)
+        keys = writer.keys("gap", 1)
     objects = ObjectStore(config)
     try:
         garbage = objects.put(shared_wal_object(config.root_prefix), b"old and unreferenced")
         with Coordination(config) as coordination:
-            keys = writer.keys("gap", 1)
             coordination.delete(keys.index(20), keys.partition_key)  # offsets 11..20 lose their entry
             time.sleep(2.5)
             with pytest.raises(InconsistentReadState, match=r"gap\[1\]: no index entry covers offsets 11..20"):
@@ -291,11 +293,13 @@ def test_a_gap_in_an_index_stops_gc_before_anything_is_deleted(config, writer):
         objects.close()
 
 
-def test_a_compactor_does_not_reference_a_blob_older_than_half_the_grace_period(config, writer, reader):
+def test_a_compactor_does_not_reference_a_blob_older_than_half_the_grace_period(config, writer, reader, hooks):
     values = _fill(writer, "slow", appends=2, records=10)
     keys = writer.keys("slow", 0)
-    # any PUT takes too long:
-    with Compactor(config.replace(gc_grace_ms=1), clock=past_the_lag(), max_offsets=200) as compactor:
+    clock = past_the_lag()
+    # its PUT takes longer than G/2:
+    hooks["compactor.after_blob_put"] = lambda: clock.advance(config.gc_grace_ms / 1000 / 2 + 1)
+    with Compactor(config, clock=clock, max_offsets=200) as compactor:
         with pytest.raises(StaleBlob, match="left for GC"):
             compactor.compact_partition("slow", 0)
     with Coordination(config) as coordination:

@@ -10,7 +10,7 @@ import pytest
 
 from llog.cli import main
 from llog.consumer_groups import commit_offsets, committed_offsets, describe_group, reset_offsets
-from llog.errors import InvalidOffset, PartitionNotInitialized
+from llog.errors import InvalidOffset, PartitionNotInitialized, TopicNotFound
 from llog.keys import TopicPartition
 from llog.writer import AppendGroup
 
@@ -79,8 +79,10 @@ def test_reset_applies_to_the_topics_named(config, log):
     assert reset_offsets(c, root, "g", "latest", topics=["b"]) == {B0: 4}
     assert reset_offsets(c, root, "g", '{"a": {"0": 1}, "b": {"0": 1}}', topics=iter(["a"])) == {A0: 1}
     assert _offsets(log, config, "g", (A0, A1, B0)) == {A0: 1, A1: 3, B0: 4}
-    with pytest.raises(PartitionNotInitialized, match="nosuch\\[0\\] is not initialized"):
+    with pytest.raises(TopicNotFound, match="'nosuch' does not exist"):
         reset_offsets(c, root, "g", "earliest", topics=["b", "nosuch"])
+    with pytest.raises(TopicNotFound, match="'nosuch' does not exist"):
+        commit_offsets(c, root, "g", {B0: 1, TopicPartition("nosuch", 0): 1})
     assert _offsets(log, config, "g", (A0, A1, B0)) == {A0: 1, A1: 3, B0: 4}
 
 

@@ -9,11 +9,12 @@ import pytest
 
 from llog.coordination import Coordination
 from llog.fence import fence
-from llog.keys import PartitionKeys, TopicPartition, shared_wal_prefix
+from llog.keys import shared_wal_prefix
 from llog.objects import ObjectStore
 from llog.reader import LogReader
 from tests.helpers import writer_process
 from tests.helpers.invariants import check_acked_readable, check_monotonic, check_partition
+from tests.helpers.retention import current_keys
 
 PARTITIONS = [0, 1]
 
@@ -41,7 +42,7 @@ def test_writer_killed_mid_append_is_recovered(config, failpoint, reserved, inde
         blobs = list(ObjectStore(config).list(shared_wal_prefix(config.root_prefix)))
         assert len(blobs) == 3  # the crashed writer's blob was written in every case
 
-        keys = PartitionKeys(config.root_prefix, TopicPartition("t", 0))
+        keys = current_keys(coordination, config.root_prefix, "t", 0)
         crashed = check_partition(coordination, config.root_prefix, "t", 0)
         check_monotonic(before[0], crashed)
         assert (crashed.pending is not None) == reserved  # the crash left the append pending
@@ -69,7 +70,7 @@ def test_fencing_finishes_a_crashed_append(config):
     code, _, _ = run_writer(config, "crashed", "writer.after_reserve", partitions=[1])
     assert code == -signal.SIGKILL
     with Coordination(config) as coordination:
-        keys = PartitionKeys(config.root_prefix, TopicPartition("t", 1))
+        keys = current_keys(coordination, config.root_prefix, "t", 1)
         state = fence(coordination, keys)
         assert state.record.pending is None and state.record.high_watermark == 5
         assert coordination.get(keys.index(5), keys.partition_key) is not None

@@ -12,25 +12,39 @@ from llog.compactor import Compactor
 from llog.consumer_groups import commit_offsets
 from llog.control import initialize_partition
 from llog.describe import describe_topic
-from llog.discovery import list_topics, topic_partitions
-from llog.topics import create_topic
+from llog.discovery import list_topics, partitions_of, topic_partitions
+from llog.topics import create_topic, delete_topic
 from llog.fence import fence
-from llog.keys import TopicPartition
+from llog.keys import TopicPartition, partition_keys
 from llog.config import Config
 from llog.writer import LogWriter
+from tests.helpers.retention import record_only
 
 
 def test_discovery_finds_exactly_the_topics_partitions(config, writer):
-    # "10" sorts between "1" and "2"; "orders2" and "order" share a prefix with "orders".
-    # Partitions initialized one by one (as before topic records), so some numbers are missing.
+    c, root = writer.coordination, config.root_prefix
+    # "10" sorts between "1" and "2"; "orders2" and "order" share a prefix with "orders". Topics
+    # whose create stopped after the record, partitions then initialized one by one: some
+    # numbers are missing.
+    for topic, count in (("orders", 22), ("orders2", 4), ("order", 5), ("empty", 1)):
+        record_only(c, root, topic, count)
     for topic, partition in [("orders", p) for p in (0, 1, 2, 7, 10, 21)] + [("orders2", 3), ("order", 4)]:
-        initialize_partition(writer.coordination, writer.keys(topic, partition))
+        assert writer.initialize_partition(topic, partition)
     # A topic record sorts among the per-partition keys; a topic named "topics" is still found.
-    create_topic(writer.coordination, config.root_prefix, "topics", 2)
-    assert topic_partitions(writer.coordination, config.root_prefix, "orders") == [0, 1, 2, 7, 10, 21]
-    assert topic_partitions(writer.coordination, config.root_prefix, "orders2") == [3]
-    assert topic_partitions(writer.coordination, config.root_prefix, "nothing") == []
-    assert list_topics(writer.coordination, config.root_prefix) == ["order", "orders", "orders2", "topics"]
+    create_topic(c, root, "topics", 2)
+    # Neither a deleted topic nor keys of an earlier incarnation of a live one count.
+    create_topic(c, root, "gone", 1)
+    delete_topic(c, writer.objects, root, "gone")
+    initialize_partition(c, partition_keys(root, "orders", 3, "an-earlier-topic-id"))
+    assert topic_partitions(c, root, "orders") == [0, 1, 2, 7, 10, 21]
+    assert topic_partitions(c, root, "orders2") == [3]
+    assert topic_partitions(c, root, "empty") == []
+    assert topic_partitions(c, root, "gone") == topic_partitions(c, root, "nothing") == []
+    assert list_topics(c, root) == ["empty", "order", "orders", "orders2", "topics"]  # every record
+    assert [(k.tp.topic, k.tp.partition, k.topic_id) for k in partitions_of(c, root)] == [
+        (t, p, writer.keys(t, p).topic_id) for t, ps in (("order", [4]), ("orders", [0, 1, 2, 7, 10, 21]),
+                                                          ("orders2", [3]), ("topics", [0, 1])) for p in ps]
+    assert [str(k.tp) for k in partitions_of(c, root, ["orders2", "gone", "nothing"])] == ["orders2[3]"]
 
 
 def test_describe_reports_state_high_watermark_entries_cursor(config, writer):
@@ -80,7 +94,7 @@ def test_cli_reports_bad_input_clearly(cli_env, capsys):
     assert main(["consume", "no/such", "-p", "0"]) == 1
     assert "invalid topic name 'no/such'" in capsys.readouterr().err
     assert main(["consume", "absent", "-p", "0"]) == 1
-    assert "absent[0] is not initialized" in capsys.readouterr().err
+    assert "topic 'absent' does not exist" in capsys.readouterr().err
 
 
 def test_cli_topics_create_list_describe_alter_retention_delete(cli_env, config, capsys):

@@ -25,7 +25,7 @@ from llog.topics import alter_topic, create_topic
 from llog.writer import AppendGroup, LogWriter
 from tests.helpers.invariants import check_partition
 from tests.helpers.retention import (
-    compacted_objects, entry_sizes, first_kept_by_size, index_entries, partition_keys,
+    compacted_objects, current_keys, entry_sizes, first_kept_by_size, index_entries,
 )
 
 #: How far ahead the compactor's (and GC's) clock runs: entries written now are older than G.
@@ -42,7 +42,7 @@ def _retain(writer, config, topic: str, partition: int = 0, ahead_s: float = AHE
 
 
 def _cursor(writer, config, topic: str, partition: int = 0) -> int:
-    keys = partition_keys(config.root_prefix, topic, partition)
+    keys = current_keys(writer.coordination, config.root_prefix, topic, partition)
     return CompactionCursor.from_json(writer.coordination.get(keys.compaction_cursor, keys.partition_key).value).offset
 
 
@@ -83,7 +83,7 @@ def test_retention_by_time_moves_the_log_start_past_the_old_entries(config, writ
     c, root = writer.coordination, config.root_prefix
     create_topic(c, root, "t", 1, {"retention.ms": 1000})
     old, young = _old_and_young(writer, config, "t")
-    keys = partition_keys(root, "t", 0)
+    keys = current_keys(c, root, "t", 0)
     before = index_entries(c, keys)
     assert [e.start_offset for e in before] == [1, 4, 7, 10, 13]
     assert _cursor(writer, config, "t") == 1
@@ -160,7 +160,7 @@ def test_entries_younger_than_the_grace_period_are_never_dropped(config, writer,
     done = _retain(writer, config, "t")  # an hour old: all go
     assert (done.log_start_offset, done.retention_records, done.retention_entries) == (7, 6, 2)
     assert reader.offsets("t", 0) == (7, 6)
-    assert index_entries(c, partition_keys(root, "t", 0)) == []
+    assert index_entries(c, current_keys(c, root, "t", 0)) == []
     check_partition(c, root, "t", 0)
     with pytest.raises(OffsetOutOfRange, match=r"offsets 1\.\.6 were removed by retention; the partition holds "
                                                r"no records \(the next offset written is 7\)") as e:
@@ -184,7 +184,7 @@ def test_retention_by_size_keeps_the_newest_entries_holding_at_least_retention_b
     values = [bytes([65 + i]) * n for i, n in enumerate(lengths)]
     for v in values:
         writer.append("t", 0, [v])
-    keys = partition_keys(root, "t", 0)
+    keys = current_keys(c, root, "t", 0)
     sizes = [e.entry.byte_length for e in index_entries(c, keys)]
     assert [s - n for s, n in zip(sizes, lengths)] == [sizes[0] - lengths[0]] * 6  # a body: the record and a header
     limit = sizes[-1] + sizes[-2] + 1  # the last two fall short by a byte: three are kept
@@ -222,7 +222,7 @@ def test_retention_by_size_counts_compacted_objects_by_their_size(config, writer
     values += [b"young"] * 10
     with _compactor(writer, config, max_offsets=20) as compactor:
         assert compactor.compact_partition("t", 0).compactions == 3  # two entries per object
-    keys = partition_keys(root, "t", 0)
+    keys = current_keys(c, root, "t", 0)
     entries = index_entries(c, keys)
     assert [e.entry.type for e in entries] == [COMPACTED] * 3 + [WAL]
     assert all(e.entry.byte_length is None for e in entries[:3])
@@ -338,7 +338,7 @@ def test_a_read_that_read_control_before_the_pass_and_scans_after_fails_below_th
     c, root = writer.coordination, config.root_prefix
     create_topic(c, root, "t", 1, {"retention.ms": 1000})
     old, young = _old_and_young(writer, config, "t")
-    keys = partition_keys(root, "t", 0)
+    keys = current_keys(c, root, "t", 0)
     before = read_control(c, keys)
     assert before.record.log_start_offset == 1
     _retain(writer, config, "t")
@@ -375,7 +375,7 @@ def test_gc_after_retention_deletes_exactly_the_blobs_no_partition_references(co
 
     with _compactor(writer, config, max_offsets=4) as compactor:
         assert compactor.compact_partition("ret", 0).compactions == 2  # 1..4, then 5..6; the young entry stays
-    ret_keys = partition_keys(root, "ret", 0)
+    ret_keys = current_keys(c, root, "ret", 0)
     compacted = set(compacted_objects(writer.objects, ret_keys))
     assert len(compacted) == 2
     done = _retain(writer, config, "ret")
@@ -407,7 +407,7 @@ def test_a_pass_that_stopped_after_moving_the_start_is_finished_by_the_next_comp
     c, root = writer.coordination, config.root_prefix
     create_topic(c, root, "t", 1, {"retention.ms": -1})
     old, young = _old_and_young(writer, config, "t")
-    keys = partition_keys(root, "t", 0)
+    keys = current_keys(c, root, "t", 0)
     blobs = {e.end_offset: e.entry.data_key for e in index_entries(c, keys)}
     update_control(c, keys, lambda control: control.with_extra(log_start_offset=7), "moving log_start_offset", config)
 
@@ -442,7 +442,7 @@ def test_compaction_with_retention_starts_at_the_log_start(config, writer, reade
     with _compactor(writer, config, ahead_s=2 * AHEAD_S) as compactor:
         done = compactor.compact_partition("t", 0, retention=False)
     assert (done.log_start_offset, done.records, done.compactions) == (10, 6, 1)
-    assert [(e.start_offset, e.entry.type) for e in index_entries(c, partition_keys(root, "t", 0))] == [(10, COMPACTED)]
+    assert [(e.start_offset, e.entry.type) for e in index_entries(c, current_keys(c, root, "t", 0))] == [(10, COMPACTED)]
     assert _cursor(writer, config, "t") == 16
     assert _values(reader, "t", 10) == young
     check_partition(c, root, "t", 0)
@@ -504,7 +504,7 @@ def test_a_compacted_entry_dropped_by_time_counts_its_object_size(config, writer
         writer.append("t", 0, [b"r%d" % i] * 4)
     with _compactor(writer, config) as compactor:
         assert compactor.compact_partition("t", 0).compactions == 1
-    keys = partition_keys(root, "t", 0)
+    keys = current_keys(c, root, "t", 0)
     [size] = compacted_objects(writer.objects, keys).values()
     done = _retain(writer, config, "t")
     assert (done.log_start_offset, done.retention_entries, done.retention_bytes) == (13, 1, size)

@@ -16,7 +16,7 @@ from llog.compactor import Compactor
 from llog.consumer_groups import committed_offsets, describe_group
 from llog.coordination import Coordination
 from llog.gc import gc_pass
-from llog.keys import PartitionKeys, TopicPartition
+from llog.keys import TopicPartition
 from llog.records import IndexEntry
 from llog.topics import alter_topic, create_topic
 from llog_source.partition_reader import read_split
@@ -61,7 +61,7 @@ def _keep_last_entries(config, topic: str, partition: int, entries: int) -> int:
     no time limit), then a retention pass and a GC pass an hour from now, which delete the other
     entries and their blobs: the log start offset after it."""
     with Compactor(config, clock=ShiftedClock(LATER)) as compactor:
-        keys = PartitionKeys(config.root_prefix, TopicPartition(topic, partition))
+        keys = compactor.keys(topic, partition)
         found = compactor.coordination.range_scan(keys.index(1), keys.index_end, keys.partition_key)
         kept = sum(IndexEntry.from_json(v.value, v.key).byte_length for v in found[-entries:])
         alter_topic(compactor.coordination, config.root_prefix, topic,

@@ -15,7 +15,6 @@ from pyspark.errors import PySparkException
 
 from llog.consumer_groups import describe_group
 from llog.coordination import Coordination
-from llog.keys import PartitionKeys, TopicPartition
 from llog.objects import ObjectStore
 from llog.records import ControlRecord, IndexEntry
 from llog.topics import alter_topic, create_topic
@@ -68,7 +67,7 @@ def test_batch_read_returns_every_record_with_kafkas_columns(spark, config, writ
                                         "timestamp:timestamp,timestampType:int>")
     assert _rows(df) == {p: list(enumerate(v, start=1)) for p, v in values.items()}
     with Coordination(config) as coordination:
-        keys = PartitionKeys(config.root_prefix, TopicPartition("orders", 1))
+        keys = writer.keys("orders", 1)
         entry = IndexEntry.from_json(coordination.get(keys.index(400), keys.partition_key).value)
     row = df.where("partition = 1 and offset = 400").collect()[0]
     assert row.topic == "orders" and row.timestampType == 1
@@ -259,7 +258,7 @@ def test_reads_see_a_pending_append(spark, config, writer):
     proc.communicate(timeout=120)
     assert proc.returncode == -9  # killed after the reserving CAS: pending set, no index entry
     with Coordination(config) as coordination:
-        keys = PartitionKeys(config.root_prefix, TopicPartition("t", 0))
+        keys = writer.keys("t", 0)
         control = ControlRecord.from_json(coordination.get(keys.control, keys.partition_key).value)
     assert control.pending is not None and control.high_watermark == 15
     rows = _rows(_read(spark, config, topics="t"))
@@ -270,7 +269,7 @@ def test_reads_see_a_pending_append(spark, config, writer):
 def test_fail_on_data_loss(spark, config, writer):
     values = _fill(writer, "lossy", 1, 3, 10)
     with Coordination(config) as coordination:
-        keys = PartitionKeys(config.root_prefix, TopicPartition("lossy", 0))
+        keys = writer.keys("lossy", 0)
         lost = IndexEntry.from_json(coordination.get(keys.index(20), keys.partition_key).value)
     objects = ObjectStore(config)
     try:

@@ -10,6 +10,7 @@ from llog.clock import ShiftedClock
 from llog.control import read_control
 from llog.errors import StaleBlob
 from llog.records import now_ms
+from llog.topics import read_topic
 from llog.writer import AppendGroup, LogWriter, SinkBatch
 from tests.helpers.invariants import check_partition
 
@@ -26,9 +27,11 @@ def _values(reader, topic, partition):
     return [r.value for r in reader.read_range(topic, partition, 1)]
 
 
-def test_upload_alone_writes_nothing_to_oxia(writer, reader):
+def test_upload_alone_writes_nothing_to_oxia(config, writer, reader):
     writer.upload([AppendGroup("staged", 0, [b"x"])])
-    assert writer.coordination.get(writer.keys("staged", 0).control, writer.keys("staged", 0).partition_key) is None
+    # The topic is not even created (the only write is the root prefix's deployment record,
+    # llog.deployment, which a writer makes once before it first writes).
+    assert read_topic(writer.coordination, config.root_prefix, "staged") is None
 
 
 def test_commit_staged_in_order_and_replay_commits_nothing_twice(config, writer, reader):
@@ -88,4 +91,5 @@ def test_a_blob_older_than_half_the_grace_period_is_not_committed(config, writer
     old = [type(s)(**{**s.__dict__, "created_at_ms": s.created_at_ms - config.gc_grace_ms}) for s in staged]
     with pytest.raises(StaleBlob, match="upload the records again"):
         writer.commit_staged(old, SinkBatch("q", 0))
-    assert writer.coordination.get(writer.keys("stale", 0).control, writer.keys("stale", 0).partition_key) is None
+    # Refused before anything is written to the topic: it is not even created.
+    assert read_topic(writer.coordination, config.root_prefix, "stale") is None

@@ -1,7 +1,7 @@
 """Topics as objects (docs/topics.md sections 1, 2 and 4) on real Oxia and the S3 server: create,
 list, describe, alter and delete; auto-creation by writers; writers that disagree on the
-partition count; delete and re-create; a delete that is interrupted and finished; partitions
-written before topic records, adopted."""
+partition count; delete (a tombstone per partition, docs/protocol.md section 12) and re-create; a
+delete that is interrupted and finished."""
 
 from __future__ import annotations
 
@@ -16,18 +16,19 @@ from llog.consumer_groups import commit_offsets, committed_offsets
 from llog.control import initialize_partition, read_control, update_control
 from llog.discovery import list_topics, topic_partitions
 from llog.errors import (
-    AppendFailed, ClaimHeld, InvalidTopicConfig, ObjectNotFound, PartitionNotInitialized, TopicAlreadyExists,
-    TopicBeingDeleted, TopicNotFound, TopicRecreated, UnknownPartition,
+    AppendFailed, ClaimHeld, InvalidTopicConfig, TopicAlreadyExists, TopicBeingDeleted, TopicDeleted, TopicNotFound,
+    TopicRecreated, UnknownPartition,
 )
-from llog.keys import TopicPartition
-from llog.records import ACTIVE, DELETING
+from llog.keys import TopicPartition, partition_keys
+from llog.reader import LogReader
+from llog.records import ACTIVE, DELETED, DELETING
 from llog.topics import (
     TopicCache, TopicSettings, _mark_deleting, alter_topic, create_topic, delete_topic, list_topic_records, parse_config,
     parse_config_pairs, read_topic,
 )
 from llog.writer import AppendGroup, LogWriter
 from tests.helpers.clocks import past_the_lag
-from tests.helpers.retention import compacted_objects, index_entries, keys_left, partition_keys
+from tests.helpers.retention import check_deleted, compacted_objects, current_keys, index_entries, keys_left
 
 
 def _values(reader, topic: str, partition: int) -> list[bytes]:
@@ -36,7 +37,9 @@ def _values(reader, topic: str, partition: int) -> list[bytes]:
 
 
 def _controls(writer, config, topic: str, partitions: range):
-    return [read_control(writer.coordination, partition_keys(config.root_prefix, topic, p)).record for p in partitions]
+    """The ``meta/control`` of each partition of the topic's current incarnation."""
+    return [read_control(writer.coordination, current_keys(writer.coordination, config.root_prefix, topic, p)).record
+            for p in partitions]
 
 
 # --- create, list, describe, alter, delete -----------------------------------------------------------
@@ -85,9 +88,14 @@ def test_create_list_describe_alter_and_delete(config, writer):
     assert alter_topic(c, root, "orders", partitions=4) == dropped  # nothing to change: no write
     assert read_topic(c, root, "orders").record.updated_at_ms == dropped.updated_at_ms
 
+    doomed = [current_keys(c, root, "orders", p) for p in range(4)]
     report = delete_topic(c, writer.objects, root, "orders")
     assert (report.partitions, report.had_record) == (4, True)
     assert read_topic(c, root, "orders") is None
+    for keys in doomed:  # each partition is its tombstone (docs/protocol.md section 12), nothing else
+        assert check_deleted(c, keys).sequence_counter == 1
+        with pytest.raises(TopicDeleted):
+            read_control(c, keys)
     assert [r.topic for r in list_topic_records(c, root)] == ["audit"]
     assert topic_partitions(c, root, "orders") == []
     with pytest.raises(TopicNotFound):
@@ -144,15 +152,15 @@ def test_a_writer_creates_a_missing_topic_with_the_default_partition_count(confi
         record = read_topic(c, root, "fresh").record
         assert (record.partitions, record.config, record.state) == (3, {}, ACTIVE)
         assert [r.topic_id for r in _controls(writer, config, "fresh", range(3))] == [record.topic_id] * 3
-        before = {p: keys_left(c, partition_keys(root, "fresh", p)) for p in range(3)}
+        before = {p: keys_left(c, current_keys(c, root, "fresh", p)) for p in range(3)}
 
         unknown = r"fresh\[3\] does not exist: topic 'fresh' has 3 partition\(s\), 0\.\.2"
         with pytest.raises(UnknownPartition, match=unknown) as e:
             writer.append("fresh", 3, [b"nope"])
         assert (e.value.partition, e.value.partitions) == (3, 3)
         # Nothing reserved: partition 3 has no key at all, the others are as they were.
-        assert keys_left(c, partition_keys(root, "fresh", 3)) == []
-        assert {p: keys_left(c, partition_keys(root, "fresh", p)) for p in range(3)} == before
+        assert keys_left(c, current_keys(c, root, "fresh", 3)) == []
+        assert {p: keys_left(c, current_keys(c, root, "fresh", p)) for p in range(3)} == before
         assert reader.offsets("fresh", 0) == (1, 2)
 
         # In a shared append only the unknown partition fails; the others commit.
@@ -160,7 +168,7 @@ def test_a_writer_creates_a_missing_topic_with_the_default_partition_count(confi
             writer.append_shared([AppendGroup("fresh", 1, [b"c"]), AppendGroup("fresh", 5, [b"x"])])
         assert [(r.partition, r.start_offset) for r in failed.value.results] == [(1, 1)]
         assert isinstance(failed.value.errors[("fresh", 5)], UnknownPartition)
-        assert keys_left(c, partition_keys(root, "fresh", 5)) == []
+        assert keys_left(c, current_keys(c, root, "fresh", 5)) == []
         assert read_topic(c, root, "fresh").record.partitions == 3
     assert _values(reader, "fresh", 0) == [b"a", b"b"] and _values(reader, "fresh", 1) == [b"c"]
 
@@ -174,8 +182,8 @@ def test_without_auto_creation_a_missing_topic_is_not_found_and_not_created(conf
         assert topic_partitions(writer.coordination, root, "missing") == []
         create_topic(writer.coordination, root, "made", 1)  # an existing one is written to
         assert writer.append("made", 0, [b"y"]).start_offset == 1
-    with LogWriter(config) as writer:  # not auto-initializing: as before topic records
-        with pytest.raises(PartitionNotInitialized):
+    with LogWriter(config) as writer:  # not auto-initializing: a topic needs its record
+        with pytest.raises(TopicNotFound, match="'missing' does not exist"):
             writer.append("missing", 0, [b"x"])
         assert read_topic(writer.coordination, root, "missing") is None
 
@@ -214,14 +222,15 @@ def test_a_deleted_and_recreated_topic_starts_empty(config, writer, reader):
         with Compactor(config, clock=past_the_lag(), max_offsets=6) as compactor:
             assert compactor.compact_partition("re", 0).compactions >= 1
         objects = writer.objects
-        compacted = compacted_objects(objects, partition_keys(root, "re", 0))
+        olds = [partition_keys(root, "re", p, old.topic_id) for p in range(2)]
+        compacted = compacted_objects(objects, olds[0])
         assert compacted
         report = delete_topic(c, objects, root, "re")
         assert (report.partitions, report.compacted_objects) == (2, len(compacted))
         assert read_topic(c, root, "re") is None
-        for p in range(2):
-            keys = partition_keys(root, "re", p)
-            assert keys_left(c, keys) == [], f"keys of re[{p}] left after the delete"
+        for keys in olds:
+            tombstone = check_deleted(c, keys)  # the group offsets, the index, the claim went too
+            assert tombstone.log_state == DELETED and tombstone.high_watermark == (13 if keys.tp.partition == 0 else 4)
             assert compacted_objects(objects, keys) == {}
         assert "re" not in list_topics(c, root)
 
@@ -229,23 +238,32 @@ def test_a_deleted_and_recreated_topic_starts_empty(config, writer, reader):
         assert new.topic_id != old.topic_id
         for p, control in enumerate(_controls(writer, config, "re", range(2))):  # docs/topics.md section 4
             assert (control.topic_id, control.sequence_counter, control.log_start_offset) == (new.topic_id, 1, 1)
-            assert index_entries(c, partition_keys(root, "re", p)) == []
+            assert index_entries(c, partition_keys(root, "re", p, new.topic_id)) == []
         assert committed_offsets(c, root, "g", [TopicPartition("re", p) for p in range(2)]) == {}
 
         assert writer.append("re", 0, [b"new-1"]).start_offset == 1
-        # The stale writer's cached record and control name the old topic: it reads them again
-        # and its append lands in the new topic, after the new record.
+        # The stale writer's cached record names the old topic (CACHE_TTL_S): its append meets the
+        # old partition's tombstone, reads the record again and lands in the new topic, after the
+        # new record; nothing lands under the deleted incarnation.
+        assert stale.keys("re", 0).topic_id == old.topic_id
         landed = stale.append("re", 0, [b"new-2"])
-        assert (landed.start_offset, landed.end_offset) == (2, 2)
+        assert (landed.start_offset, landed.end_offset, landed.topic_id) == (2, 2, new.topic_id)
+        check_deleted(c, olds[0])
     assert reader.offsets("re", 0) == (1, 2)
     assert _values(reader, "re", 0) == [b"new-1", b"new-2"]
-    assert read_control(c, partition_keys(root, "re", 0)).record.topic_id == new.topic_id
+    assert read_control(c, partition_keys(root, "re", 0, new.topic_id)).record.topic_id == new.topic_id
     assert reader.offsets("re", 1) == (1, 0)
+
+
+#: What the new topic of ``_recreate_at_fetch`` holds: written to it after the re-create, at
+#: offsets 1..9 again.
+NEW = [f"new-{i}".encode() for i in range(1, 10)]
+OLD = [f"old-{i}".encode() for i in range(1, 10)]
 
 
 def _recreate_at_fetch(hooks, writer, config, topic: str, fire_at: int = 1):
     """A hook for ``reader.before_fetch``: at its ``fire_at``-th hit, the topic is deleted,
-    created again and written with nine new records (offsets 1..9 again)."""
+    created again and written with :data:`NEW`, three appends of three."""
     hits = []
 
     def hook():
@@ -256,49 +274,61 @@ def _recreate_at_fetch(hooks, writer, config, topic: str, fire_at: int = 1):
         c, root = writer.coordination, config.root_prefix
         delete_topic(c, writer.objects, root, topic)
         create_topic(c, root, topic, 1)
-        writer.append(topic, 0, [f"new-{i}".encode() for i in range(1, 10)])
+        for i in range(0, len(NEW), 3):
+            writer.append(topic, 0, NEW[i:i + 3])
     return hook
 
 
-def _one_topic(values: list[bytes]) -> bool:
-    """Whether the values read all come from one incarnation of the topic (``old-*`` or ``new-*``)."""
-    return len({v.split(b"-")[0] for v in values}) <= 1
+def _offsets_and_values(records) -> list[tuple[int, bytes]]:
+    return [(r.offset, r.value) for r in records]
 
 
-_GONE = (PartitionNotInitialized, ObjectNotFound, TopicRecreated)
+def _assert_reads_exactly_the_new_topic(config, reader, topic: str) -> None:
+    """The re-created topic reads back exactly what was written to it after the re-create
+    (:data:`NEW` at offsets 1..9), in order, and nothing else: by ``reader``, which read the old
+    topic, whole and window by window, and by a reader that never saw the old one."""
+    expected = list(enumerate(NEW, start=1))
+    assert reader.offsets(topic, 0) == (1, len(NEW))
+    assert _offsets_and_values(reader.read_range(topic, 0, 1)) == expected
+    assert _offsets_and_values(reader.iter_from(topic, 0, 1, window=2)) == expected
+    assert [(o, reader.read_offset(topic, 0, o).value) for o in range(1, len(NEW) + 1)] == expected
+    with LogReader(config) as fresh:
+        assert _offsets_and_values(fresh.read_range(topic, 0, 1)) == expected
 
 
 def test_a_read_midway_through_a_delete_and_recreate_never_mixes_the_two_topics(config, writer, reader, hooks):
     c, root = writer.coordination, config.root_prefix
     create_topic(c, root, "mix", 1)
-    writer.append("mix", 0, [f"old-{i}".encode() for i in range(1, 4)])
-    writer.append("mix", 0, [f"old-{i}".encode() for i in range(4, 7)])
+    writer.append("mix", 0, OLD[0:3])
+    writer.append("mix", 0, OLD[3:6])
     with LogWriter(config, clock=past_the_lag()) as later:  # too young to compact: stays a WAL entry
-        later.append("mix", 0, [f"old-{i}".encode() for i in range(7, 10)])
+        later.append("mix", 0, OLD[6:9])
     with Compactor(config, writer.coordination, writer.objects, clock=past_the_lag()) as compactor:
         assert compactor.compact_partition("mix", 0).records == 6  # 1..6 in a compacted object the delete removes
     hooks["reader.before_fetch"] = _recreate_at_fetch(hooks, writer, config, "mix")
-    try:
-        values = [r.value for r in reader.read_range("mix", 0, 1)]
-    except _GONE:
-        values = []
+    # The read resolved the old topic's offsets 1..9; the compacted object of 1..6 is gone when it
+    # fetches, and resolving them again finds another incarnation: it fails, returning nothing.
+    with pytest.raises(TopicRecreated, match=r"mix\[0\] was deleted and created again while this read ran"):
+        reader.read_range("mix", 0, 1)
     assert "reader.before_fetch" not in hooks  # the delete and re-create ran midway
-    assert _one_topic(values), values
+    _assert_reads_exactly_the_new_topic(config, reader, "mix")
 
 
 def test_iter_from_across_a_delete_and_recreate_never_mixes_the_two_topics(config, writer, reader, hooks):
     c, root = writer.coordination, config.root_prefix
     create_topic(c, root, "mix", 1)
-    writer.append("mix", 0, [f"old-{i}".encode() for i in range(1, 10)])
+    writer.append("mix", 0, OLD)
     hooks["reader.before_fetch"] = _recreate_at_fetch(hooks, writer, config, "mix")
     values = []
-    try:
+    with pytest.raises(TopicRecreated, match=r"mix\[0\] was deleted and created again while this read ran"):
         for record in reader.iter_from("mix", 0, 1, window=3):
-            values.append(record.value)
-    except _GONE:
-        pass
+            values.append((record.offset, record.value))
     assert "reader.before_fetch" not in hooks
-    assert _one_topic(values), values
+    # The first window was resolved and fetched (its WAL blob is still there: nothing collected
+    # it) before the re-create: it is the old topic's, exactly. The next window is of another
+    # incarnation: the iteration stops there, with nothing of the new topic.
+    assert values == list(enumerate(OLD[:3], start=1))
+    _assert_reads_exactly_the_new_topic(config, reader, "mix")
 
 
 def test_a_topic_being_deleted_refuses_writes_and_a_second_delete_finishes_it(config, writer):
@@ -317,32 +347,35 @@ def test_a_topic_being_deleted_refuses_writes_and_a_second_delete_finishes_it(co
         create_topic(c, root, "del", 2, if_not_exists=True)
     with pytest.raises(TopicBeingDeleted):
         alter_topic(c, root, "del", partitions=3)
-    assert read_control(c, partition_keys(root, "del", 0)).record.high_watermark == 1
+    k0, k1 = (partition_keys(root, "del", p, marked.record.topic_id) for p in range(2))
+    assert read_control(c, k0).record.high_watermark == 1
 
     # A compactor holds partition 1's claim: the delete does partition 0, then gives up on 1.
-    k1 = partition_keys(root, "del", 1)
     claim = c.claim(k1.compactor_claim, b'{"compactor_id": "test", "claimed_at_ms": 0}', k1.partition_key)
     objects = writer.objects
     with pytest.raises(ClaimHeld, match="run the delete again"):
         delete_topic(c, objects, root, "del", claim_wait_s=0)
-    assert keys_left(c, partition_keys(root, "del", 0)) == []
+    check_deleted(c, k0)
     assert read_topic(c, root, "del").record.state == DELETING
-    # Writers are refused: partition 0 is not initialized again (the writer reads the record
-    # afresh and finds it DELETING), and then 1 is not written either.
+    # Writers are refused: the writer that cached the topic ACTIVE meets partition 0's tombstone
+    # (nothing reserved, nothing initialized again) and reads the record afresh: DELETING, so
+    # partition 1 is not written either.
     for partition in (0, 1):
         with pytest.raises(TopicBeingDeleted):
             writer.append("del", partition, [b"refused"])
-    assert keys_left(c, partition_keys(root, "del", 0)) == []
+    check_deleted(c, k0)
     assert read_control(c, k1).record.high_watermark == 1
 
     c.release(k1.compactor_claim, k1.partition_key, claim)
     report = delete_topic(c, objects, root, "del")
     assert report.partitions == 2
     assert read_topic(c, root, "del") is None
-    assert all(keys_left(c, partition_keys(root, "del", p)) == [] for p in range(2))
+    for keys in (k0, k1):
+        check_deleted(c, keys)
     recreated = create_topic(c, root, "del", 1)
-    assert recreated.state == ACTIVE
+    assert recreated.state == ACTIVE and recreated.topic_id != marked.record.topic_id
     assert writer.append("del", 0, [b"again"]).start_offset == 1
+    check_deleted(c, k0)  # the new topic's partition 0 has keys of its own
 
 
 def test_a_writer_with_the_record_cached_active_writes_until_the_delete_fences(config, writer, reader):
@@ -354,101 +387,59 @@ def test_a_writer_with_the_record_cached_active_writes_until_the_delete_fences(c
     writer.append("late", 0, [b"a"])
     _mark_deleting(c, root, "late", SYSTEM)
     assert writer.append("late", 0, [b"b"]).start_offset == 2
+    keys = writer.keys("late", 0)
     delete_topic(c, writer.objects, root, "late")
-    assert keys_left(c, partition_keys(root, "late", 0)) == [] and read_topic(c, root, "late") is None
-    # Its next append finds the partition gone, reads the record again and, auto-initializing,
-    # creates the topic anew: the old records are not visible.
-    assert writer.append("late", 0, [b"c"]).start_offset == 1
+    assert check_deleted(c, keys).high_watermark == 2 and read_topic(c, root, "late") is None
+    # Its next append meets the partition's tombstone, reads the record again (gone) and,
+    # auto-initializing, creates the topic anew: the old records are not visible, and nothing
+    # lands under the deleted incarnation.
+    landed = writer.append("late", 0, [b"c"])
+    assert landed.start_offset == 1 and landed.topic_id == read_topic(c, root, "late").record.topic_id != keys.topic_id
+    check_deleted(c, keys)
     assert _values(reader, "late", 0) == [b"c"]
 
 
-# --- partitions written before topic records -------------------------------------------------------------
+# --- what an earlier incarnation leaves behind ------------------------------------------------------------
 
 
-def test_a_legacy_topic_is_adopted_by_its_first_auto_creating_write(config, reader):
-    root = config.root_prefix
-    with LogWriter(config) as legacy:  # no topic records: partitions initialized by hand (4.1)
-        for p in range(2):
-            initialize_partition(legacy.coordination, partition_keys(root, "legacy", p))
-        legacy.append("legacy", 0, [b"a", b"b", b"c"])
-        legacy.append("legacy", 1, [b"d"])
-        assert read_topic(legacy.coordination, root, "legacy") is None
-    with LogWriter(config.replace(default_partitions=1), auto_initialize=True) as writer:
-        c = writer.coordination
-        assert writer.append("legacy", 0, [b"e"]).start_offset == 4  # its old offsets are kept
-        record = read_topic(c, root, "legacy").record
-        assert record.partitions == 2  # covers partitions 0 and 1, above the default of 1
-        assert [r.topic_id for r in _controls(writer, config, "legacy", range(2))] == [None, None]  # adopted as is
-        assert writer.append("legacy", 1, [b"f"]).start_offset == 2
-        with pytest.raises(UnknownPartition):
-            writer.append("legacy", 2, [b"x"])
-    assert _values(reader, "legacy", 0) == [b"a", b"b", b"c", b"e"]
-    assert _values(reader, "legacy", 1) == [b"d", b"f"]
-
-
-def test_creating_a_legacy_topic_with_too_few_partitions_is_refused(config, writer):
+def test_keys_of_an_earlier_incarnation_are_not_seen_by_a_create(config, writer, reader):
+    """Keys written late under a deleted incarnation's ``topic_id`` (a writer's initializer, a
+    group commit: docs/protocol.md section 12) are debris the new topic never reads: it starts empty,
+    without group offsets, and the debris is left as it was."""
     c, root = writer.coordination, config.root_prefix
-    for p in range(3):
-        initialize_partition(c, partition_keys(root, "old", p))
-    with pytest.raises(InvalidTopicConfig, match="already has partitions 0..2"):
-        create_topic(c, root, "old", 2)
-    assert read_topic(c, root, "old") is None
-    assert create_topic(c, root, "old", 3).partitions == 3
-
-
-def test_a_legacy_topic_without_a_record_is_deleted_too(config, writer):
-    c, root = writer.coordination, config.root_prefix
-    initialize_partition(c, partition_keys(root, "bare", 0))
-    with LogWriter(config) as legacy:
-        legacy.append("bare", 0, [b"a"])
-    report = delete_topic(c, writer.objects, root, "bare")
-    assert (report.partitions, report.had_record) == (1, False)
-    assert keys_left(c, partition_keys(root, "bare", 0)) == []
-    with pytest.raises(TopicNotFound, match="'bare' does not exist"):
-        delete_topic(c, writer.objects, root, "bare")
-
-
-# --- leftovers of an earlier topic of the same name ------------------------------------------------------
-
-
-def test_create_clears_a_leftover_partition_of_an_earlier_topic(config, writer, reader):
-    """A partition initialized with an earlier topic's ``topic_id`` (a writer that initialized it
-    while that topic was being deleted) is emptied and initialized again by the create."""
-    c, root = writer.coordination, config.root_prefix
-    keys = partition_keys(root, "left", 0)
-    initialize_partition(c, keys, "an-earlier-topic-id")
-    commit_offsets(c, root, "g", {TopicPartition("left", 0): 1})
+    earlier = partition_keys(root, "left", 0, str(uuid.uuid4()))
+    initialize_partition(c, earlier)
+    commit_offsets(c, root, "g", {TopicPartition("left", 0): 1}, topic_ids={"left": earlier.topic_id})
+    debris = keys_left(c, earlier)
+    assert debris == sorted([earlier.control, earlier.compaction_cursor, earlier.consumer_group("g")])
     record = create_topic(c, root, "left", 1)
-    control = read_control(c, keys).record
+    control = read_control(c, current_keys(c, root, "left", 0)).record
     assert (control.topic_id, control.sequence_counter) == (record.topic_id, 1)
     assert committed_offsets(c, root, "g", [TopicPartition("left", 0)]) == {}
     assert writer.append("left", 0, [b"new"]).start_offset == 1
     assert _values(reader, "left", 0) == [b"new"]
+    assert topic_partitions(c, root, "left") == [0] and list_topics(c, root) == ["left"]
+    assert keys_left(c, earlier) == debris
 
 
-def test_a_partition_owned_by_another_topic_id_refuses_the_append(config, writer):
-    """The writer's record and the partition's ``meta/control`` name different topics (the topic
-    was deleted and created again while the append ran): ``TopicRecreated``, nothing reserved.
-    The foreign ``topic_id`` is written by the control CAS the protocol uses (a stand-in for
-    the race, which has no failpoint)."""
+def test_a_tombstone_met_by_an_append_refuses_it(config, writer):
+    """A partition whose ``meta/control`` is a tombstone while the topic record still names its
+    incarnation as live (never in a correct run: a delete marks the record DELETING first):
+    ``TopicRecreated``, nothing reserved, nothing initialized again. The tombstone is written by
+    the control CAS the protocol uses (a stand-in for the race, which has no failpoint)."""
     c, root = writer.coordination, config.root_prefix
     create_topic(c, root, "owned", 1)
     writer.append("owned", 0, [b"a"])
-    keys = partition_keys(root, "owned", 0)
-    update_control(c, keys, lambda control: control.with_extra(topic_id="another-topic-id"), "test", config)
-    with pytest.raises(TopicRecreated, match="belongs to topic id another-topic-id.*nothing was reserved"):
+    keys = writer.keys("owned", 0)
+    tombstone = update_control(c, keys, lambda control: control.with_changes(log_state=DELETED), "test", config)
+    with pytest.raises(TopicRecreated, match=r"owned\[0\]: meta/control of topic id .* is a tombstone.*nothing was "
+                                             r"reserved"):
         writer.append("owned", 0, [b"b"])
-    assert read_control(c, keys).record.high_watermark == 1
+    assert c.get(keys.control, keys.partition_key).version_id == tombstone.version  # not written
+    assert tombstone.record.high_watermark == 1
+    with pytest.raises(TopicDeleted):
+        read_control(c, keys)
     assert [e.end_offset for e in index_entries(c, keys)] == [1]
-
-
-def test_delete_removes_partitions_past_the_count_too(config, writer):
-    c, root = writer.coordination, config.root_prefix
-    create_topic(c, root, "extra", 1)
-    initialize_partition(c, partition_keys(root, "extra", 3), "an-earlier-topic-id")  # a leftover past the count
-    report = delete_topic(c, writer.objects, root, "extra")
-    assert report.partitions == 2
-    assert keys_left(c, partition_keys(root, "extra", 3)) == [] and topic_partitions(c, root, "extra") == []
 
 
 def test_racing_creates_make_one_topic(config, writer):

@@ -11,7 +11,7 @@ import pytest
 
 from llog.clock import ShiftedClock
 from llog.compactor import Compactor
-from llog.control import initialize_partition, read_control
+from llog.control import read_control
 from llog.describe import (
     PARTITION_COLUMNS, describe_topic, describe_topics, format_descriptions, format_topic_descriptions,
     format_topic_descriptions_json,
@@ -22,7 +22,7 @@ from llog.objects import ObjectStore
 from llog.pricing import PRICES_FILE_ENV, load_prices
 from llog.records import ACTIVE, WAL
 from llog.topics import TopicSettings, create_topic, read_topic
-from tests.helpers.retention import compacted_objects, index_entries, partition_keys
+from tests.helpers.retention import compacted_objects, current_keys, index_entries
 
 GIB = 2**30
 
@@ -52,7 +52,7 @@ def objects(config):
 
 @pytest.fixture
 def log(config, writer, hooks):
-    """Four topics, each in a state worth describing:
+    """Three topics, each in a state worth describing:
 
     - ``kept`` (2 partitions, created explicitly): partition 0 compacted (3 appends, 6 records)
       then appended to (2 appends, 2 records); partition 1 appended to twice, not compacted;
@@ -60,8 +60,7 @@ def log(config, writer, hooks):
       appends (3 records);
     - ``pend`` (2 partitions): partition 0's last append
       stopped after reserving (pending, no index entry), partition 1's after writing the index
-      entry (pending and its entry both there);
-    - ``legacy``: a partition initialized before topic records existed, no record, empty.
+      entry (pending and its entry both there).
     """
     c, root = writer.coordination, config.root_prefix
     create_topic(c, root, "kept", 2, {"retention.ms": -1})
@@ -94,15 +93,13 @@ def log(config, writer, hooks):
     with pytest.raises(Aborted):
         _append(writer, "pend", 1, 2, size=70)
     del hooks["writer.after_index_put"]
-
-    assert initialize_partition(c, partition_keys(root, "legacy", 0))  # no topic_id: written before records
     return compacted
 
 
 def test_partitions_show_log_start_end_records_and_bytes(config, writer, objects, log):
     c, root = writer.coordination, config.root_prefix
     kept = {p.partition: p for p in describe_topic(c, root, "kept", objects)}
-    k0 = partition_keys(root, "kept", 0)
+    k0 = current_keys(c, root, "kept", 0)
     entries = index_entries(c, k0)
     [(compacted_uri, compacted_size)] = compacted_objects(objects, k0).items()
     assert compacted_size == log.bytes  # the object the compaction wrote, as S3 lists it
@@ -117,7 +114,7 @@ def test_partitions_show_log_start_end_records_and_bytes(config, writer, objects
     assert p0.pending is None
 
     p1 = kept[1]
-    entries1 = index_entries(c, partition_keys(root, "kept", 1))
+    entries1 = index_entries(c, current_keys(c, root, "kept", 1))
     assert (p1.log_start_offset, p1.log_end_offset, p1.records, p1.index_entries) == (1, 6, 5, 2)
     assert (p1.compacted_bytes, p1.wal_bytes) == (0, sum(e.entry.byte_length for e in entries1))
     # Each append here went alone into its own shared WAL blob: the partition's share is the
@@ -132,13 +129,13 @@ def test_partitions_show_log_start_end_records_and_bytes(config, writer, objects
 def test_retention_moves_the_log_start_and_drops_the_bytes(config, writer, objects, log):
     c, root = writer.coordination, config.root_prefix
     [short] = describe_topic(c, root, "short", objects)
-    entries = index_entries(c, partition_keys(root, "short", 0))
+    entries = index_entries(c, current_keys(c, root, "short", 0))
     assert [e.start_offset for e in entries] == [5, 6, 7]  # the 2 dropped entries' keys are gone
     assert (short.log_start_offset, short.high_watermark, short.log_end_offset, short.records) == (5, 7, 8, 3)
     assert (short.index_entries, short.wal_bytes, short.compacted_bytes) == (
         3, sum(e.entry.byte_length for e in entries), 0)
     assert short.compaction_cursor == 5
-    control = read_control(c, partition_keys(root, "short", 0)).record
+    control = read_control(c, current_keys(c, root, "short", 0)).record
     assert control.log_start_offset == short.log_start_offset
 
 
@@ -148,14 +145,14 @@ def test_a_pending_append_counts_once(config, writer, objects, log):
     # Partition 0: the pending append has no index entry yet; its bytes count, its offsets are
     # reserved (the high watermark covers them, a reader finishes the append).
     p0 = rows[0]
-    control0 = read_control(c, partition_keys(root, "pend", 0)).record
-    [entry0] = index_entries(c, partition_keys(root, "pend", 0))
+    control0 = read_control(c, current_keys(c, root, "pend", 0)).record
+    [entry0] = index_entries(c, current_keys(c, root, "pend", 0))
     assert p0.pending == control0.pending and (p0.pending.start_offset, p0.pending.end_offset) == (3, 5)
     assert (p0.high_watermark, p0.records, p0.index_entries) == (5, 5, 1)
     assert p0.wal_bytes == entry0.entry.byte_length + control0.pending.byte_length
     # Partition 1: the pending append's entry is in the index already: counted once.
     p1 = rows[1]
-    [entry1] = index_entries(c, partition_keys(root, "pend", 1))
+    [entry1] = index_entries(c, current_keys(c, root, "pend", 1))
     assert p1.pending is not None and entry1.end_offset == p1.pending.end_offset == 2
     assert p1.wal_bytes == entry1.entry.byte_length == p1.pending.byte_length
     assert (p1.records, p1.index_entries) == (2, 1)
@@ -164,7 +161,7 @@ def test_a_pending_append_counts_once(config, writer, objects, log):
 def test_topics_show_record_config_bytes_and_cost(config, writer, objects, log):
     c, root = writer.coordination, config.root_prefix
     described = describe_topics(c, objects, root, config=config)
-    assert [d.topic for d in described] == ["kept", "legacy", "pend", "short"]
+    assert [d.topic for d in described] == ["kept", "pend", "short"]
     by_name = {d.topic: d for d in described}
     prices = load_prices()
 
@@ -183,10 +180,6 @@ def test_topics_show_record_config_bytes_and_cost(config, writer, objects, log):
     assert kept.cost_basis.startswith(f"S3 Standard list prices of {kept.cost_region} as of {prices.as_of}")
 
     assert by_name["short"].config["retention.ms"] == 1000
-    legacy = by_name["legacy"]
-    assert (legacy.has_record, legacy.topic_id, legacy.state, legacy.partition_count) == (False, None, None, 1)
-    assert legacy.config == TopicSettings.of("legacy", None, config).as_kafka()
-    assert (legacy.bytes, legacy.records, legacy.monthly_cost_usd) == (0, 0, 0.0)
 
     # One topic by name; the cost at another region's prices, and at an unknown region's.
     [frankfurt] = describe_topics(c, objects, root, ["kept"], config.replace(s3_region_name="eu-central-1"))
@@ -197,15 +190,15 @@ def test_topics_show_record_config_bytes_and_cost(config, writer, objects, log):
     assert "no prices for region 'moon-south-1'" in moon.cost_basis
 
 
-def test_a_topic_with_neither_record_nor_partitions_is_not_found(config, writer, objects, log):
-    with pytest.raises(TopicNotFound, match="'nothing' does not exist: no topic record and no initialized partitions"):
+def test_a_topic_without_a_record_is_not_found(config, writer, objects, log):
+    with pytest.raises(TopicNotFound, match="'nothing' does not exist"):
         describe_topics(writer.coordination, objects, config.root_prefix, ["kept", "nothing"], config)
 
 
 def test_a_record_whose_partitions_are_not_initialized_says_so(config, writer, objects):
     c, root = writer.coordination, config.root_prefix
     create_topic(c, root, "half", 3)
-    keys = partition_keys(root, "half", 2)
+    keys = current_keys(c, root, "half", 2)
     c.delete(keys.control, keys.partition_key)  # as if the create had crashed before initializing it
     [half] = describe_topics(c, objects, root, ["half"], config)
     assert [p.partition for p in half.partitions] == [0, 1] and half.uninitialized_partitions == [2]
@@ -237,23 +230,22 @@ def test_text_and_json_output(config, writer, objects, log):
     assert f"id={kept.topic_id}" in header and "partitions=2" in header and "state=ACTIVE" in header
     assert "retention.ms=-1" in header and "cleanup.policy=delete" in header
     assert f"bytes={kept.bytes} (" in header and "est. monthly cost: <$0.01 (S3 Standard list prices of" in header
-    assert "topic legacy  id=-  partitions=1  state=no topic record" in text
-    assert text.count("  ".join(PARTITION_COLUMNS[:3])) == 4  # one table per topic
+    assert text.count("  ".join(PARTITION_COLUMNS[:3])) == 3  # one table per topic
     p0 = kept.partitions[0]
     row = next(line for line in text.splitlines() if line.split()[:2] == ["0", "OPEN"])
     assert row.split() == ["0", "OPEN", "1", "9", "8", str(p0.wal_bytes), str(p0.compacted_bytes), "3", "7", "-"]
     total = sum(d.bytes for d in described)
-    assert text.splitlines()[-1].startswith(f"4 topic(s), {sum(d.records for d in described)} record(s), bytes={total}")
+    assert text.splitlines()[-1].startswith(f"3 topic(s), {sum(d.records for d in described)} record(s), bytes={total}")
 
     as_json = json.loads(format_topic_descriptions_json(described))
-    assert [t["topic"] for t in as_json] == ["kept", "legacy", "pend", "short"]
+    assert [t["topic"] for t in as_json] == ["kept", "pend", "short"]
     first = as_json[0]
     assert (first["topic_id"], first["has_record"], first["bytes"], first["records"]) == (
         kept.topic_id, True, kept.bytes, 13)
     assert first["monthly_cost_usd"] == pytest.approx(kept.monthly_cost_usd)
     first_partition = first["partitions"][0]
     assert (first_partition["log_end_offset"], first_partition["compacted_bytes"]) == (9, p0.compacted_bytes)
-    pend = as_json[2]["partitions"][0]["pending"]
+    pend = as_json[1]["partitions"][0]["pending"]
     assert (pend["start_offset"], pend["end_offset"]) == (3, 5)
 
     # ``llog describe TOPIC`` (one topic's partitions, no record) prints the same table.

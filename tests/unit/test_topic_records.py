@@ -43,6 +43,17 @@ def test_control_record_log_start_and_topic_id():
         ControlRecord(sequence_counter=3).with_extra(log_start_offset=5).log_start_offset
 
 
+def test_a_tombstone_control_record_round_trips():
+    # docs/protocol.md section 12: a deleted incarnation's meta/control stays, as a tombstone.
+    tombstone = ControlRecord(sequence_counter=11).with_changes(log_state="DELETED").with_extra(
+        topic_id="abc", deleted_at_ms=5)
+    again = ControlRecord.from_json(tombstone.to_json())
+    assert (again.deleted, again.fenced, again.topic_id, again.high_watermark) == (True, False, "abc", 10)
+    assert again.extra["deleted_at_ms"] == 5
+    assert not ControlRecord(sequence_counter=11).deleted
+    assert not ControlRecord(sequence_counter=11).with_changes(log_state="FENCED").deleted
+
+
 def test_config_is_checked_and_typed():
     assert parse_config_pairs(["retention.ms=3600000", "retention.bytes=-1", "cleanup.policy=delete",
                                "compression.type=zstd"]) == {
@@ -66,11 +77,12 @@ def test_settings_fall_back_to_the_defaults():
     assert TopicSettings.of("t", None, Config()).retention_ms == 7 * 24 * 3600 * 1000
 
 
-def test_topic_keys_and_the_partition_subtree():
+def test_topic_keys_and_what_a_delete_removes_of_a_partition():
     assert topic_key("llog", "orders") == "llog/topics/orders"
     assert topic_keys_range("llog") == ("llog/topics/", "llog/topics/~")
-    assert PartitionKeys("llog", TopicPartition("orders", 2)).subtree == ("llog/orders/partitions/2//",
-                                                                          "llog/orders/partitions/2/~/")
+    assert PartitionKeys("llog", TopicPartition("orders", 2), "id-1").all_but_control == (
+        ("llog/orders/id-1/partitions/2//", "llog/orders/id-1/partitions/2/meta/control"),
+        ("llog/orders/id-1/partitions/2/meta/control\x00", "llog/orders/id-1/partitions/2/~/"))
 
 
 def test_out_of_range_names_the_readable_offsets():
