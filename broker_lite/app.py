@@ -12,7 +12,12 @@ Routes (the seed's contract, ``HTTP_API.txt``, plus groups, topics and the OpenA
   topic or partition that does not exist (a partition past the topic's count, a topic not
   created automatically: docs/protocol.md section 10.2), 503 + ``Retry-After`` all refused for
   backpressure (nothing written). A topic without a record is created on its first produce
-  (``LLOG_AUTO_CREATE_TOPICS``, ``LLOG_DEFAULT_PARTITIONS``);
+  (``LLOG_AUTO_CREATE_TOPICS``, ``LLOG_DEFAULT_PARTITIONS``). With a ``producer_id`` and a
+  ``sequence`` per group the produce is idempotent (Kafka's idempotent producer,
+  :meth:`llog.writer.LogWriter.append_shared`): a group sent again, to any broker, is answered
+  with the offsets of its first send (``duplicate``) and written once; an older sequence fails
+  the group with ``DuplicateSequence``, a gap with ``OutOfOrderSequence`` (409);
+- ``POST /producers`` (role ``write``): a new producer id (Kafka's InitProducerId);
 - ``POST /consume`` (role ``read``, :mod:`broker_lite.consume`): 200 with per-partition results
   (errors among them, ``auto_offset_reset`` for offsets retention removed), 503 +
   ``Retry-After`` when too many consumes fetch or wait;
@@ -54,14 +59,14 @@ import numpy as np
 import pyarrow as pa
 
 from broker_lite import openapi
-from broker_lite.auth import UNRESTRICTED, Auth, AuthError, Principal
+from broker_lite.auth import UNRESTRICTED, Auth, AuthError, Forbidden, Principal
 from broker_lite.batcher import BackPressure, Batcher, BatcherClosed, Outcome, RequestTooLarge, payload_bytes
 from broker_lite.consume import ConsumeBusy, ConsumeService
 from broker_lite.metrics import PROMETHEUS_CONTENT_TYPE, BrokerMetrics, route_label
 from broker_lite.models import (
     ConsumeRequest, ErrorBody, GroupCommitRequest, GroupCommitResponse, GroupCommitted, GroupDescription,
-    GroupPartitionLag, Health, PartitionSummary, ProduceRequest, ProduceResponse, ProduceResult, TopicConfig,
-    TopicDescription, TopicList, TopicSummary,
+    GroupPartitionLag, Health, PartitionSummary, ProduceRequest, ProduceResponse, ProduceResult, ProducerAllocated,
+    TopicConfig, TopicDescription, TopicList, TopicSummary,
 )
 from llog.config import Config
 from llog.consumer_groups import commit_offsets, describe_group
@@ -245,6 +250,10 @@ class BrokerApp:
             if self.auth is not None:
                 principal.require("produce", {g.topic for g in request.topic_partitions})
             return await self._produce(request)
+        if method == "POST" and path == "/producers" and "write" in self.roles:
+            if not principal.produce:  # an id is for producing: a key that may produce nowhere gets none
+                raise Forbidden(principal.name, "produce", None)
+            return 200, ProducerAllocated(str(uuid.uuid4())), []
         if method == "POST" and path == "/consume" and "read" in self.roles:
             request = self._decode(ConsumeRequest, await self._body(scope, receive))
             if self.auth is not None:
@@ -309,7 +318,13 @@ class BrokerApp:
     # --- POST /produce --------------------------------------------------------------------------
 
     async def _produce(self, request: ProduceRequest):
-        groups = [AppendGroup(g.topic, g.partition, _records(g.records)) for g in request.topic_partitions]
+        producer = request.producer_id
+        for i, g in enumerate(request.topic_partitions):
+            if (producer is None) != (g.sequence is None):
+                raise _Refused(400, "InvalidRequest", f"topic_partitions[{i}]: a sequence goes with the request's "
+                                                      "producer_id, and a producer_id needs a sequence in every group")
+        groups = [AppendGroup(g.topic, g.partition, _records(g.records), producer_id=producer, sequence=g.sequence)
+                  for g in request.topic_partitions]
         if self._stopping:
             return self._unavailable(groups, "BrokerShuttingDown", "the broker is shutting down", 1)
         try:
@@ -335,7 +350,7 @@ class BrokerApp:
             more = f" (and {len(failed) - 1} more group(s): see results)" if len(failed) > 1 else ""
             return 404, ProduceResponse(results, 0, len(failed), error_type=first.error_type,
                                         error=first.error + more), []
-        committed = [(g, o) for g, o in zip(groups, outcomes) if not isinstance(o, BaseException)]
+        committed = [(g, o) for g, o in zip(groups, outcomes) if not isinstance(o, BaseException) and not o.duplicate]
         self.metrics.produce_accepted(sum(len(g.records) for g, _ in committed),
                                       sum(payload_bytes(g.records) for g, _ in committed),
                                       [(g.topic, g.partition) for g, _ in committed])
@@ -492,4 +507,4 @@ def _result(group: AppendGroup, outcome: Outcome) -> ProduceResult:
         error_type = type(outcome).__name__ if isinstance(outcome, LlogError) else "InternalError"
         return ProduceResult(group.topic, group.partition, False, error_type=error_type, error=str(outcome))
     return ProduceResult(outcome.topic, outcome.partition, True, outcome.start_offset, outcome.end_offset,
-                         outcome.count, outcome.index_key, outcome.wal_uri)
+                         outcome.count, outcome.index_key, outcome.wal_uri, outcome.duplicate)

@@ -37,6 +37,7 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import dataclasses
 import functools
 import logging
 import math
@@ -50,9 +51,9 @@ import pyarrow as pa
 
 from llog.codec import to_binary_array
 from llog.config import Config
-from llog.errors import AppendFailed, EmptyAppend, LlogError
+from llog.errors import AppendFailed, EmptyAppend, GroupsFailed, LlogError
 from llog.keys import TopicPartition
-from llog.writer import AppendGroup, AppendResult, LogWriter
+from llog.writer import AppendGroup, AppendResult, LogWriter, check_producer
 
 log = logging.getLogger(__name__)
 
@@ -200,7 +201,9 @@ class Batcher:
         checked = []
         for i, g in enumerate(groups):
             tp = TopicPartition(g.topic, g.partition)  # validates both
-            checked.append(AppendGroup(tp.topic, tp.partition, to_binary_array(g.records, f"{tp}: groups[{i}].records")))
+            check_producer(g, f"{tp}: groups[{i}]")
+            checked.append(dataclasses.replace(g, topic=tp.topic, partition=tp.partition,
+                                               records=to_binary_array(g.records, f"{tp}: groups[{i}].records")))
         size = sum(payload_bytes(g.records) for g in checked)
         if size > self.max_buffer_bytes:
             raise RequestTooLarge(f"the request holds {size} record bytes, more than "
@@ -376,7 +379,10 @@ class Batcher:
 
 def _outcomes_of_partial(groups: Sequence[AppendGroup], failed: AppendFailed) -> list[Outcome]:
     """Per group, its result or its partition's error. ``failed.results`` holds the committed
-    groups' results in group order (a partition commits all of its groups or none)."""
+    groups' results in group order (a partition commits all of its groups or none, unless the
+    error says each group's outcome: :class:`GroupsFailed`, idempotent producers' groups)."""
+    if isinstance(failed, GroupsFailed):
+        return list(failed.outcomes)
     committed: dict[tuple[str, int], collections.deque[AppendResult]] = collections.defaultdict(collections.deque)
     for r in failed.results:
         committed[(r.topic, r.partition)].append(r)

@@ -156,7 +156,7 @@ class ConsumeService:
         consecutive offsets, in order) and wake the consumers waiting on it."""
         by_partition: dict[tuple[TopicPartition, str | None], list[tuple[AppendResult, pa.BinaryArray]]] = {}
         for group, outcome in zip(groups, outcomes):
-            if isinstance(outcome, AppendResult):
+            if isinstance(outcome, AppendResult) and not outcome.duplicate:  # a duplicate's records are old
                 tp = TopicPartition(outcome.topic, outcome.partition)
                 by_partition.setdefault((tp, outcome.topic_id), []).append((outcome, group.records))
         for (tp, topic_id), committed in by_partition.items():

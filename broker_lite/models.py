@@ -13,6 +13,8 @@ import msgspec
 #: when the request is admitted, also with a 400.
 Topic = Annotated[str, msgspec.Meta(min_length=1)]
 Partition = Annotated[int, msgspec.Meta(ge=0)]
+#: An idempotent producer's id (Kafka's producer id): chosen by the client, or by ``POST /producers``.
+ProducerId = Annotated[str, msgspec.Meta(pattern="^[A-Za-z0-9._:-]{1,64}$")]
 
 
 class Base64Record(msgspec.Struct, forbid_unknown_fields=True):
@@ -25,10 +27,20 @@ class ProduceGroup(msgspec.Struct, forbid_unknown_fields=True):
     topic: Topic
     partition: Partition
     records: Annotated[list[str | Base64Record], msgspec.Meta(min_length=1)]
+    #: With the request's ``producer_id`` (required then, refused without it): the sequence of
+    #: this group's first record, per producer and partition (Kafka's base sequence). The first
+    #: batch a partition sees from a producer may start anywhere (0, usually); each next one
+    #: starts where the last ended (its sequence plus its record count). A group resent with its
+    #: sequence is answered with the offsets it got the first time, and written once.
+    sequence: Annotated[int, msgspec.Meta(ge=0)] | None = None
 
 
 class ProduceRequest(msgspec.Struct, forbid_unknown_fields=True):
     topic_partitions: Annotated[list[ProduceGroup], msgspec.Meta(min_length=1)]
+    #: Makes the request idempotent (Kafka's idempotent producer): every group then carries its
+    #: ``sequence``. The same request sent again, to this broker or another, is answered with the
+    #: offsets of the first and writes nothing.
+    producer_id: ProducerId | None = None
 
 
 class ProduceResult(msgspec.Struct, omit_defaults=True):
@@ -42,8 +54,18 @@ class ProduceResult(msgspec.Struct, omit_defaults=True):
     count: int | None = None
     index_key: str | None = None
     wal_uri: str | None = None
+    #: True when the group is an idempotent producer's batch written before: the offsets are the
+    #: ones it got then, nothing was written now (no ``wal_uri``).
+    duplicate: bool = False
     error_type: str | None = None
     error: str | None = None
+
+
+class ProducerAllocated(msgspec.Struct):
+    """``POST /producers``: a new producer id (Kafka's InitProducerId); its sequences start at 0
+    on every partition."""
+
+    producer_id: str
 
 
 class ProduceResponse(msgspec.Struct, omit_defaults=True):

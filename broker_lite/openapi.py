@@ -8,8 +8,9 @@ compared by ``tests/unit/test_broker_openapi.py``); the app serves :func:`docume
 
 What the Structs cannot say is added here, each rule from the code that enforces it: llog's topic
 rule (:func:`llog.keys.validate_topic`, checked when a request is admitted) on every request
-``topic`` and on the ``{topic}``/``{group}`` path parameters, and a base64 ``pattern`` on every
-base64 string (msgspec's decoder wants standard, padded base64).
+``topic`` and on the ``{topic}``/``{group}`` path parameters, a base64 ``pattern`` on every
+base64 string (msgspec's decoder wants standard, padded base64), and a produce's producer id and
+sequences, both or neither (:data:`CROSS_FIELD_RULES`, checked by the app).
 """
 
 from __future__ import annotations
@@ -40,6 +41,17 @@ NAME_SCHEMA: dict[str, Any] = {
 }
 #: Standard base64 with padding, what msgspec decodes into ``bytes``.
 BASE64_PATTERN = "^(?:[A-Za-z0-9+/]{4})*(?:[A-Za-z0-9+/]{2}==|[A-Za-z0-9+/]{3}=)?$"
+
+#: What a Struct cannot say about its fields together, by component: a produce is idempotent
+#: (``producer_id`` and every group's ``sequence``) or plain (neither), as the app checks.
+CROSS_FIELD_RULES: dict[str, dict[str, Any]] = {"ProduceRequest": {"anyOf": [
+    {"title": "idempotent", "required": ["producer_id"], "properties": {
+        "producer_id": {"type": "string"},
+        "topic_partitions": {"items": {"required": ["sequence"], "properties": {"sequence": {"type": "integer"}}}}}},
+    {"title": "plain", "properties": {
+        "producer_id": {"type": "null"},
+        "topic_partitions": {"items": {"properties": {"sequence": {"type": "null"}}}}}},
+]}}
 
 #: Bodies that are not Structs: ``GET /metrics``'s free-form counters, grouped as the seed groups
 #: them (HTTP_API.txt).
@@ -120,7 +132,15 @@ ROUTES: tuple[Route, ...] = (
                       "created on its first produce with LLOG_DEFAULT_PARTITIONS partitions (unless "
                       "LLOG_AUTO_CREATE_TOPICS is false); a group for a partition at or past its topic's partition "
                       "count fails with UnknownPartition, one for a topic being deleted with TopicBeingDeleted. "
-                      "Served by --role write and both.",
+                      "With a producer_id (chosen by the client, or from POST /producers) and a sequence in every "
+                      "group, the produce is idempotent, as Kafka's idempotent producer: per producer and "
+                      "partition, each group's sequence must be where the last group ended (its sequence plus its "
+                      "record count; any sequence for a producer the partition does not know). A group sent again "
+                      "with the same sequence and records, to this broker or another, also after the broker that "
+                      "took it died, is answered with the offsets it got the first time (duplicate: true) and "
+                      "written once; an older sequence fails with DuplicateSequence, a gap or any other sequence "
+                      "with OutOfOrderSequence. A partition keeps each producer's last group for 7 days after its "
+                      "last write, and its 128 most recent producers. Served by --role write and both.",
           answers=(
               Answer(200, "Every group committed, each with its offsets.", models.ProduceResponse),
               Answer(404, "Every group names a topic or partition that does not exist (UnknownPartition: past the "
@@ -129,11 +149,18 @@ ROUTES: tuple[Route, ...] = (
                           "written. Or, as an ErrorBody, no such path or a role that does not serve it.",
                      schema=_any_of(models.ProduceResponse, models.ErrorBody)),
               Answer(409, "At least one group failed (each result says why: LogFenced, TopicBeingDeleted, "
-                          "UnknownPartition...); the others committed.",
+                          "UnknownPartition, OutOfOrderSequence, DuplicateSequence...); the others committed. "
+                          "AppendOutcomeUnknown: the group may or may not be in the log (an idempotent producer "
+                          "resends it with the same sequence to find out).",
                      models.ProduceResponse),
               Answer(503, "Refused for backpressure or while shutting down: nothing written; retry after "
                           "Retry-After seconds (also retry_after_ms).", models.ProduceResponse, retry_after=True),
               _BAD_BODY, _TOO_LARGE)),
+    Route("initProducer", "post", "/producers", "Allocate an idempotent producer id", "produce",
+          description="A new producer_id (Kafka's InitProducerId) for idempotent produce requests; its sequences "
+                      "start at 0 on every partition. Nothing is stored until it produces. With auth on, the key "
+                      "needs a produce permission (on any topic). Served by --role write and both.",
+          answers=(Answer(200, "A new producer id.", models.ProducerAllocated),)),
     Route("consume", "post", "/consume", "Fetch records from topic-partitions", "consume",
           request=models.ConsumeRequest,
           example={"topic_partitions": [{"topic": "orders", "partition": 0, "fetch_offset": 1}], "max_wait_ms": 250},
@@ -317,6 +344,7 @@ def document_bytes() -> bytes:
     requests = _reachable(components, [r.request.__name__ for r in ROUTES if r.request is not None])
     for name, schema in components.items():
         _refine(schema, request_side=name in requests)
+        schema.update(CROSS_FIELD_RULES.get(name, {}))
     components.update(EXTRA_SCHEMAS)
     paths: dict[str, dict[str, Any]] = {}
     for route in ROUTES:

@@ -125,8 +125,9 @@ def reserve(coordination: Coordination, reservations: Sequence[tuple[PartitionKe
             config: Config, clock: Clock = SYSTEM) -> list[ControlState | VersionConflict]:
     """Section 4.3: CAS each ``(keys, state read, new record)`` on the version read, one RPC per
     shard. Each new record's ``pending`` is the append; its blob's age is checked immediately
-    before the CAS is sent, and again before any retry of it (:class:`StaleBlob` if too old:
-    then nothing was reserved by this call's last attempt). Returns per reservation the state
+    before the CAS is sent, and again before any retry of it (:class:`StaleBlob` if too old; its
+    ``outcomes``, per reservation, say which CASes landed, which were never sent, and which may
+    have landed: an earlier attempt of a retried one may have). Returns per reservation the state
     it wrote (``seen_at`` = when the CAS was first sent, the start of the writer's budget) or
     the :class:`VersionConflict` (``outcome_unknown`` when an attempt failed in transit)."""
 

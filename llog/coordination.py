@@ -36,9 +36,10 @@ from typing import TypeVar
 import grpc
 import xxhash
 
+from llog import failpoints
 from llog import oxia_client_pb2 as wire
 from llog.config import Config
-from llog.errors import ClaimHeld, CoordinationError, VersionConflict
+from llog.errors import ClaimHeld, CoordinationError, VersionConflict, WriteOutcomeUnknown
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -476,6 +477,7 @@ class Coordination:
         with self._lock:
             self.stats["write_rpc"] += 1
         response = self._write(shard)(wire.WriteRequest(shard=shard, puts=requests))
+        failpoints.hit("coordination.after_write")  # a hook that raises loses the reply of a write that landed
         if len(response.puts) != len(requests):
             raise CoordinationError(f"oxia answered {len(response.puts)} of {len(requests)} puts")
         return [_status_error(r.status) or r.version.version_id for r in response.puts]
@@ -584,30 +586,50 @@ class Coordination:
         """Several puts in one Write RPC per shard: ``(key, value, partition_key,
         expected_version)`` each. Returns the new version id, or the :class:`VersionConflict`
         of a put whose condition failed (``outcome_unknown`` as in :meth:`put`). ``guard``
-        as in :meth:`put`, before every RPC."""
-        out: list[int | VersionConflict] = [0] * len(items)
+        as in :meth:`put`, before every RPC.
+
+        Each key's outcome is its own, and a put that landed is never reported failed: when a
+        shard's RPC fails for good, or ``guard`` refuses before one, the shards sent before it
+        keep their results and the ones after it are not sent. That error (the guard's own, or
+        :class:`CoordinationError`) is raised with ``outcomes`` set on it: per key its version
+        id, its :class:`VersionConflict`, :class:`WriteOutcomeUnknown` where an attempt was sent
+        and no answer came back (it may have landed), or None where nothing was sent."""
+        out: list[int | VersionConflict | BaseException | None] = [None] * len(items)
         for shard, indexes in self._by_shard((key, pk) for key, _, pk, _ in items).items():
             batch = [wire.PutRequest(key=items[i][0], value=items[i][1], partition_key=items[i][2],
                                      expected_version_id=items[i][3]) for i in indexes]
-            retried = False
+            retried = sent = False
 
             def note_retry():
                 nonlocal retried
                 retried = True
 
             def send():
+                nonlocal sent
                 if guard is not None:
                     guard()
+                sent = True  # from here on, this shard's puts may land whatever comes back
                 return self._send_puts(shard, batch)
 
-            results = self._call("put", f"{len(batch)} keys", send, on_retry=note_retry, count=len(batch))
+            try:
+                results = self._call("put", f"{len(batch)} keys", send, on_retry=note_retry, count=len(batch))
+            except Exception as e:
+                if sent:
+                    for i in indexes:
+                        out[i] = WriteOutcomeUnknown(items[i][0], e)
+                e.outcomes = out
+                raise
             for i, result in zip(indexes, results):
                 if isinstance(result, _UnexpectedVersion):
                     self._count_conflicts(1)
                     result = VersionConflict(items[i][0], items[i][3], outcome_unknown=retried)
-                elif isinstance(result, BaseException):
-                    raise CoordinationError(f"oxia put {items[i][0]} failed: {result!r}")
+                elif isinstance(result, BaseException):  # the server refused this put: not written
+                    result = CoordinationError(f"oxia put {items[i][0]} failed: {result!r}")
                 out[i] = result
+            refused = next((out[i] for i in indexes if isinstance(out[i], CoordinationError)), None)
+            if refused is not None:  # as an RPC that failed: the shards after it are not sent
+                refused.outcomes = out
+                raise refused
         return out
 
     def _by_shard(self, keys) -> dict[int, list[int]]:

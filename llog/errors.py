@@ -239,3 +239,51 @@ class VersionConflict(LlogError):
 
 class ClaimHeld(LlogError):
     """An ephemeral claim already exists (docs/protocol.md section 6, claims)."""
+
+
+# --- outcomes and idempotent produce ------------------------------------------------------------
+
+
+class WriteOutcomeUnknown(CoordinationError):
+    """A put was sent and its reply was lost (the RPC failed in transit, or failed for good after
+    an attempt went out): it may or may not have landed. One key's outcome in what
+    :meth:`llog.coordination.Coordination.put_many` reports."""
+
+    def __init__(self, key: str, cause: BaseException):
+        self.key, self.cause = key, cause
+        super().__init__(f"oxia put {key}: the outcome is unknown (an attempt was sent and its reply lost: "
+                         f"{type(cause).__name__}: {cause})")
+
+
+class GroupsFailed(AppendFailed):
+    """An :class:`AppendFailed` that gives each group its own outcome: ``outcomes[i]`` is group
+    ``i``'s result or its error. Groups of one partition may differ here (an idempotent produce
+    refuses a producer's group and commits the others' groups of the same partition)."""
+
+    def __init__(self, results: list, errors: dict, outcomes: list):
+        self.outcomes = outcomes
+        super().__init__(results, errors)
+
+
+class OutOfOrderSequence(LlogError):
+    """An idempotent produce's sequence is not the one the partition expects from its producer
+    (Kafka's ``OutOfOrderSequenceException``): past it (a gap), or inside the last batch without
+    being it. Nothing of that group was written."""
+
+    def __init__(self, topic: str, partition: int, producer_id: str, sequence: int, expected: int):
+        self.topic, self.partition, self.producer_id = topic, partition, producer_id
+        self.sequence, self.expected = sequence, expected
+        super().__init__(f"{topic}[{partition}]: producer {producer_id!r} sent sequence {sequence}, the partition "
+                         f"expects {expected}; nothing of this group was written")
+
+
+class DuplicateSequence(LlogError):
+    """An idempotent produce's sequence is below the producer's last batch on the partition
+    (Kafka's ``DuplicateSequenceException``): an older batch, written before; its offsets are no
+    longer kept (only the last batch's are). Nothing of that group was written again."""
+
+    def __init__(self, topic: str, partition: int, producer_id: str, sequence: int, last: int):
+        self.topic, self.partition, self.producer_id = topic, partition, producer_id
+        self.sequence, self.last = sequence, last
+        super().__init__(f"{topic}[{partition}]: producer {producer_id!r} sent sequence {sequence}, older than its "
+                         f"last batch (sequence {last}); it was written before and is not written again")

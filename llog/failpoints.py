@@ -25,6 +25,7 @@ POINTS = {
     "sink.before_commit": "a Spark batch's blobs are staged, its driver-side commit not begun",
     "sink.after_commit": "a Spark batch is committed to the log, Spark has not recorded it",
     "writer.after_staged_slice": "commit_staged has committed one slice, others perhaps not yet",
+    "coordination.after_write": "a Write RPC was answered, its results not yet read (a hook that raises loses the reply)",
     "writer.before_reserve_cas": "section 4.3: control read, blob age not yet checked, reserving CAS not sent",
     "control.before_materialize": "section 4.4: a materializer holds a pending, its budget not yet checked",
     "compactor.after_recover": "section 6.0 done: pending finished, in-flight record resumed, no run selected",

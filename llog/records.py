@@ -177,6 +177,41 @@ class PendingAppend:
 
 
 @dataclass(frozen=True)
+class ProducerBatch:
+    """``meta/control.producers[producer_id]``: an idempotent producer's last batch written to the
+    partition: its base ``sequence`` and ``count`` records, at offsets from ``start_offset``, in
+    the entry ending at ``entry_end_offset``, reserved at ``written_at_ms``. Written by the CAS
+    that reserves those offsets."""
+
+    sequence: int
+    count: int
+    start_offset: int
+    entry_end_offset: int
+    written_at_ms: int
+
+    @property
+    def next_sequence(self) -> int:
+        return self.sequence + self.count
+
+    def to_dict(self) -> dict[str, int]:
+        return {"sequence": self.sequence, "count": self.count, "start_offset": self.start_offset,
+                "entry_end_offset": self.entry_end_offset, "written_at_ms": self.written_at_ms}
+
+    @classmethod
+    def from_dict(cls, obj: Any, key: str) -> "ProducerBatch":
+        names = ("sequence", "count", "start_offset", "entry_end_offset", "written_at_ms")
+        if not isinstance(obj, dict) or not all(
+                isinstance(obj.get(n), int) and not isinstance(obj.get(n), bool) for n in names):
+            raise CorruptRecord(f"{key}: a producer's last batch must be an object of ints {', '.join(names)}, "
+                                f"got {obj!r}")
+        batch = cls(*(obj[n] for n in names))
+        if batch.sequence < 0 or batch.count < 1 or batch.start_offset < 1 \
+                or batch.entry_end_offset < batch.start_offset + batch.count - 1:
+            raise CorruptRecord(f"{key}: a producer's last batch does not add up: {obj!r}")
+        return batch
+
+
+@dataclass(frozen=True)
 class SinkProgress:
     """``sinks[sink_id]`` in ``meta/control`` (docs/protocol.md section 9): a sink (a streaming
     query) has committed the first ``slices`` of its batch ``batch_id``'s slices for this

@@ -16,56 +16,27 @@ import socket
 import threading
 import uuid
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import pyarrow as pa
 
 from llog import failpoints
 from llog.clients import ClientUser
 from llog.clock import SYSTEM, Clock
-from llog.codec import (
-    Records,
-    concat_records,
-    encode_body,
-    pack_shared,
-    record_count,
-    to_records,
-)
+from llog.codec import Records, concat_records, encode_body, pack_shared, record_count, to_records
 from llog.config import Config
 from llog.control import (
-    ControlState,
-    backoff,
-    clear,
-    finish_pending,
-    initialize_partition,
-    materialize,
-    read_controls,
-    reserve,
-    tripwire,
+    ControlState, backoff, clear, finish_pending, initialize_partition, materialize, read_controls, reserve, tripwire,
 )
 from llog.coordination import Coordination
 from llog.errors import (
-    AppendFailed,
-    AppendOutcomeUnknown,
-    EmptyAppend,
-    LlogError,
-    LogFenced,
-    MaxRetriesExceeded,
-    StaleBlob,
-    TopicRecreated,
-    UnknownPartition,
-    VersionConflict,
+    AppendFailed, AppendOutcomeUnknown, CorruptRecord, DuplicateSequence, EmptyAppend, GroupsFailed, InvalidPayload,
+    LlogError, LogFenced, MaxRetriesExceeded, OutOfOrderSequence, StaleBlob, TopicRecreated, UnknownPartition,
+    VersionConflict, WriteOutcomeUnknown,
 )
 from llog.keys import PartitionKeys, TopicPartition, shared_wal_object
 from llog.objects import ObjectStore
-from llog.records import (
-    BYTES_BATCH_V1,
-    WAL,
-    ControlRecord,
-    IndexEntry,
-    PendingAppend,
-    SinkProgress,
-)
+from llog.records import BYTES_BATCH_V1, WAL, ControlRecord, IndexEntry, PendingAppend, ProducerBatch, SinkProgress
 from llog.topics import TopicCache
 
 log = logging.getLogger(__name__)
@@ -73,6 +44,14 @@ log = logging.getLogger(__name__)
 #: Controls a writer remembers from its own clears (:meth:`LogWriter._remember`); past this many
 #: it forgets them all and starts again.
 MAX_REMEMBERED_CONTROLS = 10_000
+#: Idempotent producers kept per partition in ``meta/control.producers``: the most recently
+#: written ones (every reserving CAS reads and writes the whole record, so it stays small).
+MAX_PRODUCERS_PER_PARTITION = 128
+#: A producer's entry is dropped by the first write to its partition after it wrote nothing
+#: there for this long (as sinks' progress, and Kafka's ``transactional.id.expiration.ms``).
+PRODUCER_RETENTION_MS = 7 * 24 * 3600 * 1000
+#: A producer id: what a client or ``POST /producers`` chooses, one Oxia JSON field name.
+MAX_PRODUCER_ID_LENGTH = 64
 
 
 @dataclass(frozen=True)
@@ -87,6 +66,10 @@ class AppendGroup:
     keys: Sequence[bytes | str | None] | pa.Array | None = None
     headers: Sequence[Sequence[tuple[str | bytes, bytes | None]] | None] | pa.Array | None = None
     timestamps: Sequence[int | None] | pa.Array | None = None
+    #: An idempotent producer's batch (Kafka's producer id and base sequence, both or neither):
+    #: the partition writes it once, however often it is sent (:meth:`LogWriter.append_shared`).
+    producer_id: str | None = None
+    sequence: int | None = None
 
 
 @dataclass(frozen=True)
@@ -98,7 +81,11 @@ class AppendResult:
     start_offset: int
     end_offset: int
     index_key: str
-    wal_uri: str
+    #: None for a duplicate (its blob is the first send's, which the partition does not keep).
+    wal_uri: str | None
+    #: An idempotent producer's batch the partition had written before: these are the offsets
+    #: it got then, and nothing was written now. ``index_key`` is the entry it landed in then.
+    duplicate: bool = False
 
     @property
     def count(self) -> int:
@@ -136,17 +123,48 @@ class SinkBatch:
     batch_id: int
 
 
+@dataclass(frozen=True)
+class _ProducerGroup:
+    """A group of a partition's body sent by an idempotent producer: the group's index in the
+    append, its producer and sequence, its record count, and the records before it in the body."""
+
+    group: int
+    producer_id: str
+    sequence: int
+    count: int
+    first: int
+
+
+@dataclass(frozen=True)
+class _SameAs:
+    """A group resent within the same append: it gets group ``group``'s outcome."""
+
+    group: int
+
+
+class _Rejected(LlogError):
+    """A slot whose body holds producers' groups the partition must not write (duplicates, or out
+    of order): nothing was reserved; ``verdicts`` gives each of those groups its outcome (an
+    :class:`AppendResult` of the earlier send, :class:`_SameAs`, or its error). The writer stages
+    the body again without them."""
+
+    def __init__(self, verdicts: dict[int, "AppendResult | _SameAs | LlogError"]):
+        self.verdicts = verdicts
+        super().__init__(f"{len(verdicts)} producer group(s) not to be written")
+
+
 @dataclass
 class _Slot:
-    """One partition's part of a commit round: a staged slice, who commits it, and what the
-    reserving CAS attempts proposed (to tell, after a CAS failed in transit, whether one landed)."""
+    """One partition's part of a commit round: a staged slice, who commits it, and the reserving
+    CAS attempts whose outcome is unknown (each its start offset and the control version it was
+    conditioned on): while there are any, the slot is in doubt (:meth:`LogWriter._resolve`)."""
 
     keys: PartitionKeys
     staged: StagedSlice
     sink: tuple[SinkBatch, int] | None = None
+    producers: tuple[_ProducerGroup, ...] = ()
     append_id: str = field(default_factory=lambda: str(uuid.uuid4()))
-    proposed: list[int] = field(default_factory=list)
-    in_doubt: bool = False
+    in_doubt: list[tuple[int, int]] = field(default_factory=list)
 
 
 #: A slot's outcome: ``(start_offset, index_key)``, None (the sink had committed it), or the error.
@@ -176,6 +194,7 @@ def _merge(groups: Sequence[AppendGroup], what: str, max_record_bytes: int) -> _
     merged: _Merged = {}
     for i, group in enumerate(groups):
         tp = TopicPartition(group.topic, group.partition)
+        check_producer(group, f"{tp}: groups[{i}]")
         records = to_records(group.records, group.keys, group.headers, group.timestamps, f"{tp}: groups[{i}]",
                              max_record_bytes)
         merged.setdefault(tp, []).append((i, records))
@@ -199,28 +218,70 @@ def _stage(objects: ObjectStore, config: Config, merged: _Merged, clock: Clock, 
                         s.encoding) for s in slices]
 
 
-def _results(merged: _Merged, staged: Sequence[StagedSlice], outcomes: Sequence[_Outcome],
-             refused: dict[TopicPartition, BaseException] | None = None) -> list[AppendResult]:
-    """Each group's :class:`AppendResult` from its partition's outcome, in group order; raises
-    as :meth:`LogWriter.append_shared` does when a partition failed (or was ``refused`` before
-    anything was written)."""
-    results: list[tuple[int, AppendResult]] = []
-    errors: dict[tuple[str, int], BaseException] = {(tp.topic, tp.partition): e for tp, e in (refused or {}).items()}
-    for (tp, arrays), s, outcome in zip(merged.items(), staged, outcomes):
+def check_producer(group: AppendGroup, what: str) -> None:
+    """A group's producer id and sequence: both or neither, a non-empty id of at most
+    :data:`MAX_PRODUCER_ID_LENGTH` characters, a sequence that is an int >= 0."""
+    pid, sequence = group.producer_id, group.sequence
+    if pid is None and sequence is None:
+        return
+    if pid is None or sequence is None:
+        raise InvalidPayload(f"{what}: an idempotent group needs both producer_id and sequence, got "
+                             f"producer_id={pid!r}, sequence={sequence!r}")
+    if not isinstance(pid, str) or not 0 < len(pid) <= MAX_PRODUCER_ID_LENGTH:
+        raise InvalidPayload(f"{what}: producer_id must be a string of 1..{MAX_PRODUCER_ID_LENGTH} characters, "
+                             f"got {pid!r}")
+    if not isinstance(sequence, int) or isinstance(sequence, bool) or sequence < 0:
+        raise InvalidPayload(f"{what}: sequence must be an int >= 0, got {sequence!r}")
+
+
+def _producer_groups(groups: Sequence[AppendGroup], parts: list[tuple[int, Records]]) -> tuple[_ProducerGroup, ...]:
+    """The producers' groups of one partition's body (``parts``, in body order)."""
+    out, first = [], 0
+    for i, records in parts:
+        count = record_count(records)
+        if groups[i].producer_id is not None:
+            out.append(_ProducerGroup(i, groups[i].producer_id, groups[i].sequence, count, first))
+        first += count
+    return tuple(out)
+
+
+#: Per topic-partition committed (or failed) as a whole: its groups, its slice, its outcome.
+_Done = dict[TopicPartition, tuple[list[tuple[int, Records]], StagedSlice, _Outcome]]
+
+
+def _results(groups: Sequence[AppendGroup], done: _Done, settled: dict[int, object] | None = None,
+             refused: dict[int, BaseException] | None = None) -> list[AppendResult]:
+    """Each group's :class:`AppendResult`, in group order, from its partition's outcome
+    (``done``), its own (``settled``: a producer's group not written) or its partition's refusal
+    (``refused``, by group, before anything was written). When some failed, raises their error
+    if it is the same for every group, else :class:`GroupsFailed` with each group's outcome."""
+    by_group: dict[int, AppendResult | BaseException] = dict(refused or {})
+    for tp, (parts, s, outcome) in done.items():
         if isinstance(outcome, BaseException):
-            errors[(tp.topic, tp.partition)] = outcome
+            by_group.update((i, outcome) for i, _ in parts)
             continue
         start, index_key = outcome
-        for i, records in arrays:
+        for i, records in parts:
             count = record_count(records)
-            results.append((i, AppendResult(tp.topic, tp.partition, start, start + count - 1, index_key, s.wal_uri)))
+            by_group[i] = AppendResult(tp.topic, tp.partition, start, start + count - 1, index_key, s.wal_uri)
             start += count
-    ordered = [r for _, r in sorted(results, key=lambda x: x[0])]
-    if errors:
-        if not ordered:
-            raise next(iter(errors.values()))
-        raise AppendFailed(ordered, errors)
-    return ordered
+    settled = settled or {}
+    by_group.update((i, v) for i, v in settled.items() if not isinstance(v, _SameAs))
+    for i, v in settled.items():
+        if isinstance(v, _SameAs):
+            first = by_group[v.group]
+            by_group[i] = replace(first, duplicate=True) if isinstance(first, AppendResult) else first
+    outcomes = [by_group[i] for i in range(len(groups))]
+    ok = [o for o in outcomes if isinstance(o, AppendResult)]
+    if len(ok) == len(outcomes):
+        return ok
+    errors: dict[tuple[str, int], BaseException] = {}
+    for i in [*(refused or {}), *range(len(groups))]:
+        if isinstance(outcomes[i], BaseException):
+            errors.setdefault((groups[i].topic, groups[i].partition), outcomes[i])
+    if not ok and (len({id(o) for o in outcomes}) == 1 or not any(isinstance(v, LlogError) for v in settled.values())):
+        raise next(iter(errors.values()))  # nothing was written: the (first) reason
+    raise GroupsFailed(ok, errors, outcomes)
 
 
 class LogWriter(ClientUser):
@@ -295,10 +356,22 @@ class LogWriter(ClientUser):
         :class:`AppendFailed` with the partitions reserved so far). Whatever fails after that
         point is durable as ``pending`` (readers read it, the next writer finishes it), and is
         still raised here. Its exceptions are logged, never raised.
+
+        **Idempotent producers** (Kafka's model): a group with a ``producer_id`` and ``sequence``
+        is written only if the sequence is the one its partition expects from that producer (the
+        end of its last batch, or any sequence for a producer the partition does not know), and
+        the reserving CAS records it as the producer's last batch (``meta/control.producers``).
+        A group that is that last batch again is not written: its result is the offsets it got
+        then (``duplicate``). A sequence below it fails with :class:`DuplicateSequence`, one past
+        it or inside it with :class:`OutOfOrderSequence`. Such groups are known only once the
+        control is read, after the blob's PUT: their partition's body is staged again without
+        them (another PUT), so the other groups of the append, producers' or not, are written as
+        usual. Then :class:`GroupsFailed` gives each group its own outcome.
         """
         merged = _merge(groups, "append_shared", self.config.max_record_bytes)
         self.check_deployment(self._who)
         refused = self.check_partitions(list(merged))
+        refused_groups = {i: e for tp, e in refused.items() for i, _ in merged[tp]}
         if refused:
             merged = {tp: parts for tp, parts in merged.items() if tp not in refused}
             if not merged:  # each partition's own error (one partition: that error itself)
@@ -310,11 +383,15 @@ class LogWriter(ClientUser):
                     except Exception:  # noqa: BLE001 - the caller's problem, not the append's
                         log.exception("on_durable callback failed")
                 raise error
-        staged = _stage(self.objects, self.config, merged, self.clock, self._compression())
+        done: _Done = {}
+        settled: dict[int, object] = {}  # producers' groups not written, each with its outcome
+        told = on_durable is None
 
-        def decided(outcomes: list[_Outcome]) -> None:
+        def tell(done_now: _Done) -> None:
+            nonlocal told
+            told = True
             try:
-                results: list[AppendResult] | Exception = _results(merged, staged, outcomes, refused)
+                results: list[AppendResult] | Exception = _results(groups, done_now, settled, refused_groups)
             except Exception as e:  # noqa: BLE001 - handed over, not raised
                 results = e
             try:
@@ -322,14 +399,38 @@ class LogWriter(ClientUser):
             except Exception:  # noqa: BLE001 - the caller's problem, not the append's
                 log.exception("on_durable callback failed")
 
-        outcomes = self._commit([_Slot(self.keys(s.topic, s.partition), s) for s in staged],
-                                decided if on_durable is not None else None)
-        return _results(merged, staged, outcomes, refused)
+        todo = merged
+        while todo:
+            staged = _stage(self.objects, self.config, todo, self.clock, self._compression())
+            slots = [_Slot(self.keys(s.topic, s.partition), s, producers=_producer_groups(groups, parts))
+                     for parts, s in zip(todo.values(), staged)]
+
+            def decided(outcomes: list[_Outcome], todo=todo, staged=staged) -> None:
+                if not any(isinstance(o, _Rejected) for o in outcomes):  # else decided after staging again
+                    tell({**done, **{tp: (parts, s, o) for (tp, parts), s, o in zip(todo.items(), staged, outcomes)}})
+
+            outcomes = self._commit(slots, None if told else decided)
+            again: _Merged = {}
+            for (tp, parts), s, outcome in zip(todo.items(), staged, outcomes):
+                if isinstance(outcome, _Rejected):
+                    settled.update(outcome.verdicts)
+                    left = [(i, records) for i, records in parts if i not in outcome.verdicts]
+                    if left:
+                        again[tp] = left
+                else:
+                    done[tp] = (parts, s, outcome)
+            todo = again
+        if not told:  # the last round left nothing to stage again
+            tell(done)
+        return _results(groups, done, settled, refused_groups)
 
     def upload(self, groups: Sequence[AppendGroup]) -> list[StagedSlice]:
         """Section 4.2 only: encode the groups and PUT them as one shared WAL blob. Nothing is
         written to Oxia; until :meth:`commit_staged` commits the slices, the blob is garbage.
-        Groups of one topic-partition become one body, in the order given."""
+        Groups of one topic-partition become one body, in the order given. Idempotent producers'
+        groups are refused (:class:`InvalidPayload`): their checks need :meth:`append_shared`."""
+        if any(g.producer_id is not None or g.sequence is not None for g in groups):
+            raise InvalidPayload("upload: groups with a producer_id or sequence are written by append_shared")
         self.check_deployment(self._who)
         return _stage(self.objects, self.config, _merge(groups, "upload", self.config.max_record_bytes), self.clock,
                       self._compression())
@@ -399,9 +500,11 @@ class LogWriter(ClientUser):
         reserved is materialized and cleared at once, so no pending waits on another
         partition's contention. A partition whose CAS lost a race goes to the next round
         (jittered backoff; bounded). A CAS that failed in transit is looked for before it is
-        tried again, so it is never made twice. A partition that fails after its reservation
-        may have landed is not retried: it is durable as ``pending`` and the next writer
-        finishes it.
+        tried again, so it is never made twice, and the slot stays in doubt until every such
+        attempt is known to have landed or never to land (:meth:`_resolve`); a slot that ends in
+        doubt fails with :class:`AppendOutcomeUnknown`, never with an error that says nothing was
+        written. A partition that fails after its reservation landed is not retried: it is
+        durable as ``pending`` and the next writer finishes it.
 
         ``on_decided`` is called once every slot is reserved or failed (or never, if the rounds
         run out), with what this returns except that the last round's reservations are not yet
@@ -427,7 +530,8 @@ class LogWriter(ClientUser):
             if reserved:
                 self._finish_reserved(slots, reserved, out)
         for i in todo:
-            out[i] = MaxRetriesExceeded(f"reserving offsets on {slots[i].keys.tp}", self.config.cas_max_attempts)
+            out[i] = _unless_in_doubt(slots[i], MaxRetriesExceeded(f"reserving offsets on {slots[i].keys.tp}",
+                                                                   self.config.cas_max_attempts))
         return out
 
     def _finish_reserved(self, slots: Sequence[_Slot], reserved: list[tuple[int, ControlState]],
@@ -487,7 +591,7 @@ class LogWriter(ClientUser):
                     states[j] = state
         except LlogError as e:
             for i in todo:
-                out[i] = e  # nothing reserved yet, or a reservation in doubt stays pending
+                out[i] = _unless_in_doubt(slots[i], e)  # nothing reserved yet, or a reservation in doubt
             return [], False
         for i, state in zip(todo, states):
             slot = slots[i]
@@ -505,8 +609,7 @@ class LogWriter(ClientUser):
                     reserved.append((i, state))  # a CAS that failed in transit had landed
                     continue
                 if slot.in_doubt:
-                    slot.in_doubt = False
-                    landed = self._find_landed_reservation(slot, state)
+                    landed = self._resolve(slot, state)
                     if landed is not None:  # it landed, and someone else finished it
                         out[i] = (landed, slot.keys.index(landed + slot.staged.msg_count - 1))
                         continue
@@ -515,8 +618,8 @@ class LogWriter(ClientUser):
                     again.append(i)
                     continue
                 new = self._reservation(slot, state.record)
-            except LlogError as e:
-                out[i] = e
+            except LlogError as e:  # a _Rejected slot in doubt is not staged again either
+                out[i] = _unless_in_doubt(slot, e)
                 continue
             if new is None:
                 out[i] = None  # the sink committed this slice before
@@ -527,23 +630,30 @@ class LogWriter(ClientUser):
                 finish_pending(self.coordination, [(slots[i].keys, s) for i, s in helping], self.config, self.clock)
             except LlogError as e:
                 for i, _ in helping:
-                    out[i] = e
+                    out[i] = _unless_in_doubt(slots[i], e)
                 again = [i for i in again if i not in {j for j, _ in helping}]
         if cas:
+            sent_at = self.clock.monotonic()  # no later than the CAS is sent: the budget's start
             try:
                 results = reserve(self.coordination, [(slots[i].keys, s, new) for i, s, new in cas], self.config,
                                   self.clock)
-            except LlogError as e:  # e.g. StaleBlob; after a failure in transit a reservation may have landed
-                for i, _, _ in cas:
-                    out[i] = e
-                return again, False
+            except LlogError as e:  # e.g. StaleBlob, or Oxia gone: each key's outcome is its own
+                outcomes = getattr(e, "outcomes", None) or [None] * len(cas)
+                results = [e if o is None else o if isinstance(o, (VersionConflict, BaseException))
+                           else ControlState(new, o, sent_at) for (_, _, new), o in zip(cas, outcomes)]
             stale = False
-            for (i, _, new), result in zip(cas, results):
-                slots[i].proposed.append(new.pending.start_offset)
+            for (i, state, new), result in zip(cas, results):
+                attempt = (new.pending.start_offset, state.version)
                 if isinstance(result, VersionConflict):
-                    slots[i].in_doubt = result.outcome_unknown
+                    if result.outcome_unknown:  # an attempt may have landed: in doubt until resolved
+                        slots[i].in_doubt.append(attempt)
                     again.append(i)
                     stale = stale or i in used
+                elif isinstance(result, WriteOutcomeUnknown):  # no answer: looked for next round
+                    slots[i].in_doubt.append(attempt)
+                    again.append(i)
+                elif isinstance(result, BaseException):  # not sent (e.g. StaleBlob): nothing of this round landed
+                    out[i] = _unless_in_doubt(slots[i], result)
                 else:
                     reserved.append((i, result))
             return again, stale
@@ -579,12 +689,14 @@ class LogWriter(ClientUser):
         log.info("%s: topic id %s was deleted; appending to the topic's current id %s", tp, slot.keys.topic_id,
                  record.topic_id)
         slot.keys = PartitionKeys(slot.keys.root, tp, record.topic_id)
-        slot.proposed.clear()  # attempts at the deleted incarnation say nothing about this one
-        slot.in_doubt = False
+        # Attempts at the deleted incarnation can no longer land there (its control is a
+        # tombstone, which no CAS changes), and say nothing about this one.
+        slot.in_doubt.clear()
 
     def _reservation(self, slot: _Slot, control: ControlRecord) -> ControlRecord | None:
         """The control a reserving CAS writes for ``slot`` (section 4.3, with the sink's progress,
-        section 9), or None when the sink had committed this slice."""
+        section 9, and the producers' last batches), or None when the sink had committed this
+        slice. Raises :class:`_Rejected` when producers' groups of the body must not be written."""
         keys, s = slot.keys, slot.staged
         if control.fenced:
             raise LogFenced(keys.tp.topic, keys.tp.partition)
@@ -596,12 +708,61 @@ class LogWriter(ClientUser):
                                                                               self.clock.now_ms()),
                                                   self.config.sink_progress_retention_ms)
         start = control.sequence_counter
+        if slot.producers:
+            control = self._with_producers(slot, control, start, start + s.msg_count - 1)
         pending = PendingAppend(
             append_id=slot.append_id, start_offset=start, end_offset=start + s.msg_count - 1, msg_count=s.msg_count,
             data_key=s.wal_uri, entry_type=WAL, encoding=s.encoding, created_at_ms=s.created_at_ms,
             byte_offset=s.body_offset, byte_length=s.body_length,
         )
         return control.with_changes(sequence_counter=pending.end_offset + 1, pending=pending)
+
+    def _with_producers(self, slot: _Slot, control: ControlRecord, start: int, end: int) -> ControlRecord:
+        """``control`` with each producer's group of the body (offsets from ``start``, the entry
+        ending at ``end``) as that producer's last batch, when every group's sequence is the one
+        the partition expects; else :class:`_Rejected` with the verdict of each group that is not.
+
+        The expected sequence is the end of the producer's last batch, or any for a producer the
+        control does not know (new, or expired). A group that is the last batch again (same
+        sequence and count) is a duplicate: the offsets it got then. A sequence below it:
+        :class:`DuplicateSequence`; any other: :class:`OutOfOrderSequence`. Entries of producers
+        that wrote nothing for :data:`PRODUCER_RETENTION_MS`, and past the newest
+        :data:`MAX_PRODUCERS_PER_PARTITION`, are dropped; entries that are not well-formed are
+        someone else's and stay (``producers`` is an llog extension of ``meta/control``)."""
+        tp, now = slot.keys.tp, self.clock.now_ms()
+        raw = control.extra.get("producers") or {}
+        if not isinstance(raw, dict):
+            raise CorruptRecord(f"{slot.keys.control}: 'producers' must be an object, got {raw!r}")
+        batches: dict[str, ProducerBatch] = {}
+        for pid, obj in raw.items():
+            try:
+                batches[pid] = ProducerBatch.from_dict(obj, f"{slot.keys.control} producers[{pid!r}]")
+            except CorruptRecord:
+                if any(g.producer_id == pid for g in slot.producers):
+                    raise  # ours must be well-formed; others' are kept as they are
+        here: dict[str, int] = {}  # producers whose last batch is a group of this body: that group
+        verdicts: dict[int, AppendResult | _SameAs | LlogError] = {}
+        for g in slot.producers:
+            last = batches.get(g.producer_id)
+            if last is None or g.sequence == last.next_sequence:
+                batches[g.producer_id] = ProducerBatch(g.sequence, g.count, start + g.first, end, now)
+                here[g.producer_id] = g.group
+            elif g.sequence == last.sequence and g.count == last.count:
+                verdicts[g.group] = _SameAs(here[g.producer_id]) if g.producer_id in here else AppendResult(
+                    tp.topic, tp.partition, last.start_offset, last.start_offset + last.count - 1,
+                    slot.keys.index(last.entry_end_offset), None, duplicate=True)
+            elif g.sequence < last.sequence:
+                verdicts[g.group] = DuplicateSequence(tp.topic, tp.partition, g.producer_id, g.sequence, last.sequence)
+            else:
+                verdicts[g.group] = OutOfOrderSequence(tp.topic, tp.partition, g.producer_id, g.sequence,
+                                                       last.next_sequence)
+        if verdicts:
+            raise _Rejected(verdicts)
+        live = sorted((pid for pid, b in batches.items() if now - b.written_at_ms <= PRODUCER_RETENTION_MS),
+                      key=lambda pid: (pid in here, batches[pid].written_at_ms), reverse=True)[:MAX_PRODUCERS_PER_PARTITION]
+        producers = {pid: obj for pid, obj in raw.items() if pid not in batches}
+        producers.update((pid, batches[pid].to_dict()) for pid in live)
+        return control.with_extra(producers=producers)
 
     def _owner(self, keys: PartitionKeys, offset: int, current: ControlState) -> IndexEntry | None:
         """The index entry (or pending append) covering ``offset``, if any."""
@@ -615,20 +776,22 @@ class LogWriter(ClientUser):
             return pending.to_index_entry()
         return None
 
-    def _find_landed_reservation(self, slot: _Slot, current: ControlState) -> int | None:
-        """After a reserving CAS failed in transit and then conflicted, with ``pending`` no
-        longer naming this append: did an attempt land (and someone else finish it)? Returns
-        the start offset of the one that did, or None.
+    def _resolve(self, slot: _Slot, current: ControlState) -> int | None:
+        """A slot in doubt, with ``pending`` (in ``current``) not naming its append: did an attempt
+        land, and someone else finish it? Returns the start offset of the one that did, or None.
 
-        For each start offset an attempt proposed, look at what now owns that offset. An index
-        entry pointing at this append's bytes: it landed. Another WAL append, or nobody because
-        the counter never got there: that attempt did not land. If every attempt is accounted
-        for as not landed, the append is tried again; otherwise (say the range was compacted
-        meanwhile) :class:`AppendOutcomeUnknown`.
+        For each attempt in doubt, look at what now owns its start offset. An index entry
+        pointing at this append's bytes: it landed. Another WAL append, or nobody because the
+        counter never got there: it has not landed. Such an attempt, conditioned on a control
+        version other than ``current``'s, never will (versions only grow), and is no longer in
+        doubt; one conditioned on ``current``'s version stays in doubt (its request may still
+        arrive; the next CAS names the same version, so at most one of them lands), and so does
+        the slot, a later round's clean conflict notwithstanding. An owner that cannot be told
+        (the range was compacted meanwhile): :class:`AppendOutcomeUnknown`.
         """
         keys, staged = slot.keys, slot.staged
         undecided = []
-        for start in slot.proposed:
+        for start, version in slot.in_doubt:
             if current.record.sequence_counter <= start:
                 continue
             owner = self._owner(keys, start, current)
@@ -636,9 +799,24 @@ class LogWriter(ClientUser):
                 return start
             if owner is None or owner.type != WAL:
                 undecided.append(start)
-        if not undecided:
-            return None
-        raise AppendOutcomeUnknown(
-            f"reserving offsets on {keys.tp} failed in transit and the log has moved on; the append "
-            f"({staged.msg_count} records in {staged.wal_uri}) may or may not be in the log"
-        )
+        if undecided:
+            raise AppendOutcomeUnknown(
+                f"reserving offsets on {keys.tp} failed in transit and the log has moved on; the append "
+                f"({staged.msg_count} records in {staged.wal_uri}) may or may not be in the log")
+        slot.in_doubt = [(start, version) for start, version in slot.in_doubt if version == current.version]
+        return None
+
+
+def _unless_in_doubt(slot: _Slot, error: BaseException) -> BaseException:
+    """What a slot that fails with ``error`` reports: ``error``, or :class:`AppendOutcomeUnknown`
+    while a reserving CAS attempt of it may have landed (an error then must not say that nothing
+    was written)."""
+    if not slot.in_doubt or isinstance(error, AppendOutcomeUnknown):
+        return error
+    unknown = AppendOutcomeUnknown(
+        f"reserving offsets on {slot.keys.tp}: an attempt whose reply was lost may have landed, and it could not be "
+        f"resolved ({type(error).__name__}: {error}); the append ({slot.staged.msg_count} records in "
+        f"{slot.staged.wal_uri}) may or may not be in the log")
+    unknown.__cause__ = error
+    return unknown
+

@@ -75,7 +75,7 @@ def test_document_bytes_is_cached_and_document_is_a_copy():
 def test_routes(doc):
     got = {(method.upper(), path) for path, method, _ in _operations(doc)}
     assert got == {("GET", "/health"), ("GET", "/metrics"), ("GET", "/metrics/prometheus"), ("GET", "/openapi.json"),
-                   ("POST", "/produce"), ("POST", "/consume"), ("POST", "/groups/{group}/commit"),
+                   ("POST", "/produce"), ("POST", "/producers"), ("POST", "/consume"), ("POST", "/groups/{group}/commit"),
                    ("GET", "/groups/{group}"), ("GET", "/topics"), ("GET", "/topics/{topic}")}
     ids = [op["operationId"] for _, _, op in _operations(doc)]
     assert len(ids) == len(set(ids))

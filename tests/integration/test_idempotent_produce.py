@@ -1,0 +1,181 @@
+"""Idempotent produce (Kafka's idempotent producer) on real Oxia and S3: a producer id and a
+sequence per partition make a resent batch come back with its first offsets and land once, also
+when the broker that took it died and the resend went to another broker; sequences out of order
+and older than the last batch are refused; produce without a producer id is as before."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+
+import httpx
+import pytest
+
+from llog.control import read_control
+from llog.errors import DuplicateSequence, GroupsFailed, InvalidPayload, OutOfOrderSequence
+from llog.reader import LogReader
+from llog.writer import AppendGroup, LogWriter
+from tests.helpers.broker_process import run_broker
+
+T = "idem"
+
+
+def _log(config, partition: int = 0, topic: str = T) -> list[bytes]:
+    with LogReader(config) as reader:
+        return [r.value for r in reader.read_range(topic, partition, 1)]
+
+
+def _records(tag: str, n: int = 3) -> list[str]:
+    return [f"{tag}/{i}" for i in range(n)]
+
+
+def _body(producer: str | None, *groups: tuple[int, int | None, list[str]], topic: str = T) -> dict:
+    body = {"topic_partitions": [{"topic": topic, "partition": p, "records": records,
+                                  **({"sequence": seq} if seq is not None else {})} for p, seq, records in groups]}
+    if producer is not None:
+        body["producer_id"] = producer
+    return body
+
+
+def _produce(url: str, body: dict) -> httpx.Response:
+    return httpx.post(f"{url}/produce", json=body, timeout=60)
+
+
+def _offsets(response: httpx.Response) -> list[tuple[int, int]]:
+    return [(r["start_offset"], r["end_offset"]) for r in response.json()["results"]]
+
+
+# --- the writer ------------------------------------------------------------------------------------
+
+
+def test_a_resent_batch_gets_its_first_offsets_and_lands_once(config):
+    with LogWriter(config, auto_initialize=True) as w:
+        first = w.append_shared([AppendGroup(T, 0, [b"a", b"b"], producer_id="p", sequence=0)])[0]
+        w.append(T, 0, [b"plain"])
+        again = w.append_shared([AppendGroup(T, 0, [b"a", b"b"], producer_id="p", sequence=0)])[0]
+        assert again.duplicate and not first.duplicate
+        assert (again.start_offset, again.end_offset, again.index_key) == (1, 2, first.index_key)
+        nxt = w.append_shared([AppendGroup(T, 0, [b"c"], producer_id="p", sequence=2)])[0]
+        assert (nxt.start_offset, nxt.duplicate) == (4, False)
+        producers = read_control(w.coordination, w.keys(T, 0)).record.extra["producers"]
+        assert producers["p"]["sequence"] == 2 and producers["p"]["start_offset"] == 4
+    assert _log(config) == [b"a", b"b", b"plain", b"c"]
+
+
+def test_older_and_out_of_order_sequences_are_refused_and_the_rest_of_the_append_is_written(config):
+    with LogWriter(config, auto_initialize=True) as w:
+        w.append_shared([AppendGroup(T, 0, [b"0", b"1"], producer_id="p", sequence=0),
+                         AppendGroup(T, 0, [b"2"], producer_id="p", sequence=2)])
+        with pytest.raises(DuplicateSequence):
+            w.append_shared([AppendGroup(T, 0, [b"0", b"1"], producer_id="p", sequence=0)])
+        with pytest.raises(OutOfOrderSequence, match="expects 3"):
+            w.append_shared([AppendGroup(T, 0, [b"5"], producer_id="p", sequence=5)])
+        # One partition's body: a duplicate, a gap, another producer's batch, a plain group, a
+        # batch resent within the same append. Staged again without the first two.
+        with pytest.raises(GroupsFailed) as failed:
+            w.append_shared([AppendGroup(T, 0, [b"2"], producer_id="p", sequence=2),
+                             AppendGroup(T, 0, [b"9"], producer_id="p", sequence=9),
+                             AppendGroup(T, 0, [b"q0"], producer_id="q", sequence=0),
+                             AppendGroup(T, 0, [b"plain"]),
+                             AppendGroup(T, 0, [b"q0"], producer_id="q", sequence=0),
+                             AppendGroup(T, 1, [b"other partition"])])
+        dup, gap, q, plain, q_again, other = failed.value.outcomes
+        assert (dup.duplicate, dup.start_offset) == (True, 3)
+        assert isinstance(gap, OutOfOrderSequence)
+        assert (q.start_offset, plain.start_offset, q.duplicate) == (4, 5, False)
+        assert (q_again.start_offset, q_again.duplicate) == (4, True)
+        assert (other.start_offset, other.duplicate) == (1, False)
+        with pytest.raises(InvalidPayload, match="both producer_id and sequence"):
+            w.append_shared([AppendGroup(T, 0, [b"x"], producer_id="p")])
+    assert _log(config) == [b"0", b"1", b"2", b"q0", b"plain"]
+    assert _log(config, 1) == [b"other partition"]
+
+
+# --- the broker --------------------------------------------------------------------------------------
+
+
+def test_a_produce_resent_to_the_same_broker_is_answered_with_its_first_offsets(module_config, broker):
+    topic = "idem-same"
+    producer = httpx.post(f"{broker}/producers", timeout=10).json()["producer_id"]
+    body = _body(producer, (0, 0, _records("a")), (1, 0, _records("b", 2)), topic=topic)
+    first = _produce(broker, body)
+    assert first.status_code == 200, first.text
+    again = _produce(broker, body)
+    assert again.status_code == 200, again.text
+    assert _offsets(again) == _offsets(first) == [(1, 3), (1, 2)]
+    assert [r.get("duplicate", False) for r in again.json()["results"]] == [True, True]
+    assert [r.get("duplicate", False) for r in first.json()["results"]] == [False, False]
+    nxt = _produce(broker, _body(producer, (0, 3, _records("c", 1)), topic=topic))
+    assert _offsets(nxt) == [(4, 4)]
+    older = _produce(broker, _body(producer, (0, 0, _records("a")), topic=topic))
+    gap = _produce(broker, _body(producer, (0, 9, _records("d", 1)), topic=topic))
+    assert (older.status_code, older.json()["results"][0]["error_type"]) == (409, "DuplicateSequence")
+    assert (gap.status_code, gap.json()["results"][0]["error_type"]) == (409, "OutOfOrderSequence")
+    plain = _produce(broker, _body(None, (0, None, ["plain"]), topic=topic))  # as before
+    assert _offsets(plain) == [(5, 5)] and "duplicate" not in plain.json()["results"][0]
+    assert _log(module_config, 0, topic) == [r.encode() for r in [*_records("a"), "c/0", "plain"]]
+    assert _log(module_config, 1, topic) == [r.encode() for r in _records("b", 2)]
+    for bad in (_body(producer, (0, None, ["x"]), topic=topic), _body(None, (0, 7, ["x"]), topic=topic)):
+        response = _produce(broker, bad)
+        assert (response.status_code, response.json()["error_type"]) == (400, "InvalidRequest"), response.text
+
+
+def test_producers_with_and_without_ids_share_group_commits_and_resends_land_once(module_config, broker):
+    """Concurrent requests to one partition (the batcher merges them into shared appends),
+    half of them idempotent; every idempotent one is then sent again, concurrently with new
+    plain ones. Each record is in the log once, and each resend answers its first offsets."""
+    topic = "idem-mixed"
+
+    async def run():
+        async with httpx.AsyncClient(timeout=60) as client:
+            async def send(body):
+                response = await client.post(f"{broker}/produce", json=body)
+                assert response.status_code == 200, response.text
+                return response.json()["results"][0]
+
+            idempotent = [_body(f"p{n}", (0, 0, _records(f"p{n}")), topic=topic) for n in range(12)]
+            plain = [_body(None, (0, None, _records(f"plain{n}")), topic=topic) for n in range(24)]
+            first = await asyncio.gather(*(send(b) for pair in zip(idempotent, plain[:12]) for b in pair))
+            again = await asyncio.gather(*(send(b) for pair in zip(idempotent, plain[12:]) for b in pair))
+            return first[0::2], again[0::2]
+
+    first, again = asyncio.run(run())
+    assert [(r["start_offset"], r["end_offset"]) for r in again] == [(r["start_offset"], r["end_offset"]) for r in first]
+    assert all(r["duplicate"] for r in again) and not any(r.get("duplicate") for r in first)
+    log = _log(module_config, 0, topic)
+    assert len(log) == 3 * 12 * 3 and len(set(log)) == len(log)  # 12 idempotent once, 24 plain
+    for n, r in enumerate(first):
+        assert log[r["start_offset"] - 1:r["end_offset"]] == [x.encode() for x in _records(f"p{n}")]
+
+
+@pytest.mark.parametrize("kill", ["after_answer", "before_answer"])
+def test_a_produce_resent_to_another_broker_after_the_first_died_lands_once(config, kill):
+    """The first broker takes the request and dies (SIGKILL) after answering it, or once its
+    offsets are reserved, maybe before its answer went out; the client sends the same request to
+    a second broker, which answers with the first offsets."""
+    body = _body("client-1", (0, 0, _records("a")), (1, 0, _records("b", 2)))
+    settings = {"LLOG_FAILPOINT": "writer.after_reserve"} if kill == "before_answer" else {}
+    first_offsets = None
+    with run_broker(config, **settings) as (first_url, first_proc):
+        try:
+            response = _produce(first_url, body)
+            first_offsets = _offsets(response) if response.status_code == 200 else None
+        except httpx.TransportError:
+            pass  # it died before answering: the client cannot tell whether it was written
+        first_proc.kill()
+        first_proc.wait(30)
+    with run_broker(config) as (second_url, _):
+        again = _produce(second_url, body)
+    assert again.status_code == 200, again.text
+    assert [r["duplicate"] for r in again.json()["results"]] == [True, True]
+    assert _offsets(again) == [(1, 3), (1, 2)]
+    if first_offsets is not None:
+        assert first_offsets == _offsets(again)
+    assert _log(config, 0) == [r.encode() for r in _records("a")]
+    assert _log(config, 1) == [r.encode() for r in _records("b", 2)]
+
+
+def test_post_producers_allocates_a_new_id_each_time(broker):
+    ids = {httpx.post(f"{broker}/producers", timeout=10).json()["producer_id"] for _ in range(3)}
+    assert len(ids) == 3
+    assert json.loads(httpx.get(f"{broker}/openapi.json").text)["paths"]["/producers"]["post"]
