@@ -8,6 +8,11 @@ waiting consumer), and overload (only 503 with Retry-After). One line per phase,
 summary; the run directory (vegeta's results and histograms, the brokers' ``/metrics`` every
 second, their logs) is under ``loadtest/results/``. ``LLOG_BENCH_BROKER_SECONDS`` sets every
 vegeta phase's duration (a quick run).
+
+No throughput is reported from counts that do not reconcile (a produce phase whose acked
+records are not what the log gained, a consume phase whose records are not what the brokers
+counted, or one that could not be checked): the bench prints ``"status": "failed"`` with those
+phases' counts instead, and raises.
 """
 
 from __future__ import annotations
@@ -29,6 +34,8 @@ FIELDS = (
     "s3_cost_usd_per_million_records", "consume_miss_s3_cost_usd_per_million_records", "overload_503_retry_after",
     "overload_non_503_errors", "unexpected_non_200", "reconciled",
 )
+#: A phase's counts that show what did not reconcile (see :func:`loadtest.run.Run._produce`, ``_consume``).
+RECONCILING = ("reconciled", "records", "log_records", "records_from_metrics", "transport_errors", "status_counts")
 
 
 def run(config: Config) -> dict:
@@ -39,6 +46,12 @@ def run(config: Config) -> dict:
     progress(f"broker: {', '.join(s.name for s in scenarios)}; run directory {run_dir}")
     with llog_progress.task(f"broker: {len(scenarios)} load test scenarios (vegeta)"):
         summary = run_scenarios(config, scenarios, run_dir)
+    unreconciled = {name: {k: phase.get(k) for k in RECONCILING if k in phase}
+                    for name, phase in summary["phases"].items() if phase.get("reconciled", True) is not True}
+    if unreconciled:
+        emit({"bench": "broker", "status": "failed", "unreconciled": unreconciled, "run_dir": summary["run_dir"]})
+        raise RuntimeError(f"broker bench: counts did not reconcile in {sorted(unreconciled)}: {unreconciled} "
+                           f"(see {summary['run_dir']})")
     for name, phase in summary["phases"].items():
         emit({"bench": "broker", "case": name, **{k: v for k, v in phase.items() if k != "command"}})
     result = {"bench": "broker", **{k: summary[k] for k in FIELDS}, "run_dir": summary["run_dir"]}

@@ -4,7 +4,9 @@ The same JSON events (``{"seq": n, "ts": ...}``, one in ``BENCH_GATE_BAD_EVERY``
 ``jobs.llog_to_delta`` (``availableNow``, ``BENCH_GATE_PER_BATCH`` records per micro-batch) into a
 fresh Delta table twice per round, in turn: without a gate, and with the demo's suite
 (``conf/expectations/events.json``) and a quarantine. Prints the seconds per micro-batch
-(``triggerExecution``) of both, the gate's overhead per batch, and records/s.
+(``triggerExecution``) of both, the gate's overhead per batch, and records/s. After each run the
+rows are counted where they landed: the table holds every event (no gate), or the table every
+good one and the quarantine every bad one (the gate); any other count fails the bench.
 Sizes: ``BENCH_GATE_RECORDS`` (default 150000), ``BENCH_GATE_PER_BATCH`` (50000),
 ``BENCH_GATE_ROUNDS`` (2).
 """
@@ -72,6 +74,7 @@ def run(config: Config) -> dict:
                         batches = run_job(spark, job, config)
                         if sum(b["numInputRows"] for b in batches) != records:
                             raise RuntimeError(f"gate bench: {case} run read {batches} records, not {records}")
+                        _check_landed(spark, case, work, records, bad)
                         if round_:
                             batch_s[case] += [b["durationMs"]["triggerExecution"] / 1000 for b in batches]
                             run_s[case].append(sum(b["durationMs"]["triggerExecution"] for b in batches) / 1000)
@@ -89,3 +92,19 @@ def run(config: Config) -> dict:
     }
     emit(summary)
     return summary
+
+
+def _check_landed(spark, case: str, work: Path, records: int, bad: int) -> None:
+    """The rows of one run in its table and quarantine: every event in the table without a gate;
+    with one, the good events in the table and the bad ones in the quarantine."""
+    table, quarantined = _delta_rows(spark, work / "table"), _delta_rows(spark, work / "quarantine")
+    expected = (records, 0) if case == "plain" else (records - bad, bad)
+    if (table, quarantined) != expected:
+        raise RuntimeError(f"gate bench: the {case} run sent {records:,} records ({bad:,} bad) and left "
+                           f"{table:,} rows in its table and {quarantined:,} in its quarantine, expected "
+                           f"{expected[0]:,} and {expected[1]:,}")
+
+
+def _delta_rows(spark, path: Path) -> int:
+    """Rows of the Delta table at ``path``; 0 when no batch created it."""
+    return spark.read.format("delta").load(str(path)).count() if (path / "_delta_log").is_dir() else 0

@@ -13,7 +13,11 @@ those of ``bench.sink`` and ``bench.source``, reusing their code, on ``local[2]`
   ``batch.size=524288``), into ``writeStream.format("llog")`` (8 partitions), and into
   ``bench.sink``'s sink that drops its input ("drop": what Spark alone costs). Records/s are rows
   over the median micro-batch time (Spark's ``triggerExecution``) of ``BENCH_KAFKA_BATCHES`` (4)
-  timed micro-batches per query, after each query's warm-up batch.
+  timed micro-batches per query, after each query's warm-up batch. What each query left in its
+  topic (Kafka: the partitions' end offsets less their start; llog: their offsets from the log
+  start to the high watermark) must be the rows of the micro-batches it completed, plus, of the
+  one its stop cut, any part for Kafka (its tasks write as they go) and all or none for llog (it
+  commits a batch at once); else the bench fails.
 - **source**: ``BENCH_KAFKA_RECORDS`` records (8 x the rows per batch: 8,000,000) of 100 bytes in 8
   partitions, preloaded into both systems (not timed), each read whole with
   ``trigger(availableNow=True)`` into Spark's ``noop`` sink, as ``bench.source`` does: by
@@ -70,7 +74,7 @@ from pathlib import Path
 
 from bench import arrow_floor, sink, source
 from bench.kafka_broker import KAFKA_VERSION, KafkaBroker, kafka_broker
-from bench.report import CpuMeter, SparkCpuMeter, emit, env_int, progress, s3_server_marker
+from bench.report import CpuMeter, SparkCpuMeter, emit, env_int, llog_records, progress, s3_server_marker
 from jobs.local_spark import local_spark
 from llog import progress as llog_progress
 from llog.config import Config
@@ -81,6 +85,7 @@ SPARK_KAFKA = {SPARK_KAFKA_PACKAGE: "org.apache.spark.sql.kafka010.KafkaSourcePr
 PARTITIONS = sink.PARTITIONS
 VALUE_BYTES = sink.VALUE_BYTES
 SINK_TOPIC = "bench-sink"
+LLOG_SINK_TOPIC = "bench"
 SOURCE_TOPIC = "bench-source"
 #: What the llog source reads of a partition per GET: one blob's body of 80,000 records of 100
 #: bytes, 8 MB (``bench.source``'s default fill, one partition per blob as the sink writes them).
@@ -193,11 +198,13 @@ class _Cases:
         progress(f"kafka: sink, {self.sizes.rounds} round(s) after an untimed one, {self.sizes.batches} timed "
                  f"micro-batches of {self.sizes.rows:,} rows per case and round")
         return _in_rounds(self.spark, "sink", {
-            "kafka_default": lambda warm_up: self._sink("kafka", {**self.kafka, "topic": SINK_TOPIC}, warm_up),
+            "kafka_default": lambda warm_up: self._sink("kafka", {**self.kafka, "topic": SINK_TOPIC}, warm_up,
+                                                        self._kafka_records),
             "kafka_tuned": lambda warm_up: self._sink("kafka", {**self.kafka, **TUNED_PRODUCER, "topic": SINK_TOPIC},
-                                                      warm_up),
-            "llog": lambda warm_up: self._sink("llog", {**self.llog, "topic": "bench", "partitions": str(PARTITIONS)},
-                                               warm_up),
+                                                      warm_up, self._kafka_records),
+            "llog": lambda warm_up: self._sink("llog", {**self.llog, "topic": LLOG_SINK_TOPIC,
+                                                        "partitions": str(PARTITIONS)}, warm_up,
+                                               lambda: llog_records(self.config, LLOG_SINK_TOPIC)),
             "drop": lambda warm_up: self._sink("llog_bench_drop", {}, warm_up),
         }, self.sizes.rounds)
 
@@ -237,13 +244,35 @@ class _Cases:
     def _meters(self) -> ServerMeters:
         return ServerMeters(self.broker.marker, self.s3_marker, self.jvm_pid)
 
-    def _sink(self, fmt: str, options: dict[str, str], warm_up: bool) -> Measured:
-        """``sink.micro_batch_seconds`` of one query (one timed micro-batch when warming up)."""
+    def _sink(self, fmt: str, options: dict[str, str], warm_up: bool, landed: Callable[[], int] | None = None
+              ) -> Measured:
+        """``sink.micro_batch_seconds`` of one query (one timed micro-batch when warming up),
+        checking what landed in its topic by ``landed`` (Kafka writes as its tasks go)."""
         meters = self._meters()
         seconds, batches = sink.micro_batch_seconds(self.spark, sink._values(), fmt, options, next(self.checkpoints),
                                                     meters, rows=self.sizes.rows,
-                                                    batches=1 if warm_up else self.sizes.batches)
+                                                    batches=1 if warm_up else self.sizes.batches, landed=landed,
+                                                    whole_batches=fmt != "kafka")
         return Measured(seconds, batches, meters)
+
+    def _kafka_records(self) -> int:
+        """The records in the Kafka sink's topic: over its partitions, the latest offset less
+        the earliest (Kafka's ``Admin`` in Spark's JVM)."""
+        jvm = self.spark._jvm
+        admin_api = jvm.org.apache.kafka.clients.admin
+        partitions = [jvm.org.apache.kafka.common.TopicPartition(SINK_TOPIC, p) for p in range(PARTITIONS)]
+        admin = _admin(self.spark, self.broker.bootstrap_servers)
+        try:
+            def offsets(spec) -> int:
+                request = jvm.java.util.HashMap()
+                for partition in partitions:
+                    request.put(partition, spec)
+                answer = admin.listOffsets(request).all().get(ADMIN_TIMEOUT_S,
+                                                              jvm.java.util.concurrent.TimeUnit.SECONDS)
+                return sum(answer.get(partition).offset() for partition in partitions)
+            return offsets(admin_api.OffsetSpec.latest()) - offsets(admin_api.OffsetSpec.earliest())
+        finally:
+            admin.close()
 
     def _source(self, fmt: str, options: dict[str, str]) -> Measured:
         """``source._stream``: one availableNow read of every preloaded record."""
@@ -280,15 +309,20 @@ def _create_topics(spark, bootstrap_servers: str, topics: list[str]) -> None:
     factor 1), made by Kafka's ``Admin`` client in Spark's JVM (the connector brings it)."""
     jvm = spark._jvm
     admin_api = jvm.org.apache.kafka.clients.admin
-    properties = jvm.java.util.Properties()
-    properties.setProperty("bootstrap.servers", bootstrap_servers)
-    admin = admin_api.Admin.create(properties)
+    admin = _admin(spark, bootstrap_servers)
     try:
         assignment = {partition: [1] for partition in range(PARTITIONS)}  # node.id 1 (bench.kafka_broker)
         created = admin.createTopics([admin_api.NewTopic(topic, assignment) for topic in topics])
         created.all().get(ADMIN_TIMEOUT_S, jvm.java.util.concurrent.TimeUnit.SECONDS)
     finally:
         admin.close()
+
+
+def _admin(spark, bootstrap_servers: str):
+    """Kafka's ``Admin`` client in Spark's JVM (the connector brings it); the caller closes it."""
+    properties = spark._jvm.java.util.Properties()
+    properties.setProperty("bootstrap.servers", bootstrap_servers)
+    return spark._jvm.org.apache.kafka.clients.admin.Admin.create(properties)
 
 
 def _close_cached_producers(spark) -> None:

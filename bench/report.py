@@ -17,6 +17,9 @@ import numpy as np
 import pyarrow as pa
 
 from llog import progress as llog_progress
+from llog.config import Config
+from llog.coordination import Coordination
+from llog.describe import describe_topic
 
 
 def emit(record: dict) -> None:
@@ -164,6 +167,29 @@ def _process_stats() -> dict[int, tuple[int, float, float]]:
         out[pid] = (int(fields[1]), (int(fields[11]) + int(fields[12])) / tick,
                     (int(fields[13]) + int(fields[14])) / tick)
     return out
+
+
+def llog_records(config: Config, topic: str) -> int:
+    """The records readable in the llog topic ``topic`` (0 while it has no partitions): over its
+    partitions, the offsets from the log start to the high watermark."""
+    with Coordination(config) as coordination:
+        return sum(p.records for p in describe_topic(coordination, config.root_prefix, topic))
+
+
+def check_landed(what: str, landed: int, sent: int, cut: int = 0, whole: bool = True) -> None:
+    """Raise unless ``landed`` records are what was sent: ``sent``, plus, of ``cut`` records
+    whose write was cut short (a query stopped in a micro-batch), all or none (``whole``: an
+    exactly-once sink, which commits a batch at once) or any number (a sink that writes as its
+    tasks go)."""
+    extra = landed - sent
+    if extra == 0 or (whole and extra == cut) or (not whole and 0 <= extra <= cut):
+        return
+    expected = f"{sent:,}"
+    if cut and whole:
+        expected += f", or {sent + cut:,} if the micro-batch the stop cut committed whole"
+    elif cut:
+        expected += f" to {sent + cut:,} (the micro-batch the stop cut may have written part of its {cut:,})"
+    raise RuntimeError(f"{what}: {landed:,} records landed, expected {expected}")
 
 
 def s3_server_marker(endpoint_url: str) -> str:

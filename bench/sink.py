@@ -7,7 +7,9 @@ producing the rows and handing them to Python as Arrow. Records/s are rows over 
 micro-batch time (Spark's ``triggerExecution``). S3 PUTs (blobs) and commit times per batch
 come from the sink's own metrics (``LLOG_SINK_METRICS_FILE``). CPU seconds per batch, of the
 whole machine and of the local S3 server (versitygw), show where the difference goes: the S3
-server shares Spark's two cores here, as S3 proper would not. Then one round of
+server shares Spark's two cores here, as S3 proper would not. The llog topic must then hold
+exactly the rows of the micro-batches Spark completed (read from its partitions' offsets), or
+the bench fails. Then one round of
 ``bench.records``' sink cases: values alone against 16-byte keys and one header (records-v2).
 """
 
@@ -19,12 +21,13 @@ import statistics
 import tempfile
 import time
 import uuid
+from collections.abc import Callable
 from pathlib import Path
 
 from pyspark.sql.datasource import DataSource, DataSourceStreamArrowWriter, WriterCommitMessage
 
 from bench.records import run_sink
-from bench.report import CpuMeter, emit, progress, s3_server_marker
+from bench.report import CpuMeter, check_landed, emit, llog_records, progress, s3_server_marker
 from jobs.local_spark import local_spark, wait_for_running_tasks
 from llog import progress as llog_progress
 from llog.config import Config
@@ -58,14 +61,21 @@ class DropSource(DataSource):
 
 
 def micro_batch_seconds(spark, columns: list, fmt: str, options: dict[str, str], checkpoint: Path, meter: CpuMeter,
-                        rows: int = ROWS_PER_BATCH, batches: int = BATCHES, deadline_s: float = 600
+                        rows: int = ROWS_PER_BATCH, batches: int = BATCHES, deadline_s: float = 600,
+                        landed: Callable[[], int] | None = None, whole_batches: bool = True
                         ) -> tuple[list[float], int]:
     """One query of ``rows`` rows per micro-batch from ``rate-micro-batch`` (its ``value`` and
     ``timestamp``, as ``columns``) into ``fmt``: the seconds of each of ``batches`` timed
     micro-batches (after one warm-up), and how many batches ``meter`` saw (it runs from the end
     of the warm-up batch to the end of the last timed one, as seen by polling). The query is
     stopped in the middle of its next batch, which Spark logs as errors: the log is silenced
-    until the cancelled tasks have ended."""
+    until the cancelled tasks have ended.
+
+    ``landed``: the records ``fmt``'s destination holds. Read before the query starts and after
+    it has stopped, the difference must be the rows of every micro-batch the query completed,
+    plus, of the one the stop cut, all or none (``whole_batches``: an exactly-once sink) or any
+    part (a sink that writes as its tasks go); else :class:`RuntimeError`."""
+    before = landed() if landed is not None else None
     query = (spark.readStream.format("rate-micro-batch").option("rowsPerBatch", rows).option("numPartitions", 2)
              .option("startTimestamp", int(time.time() * 1000)).load()
              .select(*columns)
@@ -97,6 +107,10 @@ def micro_batch_seconds(spark, columns: list, fmt: str, options: dict[str, str],
         spark.sparkContext.setLogLevel("WARN")
     if len(timed) < batches:
         raise RuntimeError(f"{fmt}: only {len(timed)} full micro-batches within the deadline")
+    if landed is not None:
+        got, sent = landed() - before, sum(p["numInputRows"] for p in query.recentProgress)
+        progress(f"{fmt}: {got:,} records landed; the query completed micro-batches of {sent:,} rows")
+        check_landed(f"{fmt} sink", got, sent, rows, whole_batches)
     return [p["durationMs"]["triggerExecution"] / 1000 for p in timed], done - metered_from
 
 
@@ -124,7 +138,7 @@ def run(config: Config) -> dict:
             llog_cpu = CpuMeter(s3_server)
             llog_s, llog_batches = micro_batch_seconds(
                 spark, _values(), "llog", {**options, "topic": "bench", "partitions": str(PARTITIONS)}, Path(tmp) / "ck-llog",
-                llog_cpu)
+                llog_cpu, landed=lambda: llog_records(config, "bench"))
         finally:
             spark.stop()
         commits = [json.loads(line) for line in metrics_file.read_text().splitlines()]

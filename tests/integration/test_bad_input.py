@@ -3,11 +3,13 @@ stored data is detected, never returned."""
 
 from __future__ import annotations
 
+import re
+
 import pytest
 
 from llog.errors import (
     CorruptBatch, EmptyAppend, InconsistentReadState, InvalidOffset, InvalidPartition, InvalidPayload,
-    InvalidTopicName, OffsetOutOfRange, PartitionNotInitialized, TopicNotFound,
+    InvalidTopicName, OffsetOutOfRange, PartitionNotInitialized, StorageError, TopicNotFound,
 )
 from llog.keys import parse_s3_uri, shared_wal_prefix
 from llog.topics import read_topic
@@ -106,9 +108,18 @@ def test_corrupt_blob_is_detected(config, writer, reader):
     with pytest.raises(CorruptBatch, match="CRC mismatch"):
         reader.read_range("t", 1, 1)
 
-    writer.objects._s3.put_object(Bucket=bucket, Key=key, Body=bytes(blob[:40]))
-    with pytest.raises(Exception, match="range|bytes"):
+    # Cut inside partition 0's slice: the range GET comes back short.
+    writer.objects._s3.put_object(Bucket=bucket, Key=key, Body=bytes(blob[:1000]))
+    uri = re.escape(result.wal_uri)
+    with pytest.raises(StorageError, match=rf"^range get of {uri} returned \d+ bytes, expected \d+ "
+                                           r"\(the object is 1000 bytes\)$") as raised:
         reader.read_range("t", 0, 1)
+    assert raised.type is StorageError  # not a subclass: ObjectNotFound would say the blob is gone
+    # Cut before partition 0's slice begins: S3 answers 416.
+    writer.objects._s3.put_object(Bucket=bucket, Key=key, Body=bytes(blob[:40]))
+    with pytest.raises(StorageError, match=rf"^range bytes=\d+-\d+ lies outside object {uri}$") as raised:
+        reader.read_range("t", 0, 1)
+    assert raised.type is StorageError
 
 
 def test_missing_index_entry_is_a_gap_not_a_skip(config, writer, reader):

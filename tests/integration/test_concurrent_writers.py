@@ -11,11 +11,16 @@ from tests.helpers.invariants import check_acked_readable, check_partition
 WRITERS, BATCHES, RECORDS, PARTITIONS = 4, 15, 20, [0, 1, 2]
 
 
-def test_concurrent_writers_keep_every_record_exactly_once_in_order(config):
-    procs = [writer_process.start(config, f"w{i}", "orders", PARTITIONS, BATCHES, RECORDS) for i in range(WRITERS)]
+def test_concurrent_writers_keep_every_record_exactly_once_in_order(config, tmp_path):
+    go, names = tmp_path / "go", [f"w{i}" for i in range(WRITERS)]
+    procs = [writer_process.start(config, name, "orders", PARTITIONS, BATCHES, RECORDS, go=go) for name in names]
+    writer_process.release_together(go, names, procs)
     outputs = [p.communicate(timeout=300) for p in procs]
     for proc, (_, err) in zip(procs, outputs):
         assert proc.returncode == 0, err
+    # The writers raced for the same controls: some reserving CASes lost on the version.
+    conflicts = [writer_process.stats(out).get("cas_conflict", 0) for out, _ in outputs]
+    assert sum(conflicts) > 0, f"the writers never raced (CAS conflicts per writer: {conflicts})"
     acked = [rec for out, _ in outputs for rec in writer_process.acked_records(out, RECORDS)]
     assert len(acked) == WRITERS * BATCHES * RECORDS * len(PARTITIONS)
 
