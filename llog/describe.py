@@ -131,11 +131,10 @@ def describe_topic(coordination: Coordination, root: str, topic: str,
 @dataclass(frozen=True)
 class TopicDescription:
     topic: str
-    #: From the topic record (docs/protocol.md section 10.1); None, None and False without one.
-    topic_id: str | None
-    state: str | None
-    has_record: bool
-    #: The record's partition count; without a record, the highest initialized partition + 1.
+    #: From the topic record (docs/protocol.md section 10.1).
+    topic_id: str
+    state: str
+    #: The record's partition count.
     partition_count: int
     #: The effective settings (Kafka's names): the record's, else the defaults.
     config: dict[str, Any]
@@ -159,12 +158,11 @@ class TopicDescription:
 def describe_topics(coordination: Coordination, objects: ObjectStore | None, root: str,
                     topics: list[str] | None = None, config: Config | None = None,
                     prices: PriceTable | None = None) -> list[TopicDescription]:
-    """``topics`` (None: every topic with a record or with partitions), by name. ``config``
+    """``topics`` (None: every topic), by name. ``config``
     gives the settings' defaults and the region whose prices the cost is at
     (``s3_region_name``); default: the object store's config. ``prices``: default the table
     :func:`llog.pricing.load_prices` finds; when it finds none the cost is unknown, and the
-    description says why. Raises :class:`TopicNotFound` for a named topic that has neither a
-    record nor partitions."""
+    description says why. Raises :class:`TopicNotFound` for a named topic without a record."""
     config = config or (objects.config if objects is not None else Config())
     if topics is None:
         records = {r.topic: r for r in list_topic_records(coordination, root)}  # one scan of one shard
@@ -178,9 +176,9 @@ def describe_topics(coordination: Coordination, objects: ObjectStore | None, roo
     described = []
     for name in names:
         record = records.get(name)
-        partitions = describe_topic(coordination, root, name, objects)
-        if record is None and not partitions:
+        if record is None:
             raise TopicNotFound(name)
+        partitions = describe_topic(coordination, root, name, objects)
         described.append(_topic_description(name, record, partitions, config, objects, prices, no_prices))
     return described
 
@@ -201,10 +199,10 @@ def _price_table(prices: PriceTable | None) -> tuple[PriceTable | None, str]:
         return None, f"unknown: {e}"
 
 
-def _topic_description(topic: str, record: TopicRecord | None, partitions: list[PartitionDescription], config: Config,
+def _topic_description(topic: str, record: TopicRecord, partitions: list[PartitionDescription], config: Config,
                        objects: ObjectStore | None, prices: PriceTable | None, no_prices: str) -> TopicDescription:
     found = [p.partition for p in partitions]
-    count = record.partitions if record is not None else (max(found) + 1 if found else 0)
+    count = record.partitions
     total = None if any(p.bytes is None for p in partitions) else sum(p.bytes for p in partitions)
     cost = region = None
     if objects is None:
@@ -216,9 +214,8 @@ def _topic_description(topic: str, record: TopicRecord | None, partitions: list[
         cost, region, basis = estimate.usd_per_month, estimate.region, estimate.basis()
     return TopicDescription(
         topic=topic,
-        topic_id=record.topic_id if record is not None else None,
-        state=record.state if record is not None else None,
-        has_record=record is not None,
+        topic_id=record.topic_id,
+        state=record.state,
         partition_count=count,
         config=TopicSettings.of(topic, record, config).as_kafka(),
         partitions=partitions,
@@ -245,7 +242,7 @@ def format_topic_descriptions(descriptions: list[TopicDescription]) -> str:
 
 
 def _topic_block(d: TopicDescription) -> str:
-    state = d.state if d.has_record else "no topic record (partitions written before topic records)"
+    state = d.state
     settings = " ".join(f"{k}={v}" for k, v in d.config.items())
     header = (f"topic {d.topic}  id={d.topic_id or '-'}  partitions={d.partition_count}  state={state}  "
               f"config: {settings}  bytes={_bytes(d.bytes)}  est. monthly cost: {_cost(d)}")

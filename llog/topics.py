@@ -234,7 +234,6 @@ class DeleteReport:
     topic: str
     partitions: int = 0
     compacted_objects: int = 0
-    had_record: bool = True
 
 
 def delete_topic(coordination: Coordination, objects, root: str, topic: str,

@@ -292,8 +292,7 @@ class LogWriter(ClientUser):
     (:class:`UnknownPartition`) and the topic not being deleted. With ``auto_initialize`` a topic
     without a record is created on its first append (``LLOG_AUTO_CREATE_TOPICS``, with
     ``LLOG_DEFAULT_PARTITIONS`` partitions, as Kafka creates topics on first use); without it, a
-    topic needs a record or, written before topic records, the partition initialized
-    (:class:`PartitionNotInitialized`).
+    topic without a record is refused (:class:`TopicNotFound`).
     """
 
     def __init__(self, config: Config, coordination: Coordination | None = None,

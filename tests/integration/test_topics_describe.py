@@ -167,7 +167,7 @@ def test_topics_show_record_config_bytes_and_cost(config, writer, objects, log):
 
     kept = by_name["kept"]
     record = read_topic(c, root, "kept").record
-    assert (kept.topic_id, kept.state, kept.has_record, kept.partition_count) == (record.topic_id, ACTIVE, True, 2)
+    assert (kept.topic_id, kept.state, kept.partition_count) == (record.topic_id, ACTIVE, 2)
     assert kept.config == TopicSettings.of("kept", record, config).as_kafka()
     assert kept.config["retention.ms"] == -1 and kept.config["retention.bytes"] == config.retention_bytes
     assert [p.partition for p in kept.partitions] == [0, 1] and kept.uninitialized_partitions == []
@@ -240,8 +240,7 @@ def test_text_and_json_output(config, writer, objects, log):
     as_json = json.loads(format_topic_descriptions_json(described))
     assert [t["topic"] for t in as_json] == ["kept", "pend", "short"]
     first = as_json[0]
-    assert (first["topic_id"], first["has_record"], first["bytes"], first["records"]) == (
-        kept.topic_id, True, kept.bytes, 13)
+    assert (first["topic_id"], first["bytes"], first["records"]) == (kept.topic_id, kept.bytes, 13)
     assert first["monthly_cost_usd"] == pytest.approx(kept.monthly_cost_usd)
     first_partition = first["partitions"][0]
     assert (first_partition["log_end_offset"], first_partition["compacted_bytes"]) == (9, p0.compacted_bytes)
