@@ -28,6 +28,19 @@ seconds against SeaweedFS's 1.3-1.5, CPU the S3 server takes from Spark on a lap
 Files: binaries in ``<llog_home>/bin``, both built from source with ``go`` and patched (see
 :data:`OXIA_PATCH` and :data:`S3_SERVER_PATCH`); state in ``<stack_dir>``: ``oxia/`` and ``s3/``
 (data), ``logs/``, ``stack.json`` (pids, ports, binaries) and ``settings.json``.
+
+Oxia as a replicated cluster (``up(..., oxia_cluster=True)``, ``llog stack up --oxia-cluster``):
+instead of ``oxia standalone``, an ``oxia coordinator`` and 3 ``oxia server`` processes (services
+``oxia-coordinator``, ``oxia-0`` .. ``oxia-2``), the namespace in :data:`OXIA_CLUSTER_SHARDS` shards
+(or ``oxia_shards``) with replication factor 3, as production runs Oxia. ``oxia-0`` serves its
+public API on the ``oxia`` port and its metrics on ``oxia_metrics``; the other ports (the servers'
+internal and the rest of their public and metrics ports, the coordinator's) are chosen free once
+and kept in ``oxia/cluster.json`` with the data, whose shard ensembles name them. Clients get the
+gRPC target ``ipv4:127.0.0.1:P0,127.0.0.1:P1,127.0.0.1:P2``, the local stand-in for the Kubernetes
+Service in front of a production cluster: a client follows its shard assignments from one server,
+and with a single address it would lose them, and so every new leader, while that server is down.
+:func:`kill_service`, :func:`start_service`, :func:`restart_service`, :func:`pause_service` and
+:func:`resume_service` act on one process, for failure tests.
 """
 
 from __future__ import annotations
@@ -46,7 +59,7 @@ import sys
 import tempfile
 import time
 import urllib.request
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import datetime, timezone
@@ -58,6 +71,7 @@ from botocore.config import Config as BotoConfig
 from botocore.exceptions import BotoCoreError, ClientError
 
 from llog import config
+from llog import oxia_client_pb2 as oxia_wire
 from llog.errors import ConfigError, LlogError
 
 #: Oxia server version built by :func:`install`. The project pins v0.14.4, but the Go module
@@ -164,9 +178,58 @@ _STOP_TIMEOUT_S = 10
 _PROBE_TIMEOUT_S = 2
 #: Where the S3 server answers health checks (GET, no credentials).
 _S3_HEALTH_PATH = "/healthz"
-#: Services ``stack.json`` may name, stopped in this order. ``seaweedfs``: the S3 server of
-#: stacks started before versitygw replaced it, stopped so that its ports are freed.
-_RECORDED_SERVICES = ("broker", "s3", "seaweedfs", "oxia")
+
+#: An Oxia cluster's servers; its replication factor is their number, so every server holds a
+#: replica of every shard.
+OXIA_CLUSTER_SERVERS = 3
+#: Shards of the namespace of a new Oxia cluster unless ``up`` is told otherwise.
+OXIA_CLUSTER_SHARDS = 2
+OXIA_COORDINATOR = "oxia-coordinator"
+OXIA_SERVERS = tuple(f"oxia-{i}" for i in range(OXIA_CLUSTER_SERVERS))
+#: Services ``stack.json`` may name, stopped in this order: an Oxia cluster's coordinator before
+#: its servers, so that it does not elect leaders among servers being stopped. ``seaweedfs``: the
+#: S3 server of stacks started before versitygw replaced it, stopped so that its ports are freed.
+_RECORDED_SERVICES = ("broker", "s3", "seaweedfs", "oxia", OXIA_COORDINATOR, *OXIA_SERVERS)
+
+
+@dataclass(frozen=True)
+class OxiaServerPorts:
+    """One Oxia server's ports on 127.0.0.1: clients, other servers and the coordinator, metrics."""
+
+    public: int
+    internal: int
+    metrics: int
+
+
+@dataclass(frozen=True)
+class OxiaCluster:
+    """A local Oxia cluster's layout: its shard count, replication factor and ports."""
+
+    shards: int
+    replication_factor: int
+    coordinator_internal: int
+    coordinator_metrics: int
+    servers: tuple[OxiaServerPorts, ...]
+
+    @property
+    def service_address(self) -> str:
+        """The gRPC target that reaches whichever server answers (gRPC's ``ipv4:`` address list)."""
+        return "ipv4:" + ",".join(f"{HOST}:{server.public}" for server in self.servers)
+
+    def to_record(self) -> dict:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_record(cls, record: Mapping) -> "OxiaCluster":
+        return cls(**{**record, "servers": tuple(OxiaServerPorts(**server) for server in record["servers"])})
+
+    def labelled_ports(self) -> list[tuple[int, str]]:
+        ports = [(self.coordinator_internal, "Oxia coordinator internal"),
+                 (self.coordinator_metrics, "Oxia coordinator metrics")]
+        for name, server in zip(OXIA_SERVERS, self.servers):
+            ports += [(server.public, f"{name} public"), (server.internal, f"{name} internal"),
+                      (server.metrics, f"{name} metrics")]
+        return ports
 
 
 # --- ports ------------------------------------------------------------------------------------
@@ -198,13 +261,21 @@ def resolve_ports(overrides: Mapping[str, int | None] | None = None,
 
 def free_ports() -> StackPorts:
     """Free ports chosen by the system, distinct. For tests."""
+    return StackPorts(*_system_ports(len(_PORT_LABELS)))
+
+
+def _system_ports(count: int, avoid: frozenset[int] = frozenset()) -> list[int]:
+    """``count`` distinct free ports chosen by the system, none in ``avoid``."""
     held: list[socket.socket] = []
+    chosen: list[int] = []
     try:
-        for _ in _PORT_LABELS:
+        while len(chosen) < count:
             sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
             held.append(sock)  # held open until all are chosen, so none is chosen twice
             sock.bind((HOST, 0))
-        return StackPorts(*(sock.getsockname()[1] for sock in held))
+            if sock.getsockname()[1] not in avoid:
+                chosen.append(sock.getsockname()[1])
+        return chosen
     finally:
         for sock in held:
             sock.close()
@@ -220,8 +291,10 @@ def _port_free(port: int) -> bool:
     return True
 
 
-def _check_ports(ports: StackPorts) -> None:
+def _check_ports(ports: StackPorts, cluster: OxiaCluster | None = None) -> None:
     wanted = [(getattr(ports, name), label) for name, label in _PORT_LABELS.items()]
+    if cluster is not None:  # its first server has the oxia ports
+        wanted = [(ports.s3, _PORT_LABELS["s3"]), *cluster.labelled_ports()]
     seen: dict[int, str] = {}
     for port, label in wanted:
         if not 1 <= port <= 65535:
@@ -377,6 +450,10 @@ class _Paths:
         self.logs = self.root / "logs"
         self.oxia_data = self.root / "oxia"
         self.s3_data = self.root / "s3"
+        # An Oxia cluster's layout, config and coordinator state, kept with the servers' data.
+        self.oxia_cluster = self.oxia_data / "cluster.json"
+        self.oxia_cluster_config = self.oxia_data / "cluster.yaml"
+        self.oxia_cluster_status = self.oxia_data / OXIA_COORDINATOR / "cluster-status.json"
 
     def log(self, service: str) -> Path:
         return self.logs / f"{service}.log"
@@ -454,6 +531,138 @@ def _oxia_problem(ports: StackPorts) -> str | None:
     return None
 
 
+def _http_text(url: str) -> str | None:
+    """The body of a GET of ``url`` if it answers 200, else None."""
+    try:
+        with urllib.request.urlopen(url, timeout=_PROBE_TIMEOUT_S) as response:
+            return response.read().decode(errors="replace") if response.status == 200 else None
+    except (OSError, http.client.HTTPException):
+        return None
+
+
+def _metric(text: str, name: str) -> dict[str, float]:
+    """The samples of metric ``name`` in a Prometheus text exposition: labels (as written) to value."""
+    samples = {}
+    for line in text.splitlines():
+        if line.startswith(name) and line[len(name):len(name) + 1] in ("{", " "):
+            labels, _, value = line[len(name):].rpartition(" ")
+            samples[labels] = float(value)
+    return samples
+
+
+_OXIA_SERVICE = "/io.streamnative.oxia.proto.OxiaClient/"
+
+
+def _oxia_server_roles(server: OxiaServerPorts) -> tuple[int, int] | None:
+    """How many shards the server leads and follows, by its metrics; None if they do not answer."""
+    text = _http_text(f"http://{HOST}:{server.metrics}/metrics")
+    if text is None:
+        return None
+    return (int(sum(_metric(text, "oxia_server_leaders_count").values())),
+            int(sum(_metric(text, "oxia_server_followers_count").values())))
+
+
+def _oxia_assignments(address: str) -> dict[int, str]:
+    """The first shard assignments of the namespace that the server at ``address`` sends: shard
+    to leader's address. A server sends none until the coordinator has sent it its own; raises
+    grpc.RpcError."""
+    channel = grpc.insecure_channel(address)
+    try:
+        stream = channel.unary_stream(
+            _OXIA_SERVICE + "GetShardAssignments",
+            request_serializer=oxia_wire.ShardAssignmentsRequest.SerializeToString,
+            response_deserializer=oxia_wire.ShardAssignments.FromString)
+        call = stream(oxia_wire.ShardAssignmentsRequest(namespace=OXIA_NAMESPACE), timeout=_PROBE_TIMEOUT_S)
+        try:
+            first = next(call, None)
+        finally:
+            call.cancel()
+    finally:
+        channel.close()
+    if first is None or OXIA_NAMESPACE not in first.namespaces:
+        return {}
+    return {a.shard: a.leader for a in first.namespaces[OXIA_NAMESPACE].assignments}
+
+
+def _oxia_shard_problem(shard: int, leader: str) -> str | None:
+    """Why a put, a get and a delete of a probe key on ``shard`` at its ``leader`` did not all
+    succeed, or None. A put commits only once a majority of the shard's replicas has it."""
+    key, value = f"_llog_stack_probe/{os.getpid()}", b"llog"
+    channel = grpc.insecure_channel(leader)
+    try:
+        write = channel.unary_unary(_OXIA_SERVICE + "Write",
+                                    request_serializer=oxia_wire.WriteRequest.SerializeToString,
+                                    response_deserializer=oxia_wire.WriteResponse.FromString)
+        read = channel.unary_stream(_OXIA_SERVICE + "Read", request_serializer=oxia_wire.ReadRequest.SerializeToString,
+                                    response_deserializer=oxia_wire.ReadResponse.FromString)
+        put = write(oxia_wire.WriteRequest(shard=shard, puts=[oxia_wire.PutRequest(key=key, value=value)]),
+                    timeout=_PROBE_TIMEOUT_S)
+        if put.puts[0].status != oxia_wire.OK:
+            return f"shard {shard}: a put at its leader {leader} answered status {put.puts[0].status}"
+        gets = [g for response in read(oxia_wire.ReadRequest(shard=shard, gets=[
+            oxia_wire.GetRequest(key=key, include_value=True)]), timeout=_PROBE_TIMEOUT_S) for g in response.gets]
+        if [(g.status, g.value) for g in gets] != [(oxia_wire.OK, value)]:
+            return f"shard {shard}: a get at its leader {leader} did not return the value just put"
+        write(oxia_wire.WriteRequest(shard=shard, deletes=[oxia_wire.DeleteRequest(key=key)]), timeout=_PROBE_TIMEOUT_S)
+    except grpc.RpcError as e:
+        return f"shard {shard} at its leader {leader}: {e.code().name}: {e.details()}"
+    finally:
+        channel.close()
+    return None
+
+
+def _oxia_cluster_problem(cluster: OxiaCluster) -> str | None:
+    """Why the Oxia cluster is not healthy, or None if it is: the coordinator sees every server
+    running; every server answers on metrics, holds a replica (as leader or follower) of every
+    shard and sends shard assignments naming a leader for each; each shard has one leader, and
+    a put and a get on it succeed."""
+    text = _http_text(f"http://{HOST}:{cluster.coordinator_metrics}/metrics")
+    if text is None:
+        return f"no HTTP 200 from the coordinator's http://{HOST}:{cluster.coordinator_metrics}/metrics"
+    running = {labels for labels, value in _metric(text, "oxia_coordinator_node_running").items() if value == 1}
+    for name in OXIA_SERVERS:
+        if not any(f'node="{name}"' in labels for labels in running):
+            return f"the coordinator does not see {name} running"
+    leaders = 0
+    for name, server in zip(OXIA_SERVERS, cluster.servers):
+        roles = _oxia_server_roles(server)
+        if roles is None:
+            return f"no HTTP 200 from {name}'s http://{HOST}:{server.metrics}/metrics"
+        if sum(roles) != cluster.shards:
+            return (f"{name} holds replicas of {sum(roles)} of the {cluster.shards} shards (leads {roles[0]}, "
+                    f"follows {roles[1]})")
+        leaders += roles[0]
+    if leaders != cluster.shards:
+        return f"the servers lead {leaders} shards, not {cluster.shards}"
+    for name, server in zip(OXIA_SERVERS, cluster.servers):
+        try:
+            assignments = _oxia_assignments(f"{HOST}:{server.public}")
+        except grpc.RpcError as e:
+            return f"{name} sends no shard assignments: {e.code().name}: {e.details()}"
+        if len(assignments) != cluster.shards or not all(assignments.values()):
+            return (f"{name}'s shard assignments name leaders for {sum(map(bool, assignments.values()))} of "
+                    f"{cluster.shards} shards")
+    for shard, leader in sorted(assignments.items()):  # the last server's: a client may follow any
+        if (problem := _oxia_shard_problem(shard, leader)) is not None:
+            return problem
+    return None
+
+
+def _oxia_shard_status(paths: "_Paths") -> dict[int, dict]:
+    """Each shard's leader, ensemble, term, status and hash range (the low 32 bits of the XXH64
+    hash of a key's partition key, both ends inclusive), as the coordinator's state file has them."""
+    try:
+        state = json.loads(paths.oxia_cluster_status.read_text())
+        shards = state["clusterStatus"]["namespaces"][OXIA_NAMESPACE]["shards"]
+    except (OSError, ValueError, KeyError, TypeError):
+        return {}
+    return {int(shard): {"status": s.get("status"), "term": s.get("term"),
+                         "leader": (s.get("leader") or {}).get("public"),
+                         "ensemble": [member.get("public") for member in s.get("ensemble") or []],
+                         "hash_range": [(s.get("int32HashRange") or {}).get(end) for end in ("min", "max")]}
+            for shard, s in shards.items()}
+
+
 def _s3_client(port: int):
     return boto3.client(
         "s3",
@@ -497,28 +706,49 @@ def _s3_problem(ports: StackPorts, bucket: str, prepare: bool) -> str | None:
 
 
 def status(stack_dir: Path | None = None) -> dict:
-    """What the stack record says and whether each recorded process is alive and healthy."""
+    """What the stack record says and whether each recorded process is alive and healthy. With an
+    Oxia cluster, ``oxia`` has ``pid`` None and a ``cluster`` entry with each of its processes,
+    how many shards each server leads and follows, and each shard's leader and ensemble as the
+    coordinator records them."""
     paths = _Paths(stack_dir)
     record = _read_record(paths) or {}
     ports = StackPorts.from_record(record["ports"]) if "ports" in record else None
-    oxia = record.get("oxia", {})
+    cluster = _record_cluster(record)
     s3 = record.get("s3", {})
-    oxia_alive = _alive(oxia.get("pid"), oxia.get("binary"))
     s3_alive = _alive(s3.get("pid"), s3.get("binary"))
-    oxia_healthy = oxia_alive and _oxia_problem(ports) is None
     s3_healthy = s3_alive and _s3_problem(ports, record["bucket"], prepare=False) is None
-    return {
-        "running": oxia_healthy and s3_healthy,
-        "stack_dir": str(paths.root),
-        "started_at": record.get("started_at"),
-        "oxia": {
+    if cluster is None:
+        oxia = record.get("oxia", {})
+        oxia_alive = _alive(oxia.get("pid"), oxia.get("binary"))
+        oxia_healthy = oxia_alive and _oxia_problem(ports) is None
+        oxia_status = {
             "pid": oxia.get("pid") if oxia_alive else None,
             "port": ports.oxia if ports else None,
             "metrics_port": ports.oxia_metrics if ports else None,
             "service_address": f"{HOST}:{ports.oxia}" if ports else None,
             "healthy": oxia_healthy,
             "log": str(paths.log("oxia")),
-        },
+        }
+    else:
+        processes = _oxia_cluster_processes(paths, record, cluster)
+        oxia_healthy = (all(p["pid"] for p in (processes["coordinator"], *processes["servers"]))
+                        and _oxia_cluster_problem(cluster) is None)
+        oxia_status = {
+            "pid": None,
+            "port": ports.oxia,
+            "metrics_port": ports.oxia_metrics,
+            "service_address": cluster.service_address,
+            "healthy": oxia_healthy,
+            "log": str(paths.log(OXIA_COORDINATOR)),
+            "cluster": {"shards": cluster.shards, "replication_factor": cluster.replication_factor,
+                        "config": str(paths.oxia_cluster_config), **processes,
+                        "shard_status": _oxia_shard_status(paths)},
+        }
+    return {
+        "running": oxia_healthy and s3_healthy,
+        "stack_dir": str(paths.root),
+        "started_at": record.get("started_at"),
+        "oxia": oxia_status,
         "s3": {
             "pid": s3.get("pid") if s3_alive else None,
             "server": f"versitygw {S3_SERVER_VERSION}",
@@ -534,6 +764,45 @@ def status(stack_dir: Path | None = None) -> dict:
     }
 
 
+def _record_cluster(record: Mapping) -> OxiaCluster | None:
+    return OxiaCluster.from_record(record["oxia_cluster"]) if "oxia_cluster" in record else None
+
+
+def _oxia_cluster_processes(paths: _Paths, record: Mapping, cluster: OxiaCluster) -> dict:
+    """The cluster's processes as :func:`status` reports them (``pid`` None: not running)."""
+    def pid(service: str) -> int | None:
+        entry = record.get(service, {})
+        return entry.get("pid") if _alive(entry.get("pid"), entry.get("binary")) else None
+
+    servers = []
+    for name, server in zip(OXIA_SERVERS, cluster.servers):
+        roles = _oxia_server_roles(server) if pid(name) else None
+        servers.append({
+            "name": name, "pid": pid(name), "paused": _paused(pid(name)),
+            "public": f"{HOST}:{server.public}", "internal": f"{HOST}:{server.internal}",
+            "metrics_port": server.metrics, "leads": roles[0] if roles else None,
+            "follows": roles[1] if roles else None, "data": str(paths.oxia_data / name), "log": str(paths.log(name)),
+        })
+    return {
+        "coordinator": {"name": OXIA_COORDINATOR, "pid": pid(OXIA_COORDINATOR), "paused": _paused(pid(OXIA_COORDINATOR)),
+                        "internal": f"{HOST}:{cluster.coordinator_internal}",
+                        "metrics_port": cluster.coordinator_metrics, "state": str(paths.oxia_cluster_status),
+                        "log": str(paths.log(OXIA_COORDINATOR))},
+        "servers": servers,
+    }
+
+
+def _paused(pid: int | None) -> bool:
+    """True if ``pid`` is stopped (SIGSTOP, :func:`pause_service`)."""
+    if not pid:
+        return False
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return False
+    return stat[stat.rindex(")") + 2:].startswith(("T", "t"))  # the state follows the parenthesized name
+
+
 def _broker_status(entry: dict | None) -> dict | None:
     if entry is None:
         return None
@@ -544,26 +813,70 @@ def _broker_status(entry: dict | None) -> dict | None:
 
 
 def up(stack_dir: Path | None = None, ports: StackPorts | None = None, bucket: str = "llog",
-       timeout_s: float = 90, broker_port: int | None = None) -> dict:
+       timeout_s: float = 90, broker_port: int | None = None, oxia_cluster: bool = False,
+       oxia_shards: int = OXIA_CLUSTER_SHARDS) -> dict:
     """Install if needed, start Oxia and the S3 server, wait until healthy, write the settings file;
-    with ``broker_port``, also an HTTP broker (``python -m broker_lite``) on that port.
+    with ``broker_port``, also an HTTP broker (``python -m broker_lite``) on that port. With
+    ``oxia_cluster``, Oxia is a coordinator and 3 servers, ``oxia_shards`` shards with
+    replication factor 3 (module docstring); an existing cluster keeps the ports and shard count
+    it was made with (its data names them; asking for another count is an error).
 
     A stack already running and healthy in ``stack_dir`` is left as it is (whatever ``ports``
-    asked for), a broker is added to it if asked for and not running. Data in ``stack_dir``
-    survives restarts. Returns :func:`status`.
+    asked for; asking for the other kind of Oxia is an error), a broker is added to it if asked
+    for and not running. Data in ``stack_dir`` survives restarts; a cluster's Oxia data is apart
+    from a standalone server's, so switching kinds starts from empty Oxia. Returns :func:`status`.
     """
     paths = _Paths(stack_dir)
     ports = ports or resolve_ports()
+    if oxia_cluster and oxia_shards < 1:
+        raise ConfigError(f"oxia_shards={oxia_shards}: an Oxia namespace needs at least 1 shard")
     binaries = install()
     with _locked(paths.lock, timeout_s + 30, "`llog stack up` or `down`"):
         current = status(paths.root)
+        if current["running"] and ("cluster" in current["oxia"]) != oxia_cluster:
+            kind = "an Oxia cluster" if "cluster" in current["oxia"] else "a standalone Oxia"
+            raise LlogError(f"the stack in {paths.root} runs with {kind}; stop it first (`llog stack down`)")
         if not current["running"]:
             _stop_recorded(paths)  # a stale or half-dead stack
-            _check_ports(ports)
-            _start(paths, ports, bucket, binaries, timeout_s)
+            cluster = _oxia_cluster_layout(paths, ports, oxia_shards) if oxia_cluster else None
+            if cluster is not None:
+                ports = dataclasses.replace(ports, oxia=cluster.servers[0].public,
+                                            oxia_metrics=cluster.servers[0].metrics)
+            _check_ports(ports, cluster)
+            _start(paths, ports, bucket, binaries, timeout_s, cluster)
         if broker_port is not None and not (current["broker"] or {}).get("healthy"):
             _start_broker(paths, broker_port, timeout_s)
     return status(paths.root)
+
+
+def _oxia_cluster_layout(paths: _Paths, ports: StackPorts, shards: int) -> OxiaCluster:
+    """The cluster whose data is in ``paths``, else a new one: ``oxia-0`` on the ``oxia`` and
+    ``oxia_metrics`` ports, the other ports chosen free by the system. :func:`_start` keeps it."""
+    if paths.oxia_cluster.is_file():
+        try:
+            cluster = OxiaCluster.from_record(json.loads(paths.oxia_cluster.read_text()))
+        except (OSError, ValueError, KeyError, TypeError) as e:
+            raise LlogError(f"cannot read {paths.oxia_cluster}: {e} (`llog stack down --purge` deletes the "
+                            "stack's data)") from e
+        if cluster.shards != shards:
+            raise ConfigError(f"the Oxia cluster in {paths.oxia_data} has {cluster.shards} shards, not {shards}: "
+                              "its data keeps them (`llog stack down --purge` deletes it)")
+        return cluster
+    # oxia-0 has two of its ports already, the coordinator needs two
+    free = _system_ports(3 * OXIA_CLUSTER_SERVERS, avoid=frozenset(dataclasses.astuple(ports)))
+    servers = [OxiaServerPorts(ports.oxia, free.pop(), ports.oxia_metrics)]
+    servers += [OxiaServerPorts(free.pop(), free.pop(), free.pop()) for _ in OXIA_SERVERS[1:]]
+    return OxiaCluster(shards=shards, replication_factor=OXIA_CLUSTER_SERVERS, coordinator_internal=free.pop(),
+                       coordinator_metrics=free.pop(), servers=tuple(servers))
+
+
+def _oxia_cluster_config(cluster: OxiaCluster) -> str:
+    """The coordinator's cluster config (YAML): the namespace, and the servers by name."""
+    lines = ["namespaces:", f"  - name: {OXIA_NAMESPACE}", f"    initialShardCount: {cluster.shards}",
+             f"    replicationFactor: {cluster.replication_factor}", "servers:"]
+    for name, server in zip(OXIA_SERVERS, cluster.servers):
+        lines += [f"  - name: {name}", f"    public: {HOST}:{server.public}", f"    internal: {HOST}:{server.internal}"]
+    return "\n".join(lines) + "\n"
 
 
 def _start_broker(paths: _Paths, port: int, timeout_s: float) -> None:
@@ -590,8 +903,9 @@ def _start_broker(paths: _Paths, port: int, timeout_s: float) -> None:
         time.sleep(0.25)
 
 
-def _commands(paths: _Paths, ports: StackPorts, binaries: dict[str, Path]) -> dict[str, tuple[list[str], dict]]:
-    """Each service's command line and environment."""
+def _commands(paths: _Paths, ports: StackPorts, binaries: dict[str, Path],
+              cluster: OxiaCluster | None = None) -> dict[str, tuple[list[str], dict]]:
+    """Each service's command line and environment, in the order they start."""
     oxia_cmd = [
         str(binaries["oxia"]), "standalone",
         "-p", f"{HOST}:{ports.oxia}", "-m", f"{HOST}:{ports.oxia_metrics}",
@@ -606,28 +920,55 @@ def _commands(paths: _Paths, ports: StackPorts, binaries: dict[str, Path]) -> di
         "posix", "--data-integrity-etag", str(paths.s3_data),
     ]
     s3_env = {**os.environ, "ROOT_ACCESS_KEY_ID": S3_ACCESS_KEY_ID, "ROOT_SECRET_ACCESS_KEY": S3_SECRET_ACCESS_KEY}
-    return {"oxia": (oxia_cmd, dict(os.environ)), "s3": (s3_cmd, s3_env)}
+    if cluster is None:
+        return {"oxia": (oxia_cmd, dict(os.environ)), "s3": (s3_cmd, s3_env)}
+    commands = {}
+    for name, server in zip(OXIA_SERVERS, cluster.servers):
+        commands[name] = ([
+            str(binaries["oxia"]), "server",
+            "-p", f"{HOST}:{server.public}", "-i", f"{HOST}:{server.internal}", "-m", f"{HOST}:{server.metrics}",
+            "--data-dir", str(paths.oxia_data / name / "data"), "--wal-dir", str(paths.oxia_data / name / "wal"),
+        ], dict(os.environ))
+    commands["s3"] = (s3_cmd, s3_env)
+    commands[OXIA_COORDINATOR] = ([
+        str(binaries["oxia"]), "coordinator", "--conf", str(paths.oxia_cluster_config),
+        "--metadata", "file", "--file-clusters-status-path", str(paths.oxia_cluster_status),
+        "-i", f"{HOST}:{cluster.coordinator_internal}", "-m", f"{HOST}:{cluster.coordinator_metrics}",
+    ], dict(os.environ))
+    return commands
 
 
-def _start(paths: _Paths, ports: StackPorts, bucket: str, binaries: dict[str, Path], timeout_s: float) -> None:
+def _start(paths: _Paths, ports: StackPorts, bucket: str, binaries: dict[str, Path], timeout_s: float,
+           cluster: OxiaCluster | None = None) -> None:
     for d in (paths.logs, paths.oxia_data, paths.s3_data):
         d.mkdir(parents=True, exist_ok=True)
-    commands = _commands(paths, ports, binaries)
+    commands = _commands(paths, ports, binaries, cluster)
     record = {
         "started_at": datetime.now(timezone.utc).isoformat(timespec="seconds"),
         "bucket": bucket,
         "ports": dataclasses.asdict(ports),
     }
+    if cluster is not None:
+        record["oxia_cluster"] = cluster.to_record()
+        _write_json(paths.oxia_cluster, cluster.to_record())
+        paths.oxia_cluster_config.write_text(_oxia_cluster_config(cluster))
+        paths.oxia_cluster_status.parent.mkdir(parents=True, exist_ok=True)
+    deadline = time.monotonic() + timeout_s
     try:
         for service, (cmd, env) in commands.items():
+            if service == OXIA_COORDINATOR:
+                # After a failed probe of a server the coordinator waits 5-15 s before the next:
+                # it starts once the servers answer.
+                _wait_until(paths, record, OXIA_SERVERS, lambda: _oxia_servers_problem(cluster), deadline,
+                            "the Oxia servers", timeout_s)
             record[service] = _spawn(paths, service, cmd, env)
             _write_json(paths.record, record)
-        _wait_healthy(paths, record, ports, bucket, timeout_s)
+        _wait_healthy(paths, record, ports, bucket, deadline, timeout_s)
     except BaseException:
         _stop_recorded(paths)
         raise
     _write_json(paths.settings, {
-        "LLOG_OXIA_SERVICE_ADDRESS": f"{HOST}:{ports.oxia}",
+        "LLOG_OXIA_SERVICE_ADDRESS": cluster.service_address if cluster else f"{HOST}:{ports.oxia}",
         "LLOG_OXIA_NAMESPACE": OXIA_NAMESPACE,
         "LLOG_S3_ENDPOINT_URL": f"http://{HOST}:{ports.s3}",
         "LLOG_S3_BUCKET": bucket,
@@ -637,25 +978,130 @@ def _start(paths: _Paths, ports: StackPorts, bucket: str, binaries: dict[str, Pa
     })
 
 
-def restart_service(stack_dir: Path | None, service: str, timeout_s: float = 60) -> None:
-    """Stop one service of a running stack (exactly its recorded process: SIGTERM, then SIGKILL)
-    and start it again with the same binary, ports and data; update ``stack.json`` and return
-    once the stack is healthy again. For failure tests (``python -m chaos``): clients must ride
-    through it."""
-    if service not in ("oxia", "s3"):
-        raise LlogError(f"unknown service {service!r}: oxia or s3")
+def _oxia_servers_problem(cluster: OxiaCluster) -> str | None:
+    """Why not every server of the cluster answers on metrics yet, or None."""
+    for name, server in zip(OXIA_SERVERS, cluster.servers):
+        if not _http_ok(f"http://{HOST}:{server.metrics}/metrics"):
+            return f"no HTTP 200 from {name}'s http://{HOST}:{server.metrics}/metrics"
+    return None
+
+
+# --- one service: kill, start, restart, pause, resume (failure tests) -------------------------
+
+#: Every service name one of the functions below may be given.
+_SERVICES = ("oxia", "s3", OXIA_COORDINATOR, *OXIA_SERVERS)
+
+
+def _service(paths: _Paths, service: str) -> tuple[dict, str]:
+    """The record of a stack and ``service`` in it: ``oxia`` of a cluster is the server that leads
+    the most shards (the first of those), the one whose loss moves the most leaders."""
+    if service not in _SERVICES:
+        raise LlogError(f"unknown service {service!r}: {', '.join(_SERVICES)}")
+    record = _read_record(paths)
+    if record is None:
+        raise LlogError(f"no running stack in {paths.root} (`llog stack up` starts one)")
+    cluster = _record_cluster(record)
+    if service == "oxia" and cluster is not None:
+        leads = [(roles or (0, 0))[0] for roles in map(_oxia_server_roles, cluster.servers)]
+        service = OXIA_SERVERS[leads.index(max(leads))]
+    names = ("oxia", "s3") if cluster is None else (*OXIA_SERVERS, OXIA_COORDINATOR, "s3")
+    if service not in names:
+        raise LlogError(f"the stack in {paths.root} has no service {service!r}: it has {', '.join(names)}")
+    return record, service
+
+
+def kill_service(stack_dir: Path | None, service: str) -> dict:
+    """SIGKILL one process of the stack (``oxia``, ``s3``; with an Oxia cluster, ``oxia-0`` ..
+    ``oxia-2`` or ``oxia-coordinator``, ``oxia`` meaning the server that leads the most shards)
+    and wait until it has exited. The record keeps it, for :func:`start_service`. Returns
+    ``service`` (the name resolved), ``pid`` and ``killed_at`` (``time.monotonic()`` once it
+    was gone)."""
+    paths = _Paths(stack_dir)
+    with _locked(paths.lock, 30, "`llog stack up` or `down`"):
+        record, service = _service(paths, service)
+        entry = record[service]
+        if not _alive(entry["pid"], entry["binary"]):
+            raise LlogError(f"{service} of the stack in {paths.root} is not running")
+        _kill(service, entry)
+        return {"service": service, "pid": entry["pid"], "killed_at": time.monotonic()}
+
+
+def _kill(service: str, entry: Mapping) -> None:
+    os.kill(entry["pid"], signal.SIGKILL)
+    if not _wait_exit(entry["pid"], entry["binary"], 10):
+        raise LlogError(f"{service} (pid {entry['pid']}) is still running 10 s after SIGKILL")
+    _children.pop(entry["pid"], None)
+
+
+def start_service(stack_dir: Path | None, service: str, timeout_s: float = 60) -> dict:
+    """Start a stopped process of the stack again (one :func:`kill_service` killed, or one that
+    exited), with the same binary, ports and data; update ``stack.json`` and return once the
+    whole stack is healthy: for an Oxia server, once it holds its replica of every shard again.
+    Returns ``service``, ``pid`` and ``healthy_after_s`` (from the start)."""
     paths = _Paths(stack_dir)
     with _locked(paths.lock, timeout_s + 30, "`llog stack up` or `down`"):
-        record = _read_record(paths)
-        if record is None or service not in record or not status(paths.root)["running"]:
+        record, service = _service(paths, service)
+        entry = record[service]
+        if _alive(entry["pid"], entry["binary"]):
+            raise LlogError(f"{service} of the stack in {paths.root} is running (pid {entry['pid']})")
+        return _start_again(paths, record, service, timeout_s)
+
+
+def restart_service(stack_dir: Path | None, service: str, timeout_s: float = 60, kill: bool = False,
+                    down_s: float = 0.0) -> dict:
+    """Stop one service of a running stack (exactly its recorded process: SIGTERM, then SIGKILL;
+    with ``kill``, SIGKILL at once), wait ``down_s``, and start it again with the same binary,
+    ports and data; update ``stack.json`` and return once the stack is healthy again. For failure
+    tests (``python -m chaos``): clients must ride through it. Services as :func:`kill_service`
+    names them. Returns ``service``, ``pid`` (the new one) and ``healthy_after_s``."""
+    paths = _Paths(stack_dir)
+    with _locked(paths.lock, timeout_s + down_s + 30, "`llog stack up` or `down`"):
+        record, service = _service(paths, service)
+        if not status(paths.root)["running"]:
             raise LlogError(f"no running stack in {paths.root} (`llog stack up` starts one)")
-        ports = StackPorts.from_record(record["ports"])
-        _stop(record[service]["pid"], record[service]["binary"])
-        binaries = {name: Path(record[name]["binary"]) for name in ("oxia", "s3")}
-        cmd, env = _commands(paths, ports, binaries)[service]
-        record[service] = _spawn(paths, service, cmd, env)
-        _write_json(paths.record, record)
-        _wait_healthy(paths, record, ports, record["bucket"], timeout_s)
+        entry = record[service]
+        if kill:
+            _kill(service, entry)
+        else:
+            _stop(entry["pid"], entry["binary"])
+        time.sleep(down_s)
+        return _start_again(paths, record, service, timeout_s)
+
+
+def _start_again(paths: _Paths, record: dict, service: str, timeout_s: float) -> dict:
+    ports = StackPorts.from_record(record["ports"])
+    cluster = _record_cluster(record)
+    oxia = OXIA_SERVERS[0] if cluster is not None else "oxia"
+    binaries = {"oxia": Path(record[oxia]["binary"]), "s3": Path(record["s3"]["binary"])}
+    cmd, env = _commands(paths, ports, binaries, cluster)[service]
+    record[service] = _spawn(paths, service, cmd, env)
+    _write_json(paths.record, record)
+    started = time.monotonic()
+    _wait_healthy(paths, record, ports, record["bucket"], started + timeout_s, timeout_s)
+    return {"service": service, "pid": record[service]["pid"], "healthy_after_s": time.monotonic() - started}
+
+
+def pause_service(stack_dir: Path | None, service: str) -> dict:
+    """SIGSTOP one process of the stack (names as :func:`kill_service`): it holds its ports and
+    connections and answers nothing, as a hung or partitioned server, until :func:`resume_service`
+    (``down`` stops it too). Returns ``service`` and ``pid``."""
+    return _signal_service(stack_dir, service, signal.SIGSTOP)
+
+
+def resume_service(stack_dir: Path | None, service: str) -> dict:
+    """SIGCONT a process :func:`pause_service` paused. Returns ``service`` and ``pid``."""
+    return _signal_service(stack_dir, service, signal.SIGCONT)
+
+
+def _signal_service(stack_dir: Path | None, service: str, sig: signal.Signals) -> dict:
+    paths = _Paths(stack_dir)
+    with _locked(paths.lock, 30, "`llog stack up` or `down`"):
+        record, service = _service(paths, service)
+        entry = record[service]
+        if not _alive(entry["pid"], entry["binary"]):
+            raise LlogError(f"{service} of the stack in {paths.root} is not running")
+        os.kill(entry["pid"], sig)
+        return {"service": service, "pid": entry["pid"]}
 
 
 def _spawn(paths: _Paths, service: str, cmd: list[str], env: Mapping[str, str]) -> dict:
@@ -670,26 +1116,37 @@ def _spawn(paths: _Paths, service: str, cmd: list[str], env: Mapping[str, str]) 
     return {"pid": proc.pid, "binary": cmd[0]}
 
 
-def _wait_healthy(paths: _Paths, record: dict, ports: StackPorts, bucket: str, timeout_s: float) -> None:
-    deadline = time.monotonic() + timeout_s
-    checks = {
-        "oxia": lambda: _oxia_problem(ports),
-        "s3": lambda: _s3_problem(ports, bucket, prepare=True),
-    }
-    for service, check in checks.items():
-        while True:
+def _wait_healthy(paths: _Paths, record: dict, ports: StackPorts, bucket: str, deadline: float,
+                  timeout_s: float) -> None:
+    """Until ``deadline`` (``time.monotonic()``), wait for Oxia and then S3 to be healthy."""
+    cluster = _record_cluster(record)
+    if cluster is None:
+        oxia = (("oxia",), lambda: _oxia_problem(ports))
+    else:
+        oxia = ((*OXIA_SERVERS, OXIA_COORDINATOR), lambda: _oxia_cluster_problem(cluster))
+    checks = {"oxia": oxia, "s3": (("s3",), lambda: _s3_problem(ports, bucket, prepare=True))}
+    for what, (services, check) in checks.items():
+        _wait_until(paths, record, services, check, deadline, what, timeout_s)
+
+
+def _wait_until(paths: _Paths, record: dict, services: Sequence[str], check: Callable[[], str | None],
+                deadline: float, what: str, timeout_s: float) -> None:
+    """Until ``check`` finds no problem, as long as ``services`` run, until ``deadline``."""
+    while True:
+        for service in services:
             if not _alive(record[service]["pid"], record[service]["binary"]):
                 child = _children.get(record[service]["pid"])
-                status = "" if child is None else f" (exit status {child.returncode})"
-                raise LlogError(f"{service} exited during startup{status}; last lines of {paths.log(service)}:\n"
+                exit_status = "" if child is None else f" (exit status {child.returncode})"
+                raise LlogError(f"{service} exited during startup{exit_status}; last lines of {paths.log(service)}:\n"
                                 + _tail(paths.log(service)))
-            problem = check()
-            if problem is None:
-                break
-            if time.monotonic() > deadline:
-                raise LlogError(f"{service} did not become healthy within {timeout_s:.0f} s ({problem}); "
-                                f"last lines of {paths.log(service)}:\n" + _tail(paths.log(service)))
-            time.sleep(0.25)
+        problem = check()
+        if problem is None:
+            return
+        if time.monotonic() > deadline:
+            logs = "\n".join(f"last lines of {paths.log(service)}:\n" + _tail(paths.log(service), 20 // len(services))
+                             for service in services)
+            raise LlogError(f"{what} did not become healthy within {timeout_s:.0f} s ({problem}); {logs}")
+        time.sleep(0.25)
 
 
 def _tail(path: Path, lines: int = 20) -> str:
@@ -730,10 +1187,13 @@ def _stop_recorded(paths: _Paths) -> list[str]:
 
 
 def _stop(pid: int, binary: str) -> None:
-    """SIGTERM, wait up to _STOP_TIMEOUT_S, then SIGKILL."""
+    """SIGTERM, wait up to _STOP_TIMEOUT_S, then SIGKILL. A paused process (SIGSTOP) is continued
+    after the SIGTERM, so that it handles it."""
     for sig, wait_s in ((signal.SIGTERM, _STOP_TIMEOUT_S), (signal.SIGKILL, 5)):
         try:
             os.kill(pid, sig)
+            if sig == signal.SIGTERM:
+                os.kill(pid, signal.SIGCONT)
         except ProcessLookupError:
             break
         if _wait_exit(pid, binary, wait_s):
@@ -783,6 +1243,11 @@ def add_stack_command(subparsers) -> None:
             help=f"{label} port (default: ${_port_env(name)} or {getattr(DEFAULT_PORTS, name)})",
         )
     up_parser.add_argument("--bucket", default="llog", help="S3 bucket to create (default: llog)")
+    up_parser.add_argument("--oxia-cluster", action="store_true",
+                           help="run Oxia as a replicated cluster: a coordinator and 3 servers, replication factor 3 "
+                                "(the --oxia-port and --oxia-metrics-port are the first server's)")
+    up_parser.add_argument("--oxia-shards", type=int, default=OXIA_CLUSTER_SHARDS, metavar="N",
+                           help=f"shards of a new Oxia cluster's namespace (default: {OXIA_CLUSTER_SHARDS})")
     up_parser.add_argument("--broker", action="store_true",
                            help=f"also start an HTTP broker (python -m broker_lite) on 127.0.0.1 "
                                 f"(port: --broker-port, else ${BROKER_PORT_ENV} or {DEFAULT_BROKER_PORT})")
@@ -816,7 +1281,8 @@ def _cmd_up(args: argparse.Namespace) -> int:
         broker_port = None
         if args.broker or args.broker_port:
             broker_port = args.broker_port or int(os.environ.get(BROKER_PORT_ENV, DEFAULT_BROKER_PORT))
-        info = up(args.stack_dir, ports=ports, bucket=args.bucket, timeout_s=args.timeout, broker_port=broker_port)
+        info = up(args.stack_dir, ports=ports, bucket=args.bucket, timeout_s=args.timeout, broker_port=broker_port,
+                  oxia_cluster=args.oxia_cluster, oxia_shards=args.oxia_shards)
     except LlogError as e:
         print(f"llog stack up: {e}", file=sys.stderr)
         return 1
@@ -852,18 +1318,37 @@ def _cmd_status(args: argparse.Namespace) -> int:
 
 def _print_status(info: dict) -> None:
     oxia, s3 = info["oxia"], info["s3"]
-    if not (oxia["pid"] or s3["pid"]):
+    cluster = oxia.get("cluster")
+    oxia_processes = [cluster["coordinator"], *cluster["servers"]] if cluster else [oxia]
+    if not (any(p["pid"] for p in oxia_processes) or s3["pid"]):
         print(f"local stack is not running (stack dir {info['stack_dir']})")
         return
     print(f"local stack is {'running' if info['running'] else 'NOT healthy'} (stack dir {info['stack_dir']})")
-    print(f"  oxia       {_health(oxia)}  pid {oxia['pid'] or '-'}  {oxia['service_address']}"
-          f"  (metrics port {oxia['metrics_port']})")
+    if cluster is None:
+        print(f"  oxia       {_health(oxia)}  pid {oxia['pid'] or '-'}  {oxia['service_address']}"
+              f"  (metrics port {oxia['metrics_port']})")
+    else:
+        print(f"  oxia       {'healthy' if oxia['healthy'] else 'unhealthy'}  cluster of {len(cluster['servers'])} "
+              f"servers, {cluster['shards']} shards, replication factor {cluster['replication_factor']}  "
+              f"{oxia['service_address']}")
+        coordinator = cluster["coordinator"]
+        print(f"    {coordinator['name']:<17} pid {_pid(coordinator)}  {coordinator['internal']}"
+              f"  (metrics port {coordinator['metrics_port']})")
+        for server in cluster["servers"]:
+            print(f"    {server['name']:<17} pid {_pid(server)}  {server['public']}  leads {server['leads']}, follows "
+                  f"{server['follows']}  (internal {server['internal']}, metrics port {server['metrics_port']})")
     print(f"  s3         {_health(s3)}  pid {s3['pid'] or '-'}  {s3['endpoint_url']}  bucket {s3['bucket']}"
           f"  ({s3['server']}, data in {s3['data']})")
     broker = info.get("broker")
     if broker:
         print(f"  broker     {_health(broker)}  pid {broker['pid'] or '-'}  {broker['url']}")
     print(f"  settings   {info['settings_file']}")
+
+
+def _pid(process: dict) -> str:
+    if not process["pid"]:
+        return "- (stopped)"
+    return f"{process['pid']} (paused)" if process["paused"] else str(process["pid"])
 
 
 def _health(service: dict) -> str:
