@@ -69,7 +69,7 @@ from broker_lite.models import (
     TopicConfig, TopicDescription, TopicList, TopicSummary,
 )
 from llog.config import Config
-from llog.consumer_groups import commit_offsets, describe_group
+from llog.consumer_groups import commit_offsets, describe_group, log_bounds
 from llog.describe import describe_partition
 from llog.discovery import partition_controls, topic_records
 from llog.errors import (
@@ -78,7 +78,7 @@ from llog.errors import (
 )
 from llog.keys import PartitionKeys, TopicPartition, validate_group, validate_topic
 from llog.reader import LogReader
-from llog.records import ControlRecord, TopicRecord
+from llog.records import TopicRecord
 from llog.topics import TopicSettings
 from llog.writer import AppendGroup, LogWriter
 
@@ -417,15 +417,8 @@ class BrokerApp:
                 raise _Refused(409, "UnknownTopicId", f"topic {topic!r} is incarnation {current[topic]}, not "
                                                       f"{', '.join(stale)}: it was deleted (and created again) after "
                                                       "those offsets were read; nothing was committed")
-        keys = {tp: PartitionKeys(root, tp, current[tp.topic]) for tp in offsets}
-        controls = coordination.get_many([(k.control, k.partition_key) for k in keys.values()])
-        for (tp, k), found in zip(keys.items(), controls):
-            if found is None:
-                raise PartitionNotInitialized(tp.topic, tp.partition)
-            control = ControlRecord.from_json(found.value, k.control)
-            if control.deleted:
-                raise TopicDeleted(tp.topic, tp.partition, k.topic_id)
-            end = control.high_watermark + 1
+        bounds = log_bounds(coordination, {tp: PartitionKeys(root, tp, current[tp.topic]) for tp in offsets})
+        for tp, (_, end) in bounds.items():
             if offsets[tp] > end:
                 raise InvalidOffset(f"{tp}: offset {offsets[tp]} is past the log end {end} (the high watermark + 1)")
         return commit_offsets(coordination, root, group, offsets, topic_ids=current)

@@ -86,7 +86,7 @@ def reset_offsets(coordination: Coordination, root: str, group: str, to: str,
             keep = set(topics)
             wanted = {tp: o for tp, o in wanted.items() if tp.topic in keep}
     keys = incarnation_keys(coordination, root, wanted)
-    bounds = _log_bounds(coordination, keys)
+    bounds = log_bounds(coordination, keys)
     targets = {}
     for tp, offset in wanted.items():
         start, end = bounds[tp]
@@ -127,7 +127,7 @@ def _parse_reset(raw: str) -> dict[TopicPartition, int]:
     return out
 
 
-def _log_bounds(coordination: Coordination, keys: Mapping[TopicPartition, PartitionKeys]
+def log_bounds(coordination: Coordination, keys: Mapping[TopicPartition, PartitionKeys]
                 ) -> dict[TopicPartition, tuple[int, int]]:
     """Each partition's log start offset and log-end offset (high watermark + 1); a clear error
     for one that does not exist."""
