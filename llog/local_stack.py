@@ -1018,10 +1018,7 @@ def kill_service(stack_dir: Path | None, service: str) -> dict:
     was gone)."""
     paths = _Paths(stack_dir)
     with _locked(paths.lock, 30, "`llog stack up` or `down`"):
-        record, service = _service(paths, service)
-        entry = record[service]
-        if not _alive(entry["pid"], entry["binary"]):
-            raise LlogError(f"{service} of the stack in {paths.root} is not running")
+        service, entry = _running(paths, service)
         _kill(service, entry)
         return {"service": service, "pid": entry["pid"], "killed_at": time.monotonic()}
 
@@ -1096,12 +1093,18 @@ def resume_service(stack_dir: Path | None, service: str) -> dict:
 def _signal_service(stack_dir: Path | None, service: str, sig: signal.Signals) -> dict:
     paths = _Paths(stack_dir)
     with _locked(paths.lock, 30, "`llog stack up` or `down`"):
-        record, service = _service(paths, service)
-        entry = record[service]
-        if not _alive(entry["pid"], entry["binary"]):
-            raise LlogError(f"{service} of the stack in {paths.root} is not running")
+        service, entry = _running(paths, service)
         os.kill(entry["pid"], sig)
         return {"service": service, "pid": entry["pid"]}
+
+
+def _running(paths: _Paths, service: str) -> tuple[str, dict]:
+    """The resolved name and record of a running process of the stack (under its lock)."""
+    record, service = _service(paths, service)
+    entry = record[service]
+    if not _alive(entry["pid"], entry["binary"]):
+        raise LlogError(f"{service} of the stack in {paths.root} is not running")
+    return service, entry
 
 
 def _spawn(paths: _Paths, service: str, cmd: list[str], env: Mapping[str, str]) -> dict:
