@@ -27,7 +27,7 @@ ROWS, BATCHES = 300, 3
 
 def _run(config, checkpoint, *extra: str, failpoint: str | None = None):
     return driver_process.run(config, ["tests.helpers.sink_query", "--topic", "out", "--checkpoint", str(checkpoint),
-                                       "--rows", str(ROWS), "--batches", str(BATCHES), "--unkeyed", *extra], failpoint)
+                                       "--rows", str(ROWS), "--batches", str(BATCHES), *extra], failpoint)
 
 
 def _crash_then_replay(config, tmp_path, first: list[str], replay: list[str]) -> None:
@@ -63,8 +63,8 @@ def _assert_every_row_once(values: list[int]) -> None:
 def test_a_replay_with_other_tasks_after_a_shuffle_commits_every_row_once(config, reader, tmp_path):
     """First attempt: 2 input tasks, shuffled into 2; the replay: 3 input tasks, shuffled into 5
     (rows by rand()): other slices, other partitions for the unkeyed rows, another order."""
-    _crash_then_replay(config, tmp_path, ["--input-partitions", "2", "--shuffle", "2"],
-                       ["--input-partitions", "3", "--shuffle", "5"])
+    _crash_then_replay(config, tmp_path, ["--unkeyed", "--input-partitions", "2", "--shuffle", "2"],
+                       ["--unkeyed", "--input-partitions", "3", "--shuffle", "5"])
     _assert_every_row_once(_values(config, reader))
 
 
@@ -72,7 +72,9 @@ def test_an_llog_to_llog_replay_after_compaction_commits_every_row_once(config, 
     """The source topic is compacted between the crash and the replay: the replay's splits are
     cut at other index entries (minPartitions cuts a batch's 300 offsets into shares of 75 at
     entry ends: at 70, 147, ... over 7-offset entries; at 75, 150, ... inside one compacted
-    entry), so its tasks hold other rows."""
+    entry), so its tasks hold other rows. Rows are keyed (value % 3), so each partition gets a
+    slice from each of the 4 tasks and the kill after the first round of the lockstep commit
+    leaves every partition with one of its four slices committed."""
     with LogWriter(config, auto_initialize=True) as writer:
         for start in range(0, ROWS * BATCHES, 7):
             writer.append("src", 0, [str(v).encode() for v in range(start, min(start + 7, ROWS * BATCHES))])
