@@ -1050,7 +1050,9 @@ def restart_service(stack_dir: Path | None, service: str, timeout_s: float = 60,
     with ``kill``, SIGKILL at once), wait ``down_s``, and start it again with the same binary,
     ports and data; update ``stack.json`` and return once the stack is healthy again. For failure
     tests (``python -m chaos``): clients must ride through it. Services as :func:`kill_service`
-    names them. Returns ``service``, ``pid`` (the new one) and ``healthy_after_s``."""
+    names them. Returns ``service``, ``pid`` (the new one), ``healthy_after_s``, and ``down_from``
+    and ``down_until``: the ``time.monotonic()`` span in which no process of it ran (from the old
+    one's exit to just before the new one is started)."""
     paths = _Paths(stack_dir)
     with _locked(paths.lock, timeout_s + down_s + 30, "`llog stack up` or `down`"):
         record, service = _service(paths, service)
@@ -1061,8 +1063,10 @@ def restart_service(stack_dir: Path | None, service: str, timeout_s: float = 60,
             _kill(service, entry)
         else:
             _stop(entry["pid"], entry["binary"])
+        down_from = time.monotonic()
         time.sleep(down_s)
-        return _start_again(paths, record, service, timeout_s)
+        down_until = time.monotonic()
+        return {**_start_again(paths, record, service, timeout_s), "down_from": down_from, "down_until": down_until}
 
 
 def _start_again(paths: _Paths, record: dict, service: str, timeout_s: float) -> dict:

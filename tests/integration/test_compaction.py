@@ -67,20 +67,42 @@ def test_compaction_keeps_every_record_with_the_same_bytes(config, writer, reade
     assert _log(reader, "t", 0) == values[0] + [b"after"]
 
 
-def test_a_concurrent_reader_never_sees_an_error_or_a_gap(config, writer):
+def test_a_concurrent_reader_never_sees_an_error_or_a_gap(config, writer, hooks):
+    """A reader reads the whole partition over and over while it is compacted. The compactor
+    waits in each state a reader can meet mid-compaction (the index overwritten, the WAL entries
+    deleted) until a read has started and ended there, so every compaction is read through, not
+    only the log before and after it."""
     values = _fill(writer, "live", appends=30, records=20)
-    stop, errors, reads = threading.Event(), [], [0]
+    stop, errors = threading.Event(), []
+    reads: list[tuple[float, float]] = []  # (started, ended), time.monotonic()
+    read_done = threading.Condition()
 
     def read_continuously():
-        with LogReader(config) as reader:
-            while not stop.is_set():
-                try:
+        try:
+            with LogReader(config) as reader:
+                while not stop.is_set():
+                    started = time.monotonic()
                     assert _log(reader, "live", 0) == values[0]
-                    reads[0] += 1
-                except Exception as e:  # noqa: BLE001 - any failure is the finding
-                    errors.append(e)
-                    return
+                    with read_done:
+                        reads.append((started, time.monotonic()))
+                        read_done.notify_all()
+        except Exception as e:  # noqa: BLE001 - any failure is the finding
+            errors.append(e)
+        finally:
+            with read_done:
+                read_done.notify_all()
 
+    def wait_for_a_whole_read():  # the compactor pauses here: the reader reads this state
+        since = time.monotonic()
+        with read_done:
+            read_done.wait_for(lambda: errors or not thread.is_alive() or (reads and reads[-1][0] > since), 10)
+
+    # Each compaction's record exists from after its create to after the cursor move (then it is deleted).
+    created, finishing = [], []
+    hooks["compactor.after_record_create"] = lambda: created.append(time.monotonic())
+    hooks["compactor.after_index_overwrite"] = wait_for_a_whole_read
+    hooks["compactor.after_delete_range"] = wait_for_a_whole_read
+    hooks["compactor.after_cursor_move"] = lambda: finishing.append(time.monotonic())
     thread = threading.Thread(target=read_continuously)
     thread.start()
     try:
@@ -90,7 +112,11 @@ def test_a_concurrent_reader_never_sees_an_error_or_a_gap(config, writer):
         stop.set()
         thread.join(60)
     assert not errors, errors[0]
-    assert reads[0] > 0
+    in_flight = list(zip(created, finishing, strict=True))
+    assert len(in_flight) == 15
+    # Every compaction had at least two whole reads while its meta/compaction record existed.
+    during = [[r for r in reads if start < r[0] and r[1] < end] for start, end in in_flight]
+    assert all(len(d) >= 2 for d in during), [len(d) for d in during]
 
 
 def test_a_read_loses_no_race_with_compaction_and_gc_between_resolving_and_fetching(config, reader, hooks):
@@ -158,24 +184,53 @@ def test_a_compactor_killed_at_every_step_is_resumed_by_another(config, writer, 
     assert _log(reader, "c", 1) == values[1]  # untouched
 
 
-def test_racing_compactors_are_kept_apart_by_the_claim(config, writer, reader):
+def test_racing_compactors_are_kept_apart_by_the_claim(config, writer, reader, hooks):
+    """Two connected compactors start together on the same partitions. The first to take a
+    partition's claim waits, once, until the other has been refused one, so they do contend;
+    the claim must then leave each partition's whole work to one compactor: no run compacted
+    twice, by two, or left out."""
     values = _fill(writer, "race", appends=20, records=30)
-    results = {}
+    results, errors = {}, []
+    go = threading.Barrier(2, timeout=60)
+    refused = threading.Event()
+
+    def hold_the_first_claim():
+        hooks.pop("compactor.after_recover", None)
+        refused.wait(10)
 
     def compact(name):
-        with Compactor(config, clock=past_the_lag(), max_offsets=60) as compactor:
-            results[name] = [compactor.compact_partition("race", p) for p in PARTITIONS * 3]
+        try:
+            with Compactor(config, clock=past_the_lag(), max_offsets=60) as compactor:
+                go.wait()  # both connected: neither is ahead by its start-up
+                runs = []
+                for p in PARTITIONS * 3:
+                    runs.append(compactor.compact_partition("race", p))
+                    if runs[-1].skipped_claimed:
+                        refused.set()
+                results[name] = runs
+        except Exception as e:  # noqa: BLE001 - any failure is the finding
+            errors.append(e)
 
+    hooks["compactor.after_recover"] = hold_the_first_claim
     threads = [threading.Thread(target=compact, args=(n,)) for n in ("a", "b")]
     for t in threads:
         t.start()
     for t in threads:
         t.join(120)
+    assert not errors, errors[0]
+    assert sorted(results) == ["a", "b"]
     done = [d for runs in results.values() for d in runs]
-    assert sum(d.records for d in done) == 1200  # every offset compacted once, by one of them
+    assert any(d.skipped_claimed for d in done)  # they did meet at a claim
     for p in PARTITIONS:
+        # The claim holder compacts until nothing is left: 10 runs of 60 offsets, in one call.
+        assert [(d.compactions, d.records) for d in done if d.partition == p and d.compactions] == [(10, 600)]
+        assert len(list(reader.objects.list(writer.keys("race", p).compacted_prefix))) == 10  # no run PUT twice
         assert _log(reader, "race", p) == values[p]
-    _snapshots(config, "race")
+    after = _snapshots(config, "race")
+    for p in PARTITIONS:
+        assert after[p].cursor == 601
+        assert [(e.start_offset, e.entry.type) for e in after[p].entries] == [(1 + 60 * k, COMPACTED)
+                                                                              for k in range(10)]
 
 
 def test_a_killed_claim_holder_is_waited_out(config, writer, reader):

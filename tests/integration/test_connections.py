@@ -1,8 +1,8 @@
 """Robust connections: Oxia and S3 calls, and a writer and reader built on them, ride through a
-restart of their server with the same client; a server that is not there fails within a bound
-with an error naming its address; ``restart_service`` restarts exactly one recorded process.
-Restarts use a stack of the test's own, since restarting the session's stack would disturb
-other tests."""
+restart of their server with the same client (calls made while it is down wait for it); a
+server that is not there fails within a bound with an error naming its address;
+``restart_service`` restarts exactly one recorded process. Restarts use a stack of the test's
+own, since restarting the session's stack would disturb other tests."""
 
 from __future__ import annotations
 
@@ -11,6 +11,7 @@ import os
 import socket
 import threading
 import time
+from dataclasses import dataclass
 
 import pytest
 
@@ -39,20 +40,44 @@ def _unused_port() -> int:
         return sock.getsockname()[1]
 
 
-def _call_during(call, restart) -> list[str]:
-    """Run ``call`` in a loop while ``restart()`` runs and once after it; the failures."""
-    failures: list[str] = []
+@dataclass
+class _Call:
+    """One call ``_call_during`` made: when (``time.monotonic()``) and how it ended."""
+
+    i: int
+    started: float
+    ended: float | None = None
+    failure: str | None = None
+
+
+def _call_during(call, restart, in_flight: int = 8) -> list[_Call]:
+    """Start ``call(i)`` every 0.05 s while ``restart()`` runs, each in a thread of its own (at
+    most ``in_flight`` at once), so that calls waiting out the server do not stop new ones from
+    being made; then once more after it. Every call made during the restart, in order."""
+    calls: list[_Call] = []
+    slots = threading.BoundedSemaphore(in_flight)
     done = threading.Event()
 
+    def one(made: _Call):
+        try:
+            call(made.i)
+        except Exception as e:  # noqa: BLE001 - collected for the assertion
+            made.failure = f"{type(e).__name__}: {e}"
+        finally:
+            made.ended = time.monotonic()
+            slots.release()
+
     def loop():
-        i = 0
+        threads = []
         while not done.is_set():
-            try:
-                call(i)
-            except Exception as e:  # noqa: BLE001 - collected for the assertion
-                failures.append(f"{type(e).__name__}: {e}")
-            i += 1
-            time.sleep(0.05)
+            if slots.acquire(timeout=0.05):
+                calls.append(_Call(len(calls), time.monotonic()))
+                threads.append(threading.Thread(target=one, args=(calls[-1],)))
+                threads[-1].start()
+                time.sleep(0.05)
+        deadline = time.monotonic() + 90
+        for thread in threads:
+            thread.join(max(0.0, deadline - time.monotonic()))
 
     thread = threading.Thread(target=loop)
     thread.start()
@@ -60,10 +85,25 @@ def _call_during(call, restart) -> list[str]:
         restart()
     finally:
         done.set()
-        thread.join(90)
-    assert not thread.is_alive()
+        thread.join(120)
+    assert not thread.is_alive() and all(c.ended is not None for c in calls)
     call(-1)
-    return failures
+    return calls
+
+
+def _restart_held_down(stack_dir, service: str, down: dict[str, float], hold_s: float = 1.0) -> None:
+    """``restart_service`` with the server held down ``hold_s``; ``down`` gets the span in which
+    no server ran (``from`` the old one's exit, ``until`` just before the new one started)."""
+    restarted = restart_service(stack_dir, service, down_s=hold_s)
+    down.update({"from": restarted["down_from"], "until": restarted["down_until"]})
+
+
+def _check_made_while_down(calls: list[_Call], down: dict[str, float]) -> None:
+    """Some calls were started while no server was there, and each of them waited for the new
+    server and succeeded."""
+    made = [c for c in calls if down["from"] < c.started < down["until"]]
+    assert made, f"no call was made while the server was down ({len(calls)} calls, down {down})"
+    assert [(c.i, c.failure) for c in made if c.failure or c.ended <= down["until"]] == []
 
 
 def test_oxia_calls_ride_through_an_oxia_restart(own_stack):
@@ -77,8 +117,10 @@ def test_oxia_calls_ride_through_an_oxia_restart(own_stack):
             version = coordination.put(f"/k{i}", b"v", "pk")
             assert coordination.get(f"/k{i}", "pk").version_id == version
 
-        started = time.monotonic()
-        assert _call_during(call, lambda: restart_service(stack_dir, "oxia")) == []
+        started, down = time.monotonic(), {}
+        calls = _call_during(call, lambda: _restart_held_down(stack_dir, "oxia", down))
+        assert [c.failure for c in calls if c.failure] == []
+        _check_made_while_down(calls, down)
         assert time.monotonic() - started < 30
         after = json.loads((stack_dir / "stack.json").read_text())["oxia"]
         assert after["pid"] != before and after["pid"] == status(stack_dir)["oxia"]["pid"]
@@ -103,8 +145,10 @@ def test_s3_calls_ride_through_an_s3_server_restart(own_stack):
             assert store.get(store.put(f"during/{i}", b"y" * 100)) == b"y" * 100
             assert store.get(uri, 10, 5) == b"xxxxx"
 
-        started = time.monotonic()
-        assert _call_during(call, lambda: restart_service(stack_dir, "s3")) == []
+        started, down = time.monotonic(), {}
+        calls = _call_during(call, lambda: _restart_held_down(stack_dir, "s3", down))
+        assert [c.failure for c in calls if c.failure] == []
+        _check_made_while_down(calls, down)
         assert time.monotonic() - started < 60
         assert status(stack_dir)["running"]
         assert [o.key for o in store.list("before")] == ["before"]
