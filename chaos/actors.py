@@ -275,12 +275,13 @@ def admin(args, config: Config) -> None:
 
 def _group_watch(violations: "_Lines", name: str, group: str, seen: dict, committed: dict) -> None:
     """A group's committed offset never moves back (docs/protocol.md section 9.3): ``committed``
-    (TopicPartition -> offset, read now) against the highest this actor saw before."""
+    (TopicPartition -> offset, read now) against what this actor read last (``seen``, updated);
+    each move back is one violation."""
     for tp, offset in committed.items():
         if offset < seen.get(tp, 0):
             violations.write(actor=name, group=group, topic=tp.topic, partition=tp.partition, error="group moved back",
                              detail=f"committed offset {offset} after {seen[tp]}")
-        seen[tp] = max(offset, seen.get(tp, 0))
+        seen[tp] = offset
 
 
 def consumer(args, config: Config) -> None:
