@@ -37,8 +37,8 @@ stdout, with what the run did by the actors' own accounts (``records_acked``,
 (passes that moved a log start), ``group_commits``, ``lost_responses``, ``broker_kills``,
 ``kills`` and ``killed_mid_operation`` by role); exit 0 only if nothing was lost, double
 acknowledged, duplicated, mixed or broken, and the run did what its checks need
-(``not_exercised`` lists what it did not: any of those counters 0, nothing acknowledged or
-committed through the broker, no writer or no compactor killed mid-operation; a run much shorter
+(``not_exercised`` lists what it did not: any of those counters 0, nothing acknowledged to the
+broker's idempotent producer, to its plain one, or committed through it, no writer or no compactor killed mid-operation; a run much shorter
 than ``3 G`` may not reach GC or retention).
 
 A failure replays with the seed it printed: ``python -m chaos --seed N`` (the timing of the

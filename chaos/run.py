@@ -432,7 +432,11 @@ def _read_log(reader: LogReader, topic: str, topic_id: str, partitions: Iterable
     for p in partitions:
         key = (topic, topic_id, p)
         try:
-            starts[key] = start = reader.offsets(topic, p)[0]
+            start, hw = reader.offsets(topic, p)
+            starts[key] = start
+            if start > hw:  # nothing readable (a read would be OffsetOutOfRange): new, or all past retention
+                logs[key] = {}
+                continue
             got = reader.read_batches([ReadRequest(topic, p, start)])[0]
             if got.topic_id != topic_id:
                 raise AssertionError(f"read from incarnation {got.topic_id}")
@@ -557,6 +561,8 @@ def _verify(run: Run) -> dict:
     result.update(records_acked=sum(len(values) for acks in acked.values() for values in acks.values()),
                   incarnations_acked=len({key[1] for key in acked if key[0] == RECREATED}),
                   records_acked_via_broker=_acked_by(run.dir / "acks", _BROKER_PRODUCERS),
+                  records_acked_idempotent=_acked_by(run.dir / "acks", _BROKER_PRODUCERS[:1]),
+                  records_acked_plain=_acked_by(run.dir / "acks", _BROKER_PRODUCERS[1:]),
                   group_commits_via_broker=totals["group_commits_via_broker"],
                   final_recoveries=run.counts["final_recoveries"], **{what: totals[what] for what in _EXERCISED})
     for path in sorted((run.dir / "violations").glob("*.jsonl")):
@@ -577,8 +583,8 @@ def not_exercised(run: Run, result: dict) -> list[str]:
     acknowledged, each counter of :data:`_EXERCISED` (by the actors' own accounts), a writer and
     a compactor killed mid-operation, the broker killed."""
     missing = ["nothing acknowledged"] if not result["records_acked"] else []
-    missing += [f"{what} is 0" for what in (*_EXERCISED, "records_acked_via_broker", "group_commits_via_broker")
-                if not result[what]]
+    missing += [f"{what} is 0" for what in (*_EXERCISED, "records_acked_idempotent", "records_acked_plain",
+                                            "group_commits_via_broker") if not result[what]]
     missing += [f"no {role} killed mid-operation" for role in _MUST_KILL if not run.killed_mid_operation[role]]
     if not run.kills["broker"]:
         missing.append("broker_kills is 0")
@@ -665,7 +671,9 @@ def main(argv: list[str] | None = None) -> int:
                 "gc_deleted_blobs": result["gc_deleted_blobs"], "topic_recreations": result["topic_recreations"],
                 "incarnations_acked": result["incarnations_acked"], "retention_passes": result["retention_passes"],
                 "group_commits": result["group_commits"], "group_commits_via_broker": result["group_commits_via_broker"],
-                "records_acked_via_broker": result["records_acked_via_broker"], "broker_kills": run.kills["broker"],
+                "records_acked_via_broker": result["records_acked_via_broker"],
+                "records_acked_idempotent": result["records_acked_idempotent"],
+                "records_acked_plain": result["records_acked_plain"], "broker_kills": run.kills["broker"],
                 "lost_responses": result["lost_responses"], "pauses": run.counts["pauses"],
                 "kills": {role: run.kills[role] for role in (*ROLES, "broker")},
                 "killed_mid_operation": {role: run.killed_mid_operation[role] for role in ROLES},

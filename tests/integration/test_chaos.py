@@ -39,7 +39,8 @@ def test_a_short_chaos_run_loses_and_duplicates_nothing():
     assert summary["server_restarts"] == 2 and summary["final_gc"] == "ok" and summary["not_exercised"] == [], summary
     assert summary["mixed_incarnations"] == 0 and summary["oxia_shards"] > 1, summary
     for counter in ("topic_recreations", "retention_passes", "group_commits", "group_commits_via_broker",
-                    "records_acked_via_broker", "broker_kills", "lost_responses", "gone_by_retention"):
+                    "records_acked_via_broker", "records_acked_idempotent", "records_acked_plain",
+                    "broker_kills", "lost_responses", "gone_by_retention"):
         assert summary[counter] > 0, (counter, summary)
 
 
