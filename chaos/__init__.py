@@ -1,29 +1,45 @@
 """The chaos run: ``python -m chaos`` (``make chaos``).
 
-Writers, compactors, a GC loop and readers, each its own process, work on one topic of a real
-local stack (Oxia + versitygw) for a set time, with the grace period ``G`` small so that pauses
-matter, while the controller, from a seed, pauses processes with SIGSTOP (up to a few seconds
-past the materialization budget ``G/4`` and the compactors' Oxia session), kills them with
-SIGKILL and starts them again, and restarts Oxia and the S3 server once each. Every writer records
-each append it was acknowledged, after the acknowledgement.
+Writers, compactors (a share of their passes also retention passes), a GC loop, readers, a topic
+admin, consumers committing group offsets, and a broker (``python -m broker_lite``) with producers
+(idempotent and plain) and a consumer through it, each its own process, work on a real local
+stack (its S3 server, and an Oxia standalone of the run's own with several shards) for a set
+time, with the grace period ``G`` small so that pauses matter. Two topics: the main one, and one
+the admin deletes and creates again every few seconds while writers append to it (a writer
+whose append meets the tombstone moves it to the current incarnation; each ack records the
+``topic_id`` it landed in). Both have ``retention.ms`` a little above ``G``. Writers and
+compactors lose the reply of an Oxia Write now and then, after the server applied it (failpoint
+``coordination.after_write``). The controller, from a seed, pauses processes with SIGSTOP (up to
+a few seconds past the materialization budget ``G/4`` and the compactors' Oxia session), kills
+them with SIGKILL and starts them again (the broker too), and restarts Oxia and the S3 server
+once each. Every producer records each append it was acknowledged (a 200 with offsets, through
+the broker), after the acknowledgement.
 
 A kill waits up to 2 s for its actor to be mid-operation, by the actor's own activity file (a
 kill between operations tests little); the first kills go to a writer and a compactor, until one
 of each was killed mid-operation.
 
-At the end, once every actor has stopped, it finishes what the next actor would (per partition,
-a compactor's recovery step: a pending append materialized, a ``meta/compaction`` record resumed
-to completion), checks the invariants of docs/protocol.md section 8 at rest, runs a last GC pass with
-its clock ``G`` and a margin ahead (it must succeed, and delete no blob still referenced), reads
-every partition back and checks that every acknowledged record is at its offset with its bytes
-(``lost``), that no offset was acknowledged twice (``double_acked``), that no record is in the
-log twice (``duplicated``), and counts what broke the invariants (``invariant_violations``, with
-what the readers and GC saw during the run). One JSON line on stdout, with what the run did by
-the actors' own accounts (``records_acked``, ``compactions_completed``, ``gc_deleted_blobs``,
+At the end, once every actor has stopped, it finishes what the next actor would (a delete the
+admin was killed in; per partition, a compactor's recovery step: a pending append materialized, a
+``meta/compaction`` record resumed to completion), checks the invariants of docs/protocol.md
+section 8 at rest, runs a last GC pass with its clock ``G`` and a margin ahead (it must succeed,
+and delete no blob still referenced), reads every partition of each live incarnation back from its
+log start and checks, per incarnation ``(topic, topic_id, partition)``: that every acknowledged
+record at or above the log start is at its offset with its bytes (``lost``; below it they are
+``gone_by_retention``, and those of an incarnation deleted since ``gone_with_deleted_topic``), that
+no offset was acknowledged twice (``double_acked``), that no record is in the log twice
+(``duplicated``), and that no record was read, during the run or now, in an incarnation other
+than the one its acknowledgement names (``mixed_incarnations``; not acknowledged: read in two). It
+counts what broke the invariants (``invariant_violations``, with what the readers and GC saw
+during the run, and a consumer group's committed offset seen moving back). One JSON line on
+stdout, with what the run did by the actors' own accounts (``records_acked``,
+``compactions_completed``, ``gc_deleted_blobs``, ``topic_recreations``, ``retention_passes``
+(passes that moved a log start), ``group_commits``, ``lost_responses``, ``broker_kills``,
 ``kills`` and ``killed_mid_operation`` by role); exit 0 only if nothing was lost, double
-acknowledged, duplicated or broken, and the run did what its checks need (``not_exercised``
-lists what it did not: nothing acknowledged, no compaction completed, GC deleted nothing, no
-writer or no compactor killed mid-operation; a run much shorter than ``3 G`` may not reach GC).
+acknowledged, duplicated, mixed or broken, and the run did what its checks need
+(``not_exercised`` lists what it did not: any of those counters 0, nothing acknowledged to the
+broker's idempotent producer, to its plain one, or committed through it, no writer or no compactor killed mid-operation; a run much shorter
+than ``3 G`` may not reach GC or retention).
 
 A failure replays with the seed it printed: ``python -m chaos --seed N`` (the timing of the
 processes themselves still varies).

@@ -1,8 +1,15 @@
 """The processes of a chaos run: ``python -m chaos.actors ROLE --dir D --name N ...``.
 
 Settings come from ``LLOG_*`` environment variables (the controller passes its config). Each
-actor works until SIGTERM. A writer appends one JSON line per acknowledged group to
-``D/acks/N.jsonl``, only after ``append_shared`` returned. What a reader or GC sees that the
+actor works until SIGTERM. A writer (``append_shared`` to the main topic and to the topic the
+admin deletes and re-creates) and a producer (``POST /produce`` to the broker, idempotent or
+not) append one JSON line per acknowledged group to ``D/acks/N.jsonl``, only after the
+acknowledgement, with the incarnation (``topic_id``) the ack says the records landed in.
+Readers (direct, and consumers through the broker) write what they read of the re-created topic,
+with the incarnation they read it in, to ``D/reads/N.jsonl``; consumers commit group offsets
+(``commit_offsets``, ``POST /groups/{group}/commit``). With ``--lose-replies P`` a writer or
+compactor loses the reply of each Oxia Write with probability ``P`` after the server applied it
+(failpoint ``coordination.after_write``), and counts it in its activity file. What a reader or GC sees that the
 protocol forbids (an unreadable or wrong record, a gap) goes to ``D/violations/N.jsonl``;
 transient failures (a server restarting) are logged and retried. Every actor writes a ``begin``
 line to ``D/activity/N.jsonl`` before each operation (an append, one partition's compaction pass,
@@ -14,6 +21,7 @@ what the run counts as compactions completed and blobs GC deleted.
 from __future__ import annotations
 
 import argparse
+import base64
 import contextlib
 import json
 import random
@@ -22,14 +30,21 @@ import sys
 import time
 from pathlib import Path
 
+import grpc
+import httpx
+
+from llog import failpoints
 from llog.compactor import Compactor
 from llog.config import Config
+from llog.consumer_groups import commit_offsets, committed_offsets
 from llog.errors import (
     AppendFailed, CorruptBatch, CorruptRecord, InconsistentReadState, ObjectNotFound, OffsetOutOfRange,
-    PartitionNotInitialized,
+    PartitionNotInitialized, TopicNotFound,
 )
 from llog.gc import gc_pass
-from llog.reader import LogReader
+from llog.keys import TopicPartition
+from llog.reader import LogReader, ReadRequest
+from llog.topics import create_topic, delete_topic, read_topic
 from llog.writer import AppendGroup, LogWriter
 
 #: Errors that mean the log is damaged, not that a server is briefly away.
@@ -43,9 +58,38 @@ def _stop(*_):
     _stopping = True
 
 
-def record_value(name: str, seq: int, partition: int, i: int) -> bytes:
-    """The unique value of record ``i`` of a writer's append ``seq`` to ``partition``."""
-    return f"{name}:{seq}:{partition}:{i}".encode()
+def record_value(name: str, seq: int, topic: str, partition: int, i: int) -> bytes:
+    """The unique value of record ``i`` of a writer's append ``seq`` to ``topic[partition]``."""
+    return f"{name}:{seq}:{topic}:{partition}:{i}".encode()
+
+
+#: The fields of :func:`record_value`.
+VALUE_FIELDS = 5
+
+
+class _LostReply(grpc.RpcError):
+    """A Write's reply lost after the server applied it: transient to the client (UNAVAILABLE),
+    so it retries, or reports the outcome unknown."""
+
+    def code(self):
+        return grpc.StatusCode.UNAVAILABLE
+
+    def __str__(self):
+        return "chaos: the reply of a write was lost"
+
+
+def _lose_replies(args, activity: "_Lines") -> None:
+    """From ``--lose-replies``: each Write's reply is lost with that probability (the seed's)."""
+    if args.lose_replies <= 0:
+        return
+    rng = random.Random(args.seed ^ 0x5EED)
+
+    def lose():
+        if rng.random() < args.lose_replies:
+            activity.write(lost_response=1)
+            raise _LostReply()
+
+    failpoints.hooks["coordination.after_write"] = lose
 
 
 class _Lines:
@@ -80,13 +124,18 @@ def _log(name: str, message: str) -> None:
 
 def writer(args, config: Config) -> None:
     rng, acks, activity = random.Random(args.seed), _Lines(args.dir / "acks" / f"{args.name}.jsonl"), _activity(args)
+    _lose_replies(args, activity)
     with LogWriter(config, auto_initialize=True) as log:
         for seq in range(1_000_000_000):
             if _stopping:
                 return
             partitions = rng.sample(range(args.partitions), rng.randint(1, args.partitions))
-            groups = [AppendGroup(args.topic, p, [record_value(args.name, seq, p, i) for i in range(rng.randint(1, 50))])
-                      for p in partitions]
+            groups = [AppendGroup(args.topic, p, [record_value(args.name, seq, args.topic, p, i)
+                                                  for i in range(rng.randint(1, 50))]) for p in partitions]
+            if args.recreated and rng.random() < 0.5:  # in the same shared blob: the admin deletes this topic
+                p = rng.randrange(args.partitions)
+                groups.append(AppendGroup(args.recreated, p, [record_value(args.name, seq, args.recreated, p, i)
+                                                              for i in range(rng.randint(1, 10))]))
             # The operation ends once its acks are recorded: a kill before that was mid-append.
             with activity.operation("append", seq=seq) as did:
                 try:
@@ -98,7 +147,8 @@ def writer(args, config: Config) -> None:
                     _log(args.name, f"append {seq} failed: {type(e).__name__}: {e}")
                     results = []
                 for r in results:
-                    acks.write(name=args.name, seq=seq, partition=r.partition, start=r.start_offset, count=r.count)
+                    acks.write(name=args.name, seq=seq, topic=r.topic, topic_id=r.topic_id, partition=r.partition,
+                               start=r.start_offset, count=r.count)
                 did.update(acked=len(results), of=len(groups))
             if not results:
                 time.sleep(0.2)
@@ -107,18 +157,24 @@ def writer(args, config: Config) -> None:
 
 
 def compactor(args, config: Config) -> None:
-    activity = _activity(args)
+    rng, activity = random.Random(args.seed), _activity(args)
+    _lose_replies(args, activity)
+    topics = [args.topic] + ([args.recreated] if args.recreated else [])
     with Compactor(config, max_offsets=args.max_offsets) as c:
         while not _stopping:
-            for p in range(args.partitions):
-                try:
-                    with activity.operation("compact", partition=p) as did:
-                        done = c.compact_partition(args.topic, p, deadline=time.monotonic() + 5)
-                        did.update(compactions=done.compactions, records=done.records, recoveries=done.recoveries)
-                    if done.compactions:
-                        _log(args.name, f"{args.topic}[{p}]: {done.compactions} compaction(s), {done.records} records")
-                except Exception as e:  # noqa: BLE001 - the next pass resumes
-                    _log(args.name, f"{args.topic}[{p}]: {type(e).__name__}: {e}")
+            for topic in topics:
+                for p in range(args.partitions):
+                    retention = rng.random() < 0.3  # a pass that also applies the topic's retention.ms
+                    try:
+                        with activity.operation("compact", topic=topic, partition=p, retention=retention) as did:
+                            done = c.compact_partition(topic, p, deadline=time.monotonic() + 5, retention=retention)
+                            did.update(compactions=done.compactions, records=done.records, recoveries=done.recoveries,
+                                       retained_records=done.retention_records)
+                        if done.compactions or done.retention_records:
+                            _log(args.name, f"{topic}[{p}]: {done.compactions} compaction(s), {done.records} records, "
+                                            f"retention dropped {done.retention_records}")
+                    except Exception as e:  # noqa: BLE001 - the next pass resumes
+                        _log(args.name, f"{topic}[{p}]: {type(e).__name__}: {e}")
             time.sleep(0.3)
 
 
@@ -139,34 +195,228 @@ def gc(args, config: Config) -> None:
             time.sleep(1)
 
 
+def _check_read(violations: "_Lines", name: str, topic: str, p: int, start: int, offsets, values) -> int:
+    """How many of ``offsets``/``values`` (read from ``start``) follow on, each a chaos value;
+    a violation for the first that does not."""
+    for expected, (offset, value) in enumerate(zip(offsets, values), start):
+        if offset != expected or value is None or len(value.split(b":")) != VALUE_FIELDS:
+            violations.write(actor=name, topic=topic, partition=p, offset=expected, error="wrong record",
+                             detail=f"offset {offset}, value {(value or b'')[:60]!r}")
+            return expected - start
+    return len(offsets)
+
+
 def reader(args, config: Config) -> None:
+    """Follows every partition of both topics from its log start; a topic re-created (another
+    ``topic_id``) is followed from its start again. What it reads of the re-created topic goes to
+    its reads file with the incarnation it read it in."""
     violations, activity = _Lines(args.dir / "violations" / f"{args.name}.jsonl"), _activity(args)
-    following = {p: 1 for p in range(args.partitions)}
+    reads = _Lines(args.dir / "reads" / f"{args.name}.jsonl")
+    topics = [args.topic] + ([args.recreated] if args.recreated else [])
+    following = {(t, p): (None, 1) for t in topics for p in range(args.partitions)}  # -> (topic_id, next offset)
     with LogReader(config) as log:
         while not _stopping:
-            for p, start in following.items():
+            for (topic, p), (topic_id, start) in following.items():
                 try:
-                    with activity.operation("read", partition=p, start=start) as did:
-                        records = log.read_range(args.topic, p, start)
-                        did.update(records=len(records))
-                except (OffsetOutOfRange, PartitionNotInitialized):
+                    with activity.operation("read", topic=topic, partition=p, start=start) as did:
+                        got = log.read_batches([ReadRequest(topic, p, start)])[0]
+                        did.update(records=got.count)
+                except OffsetOutOfRange:
+                    with contextlib.suppress(Exception):  # retention moved the log start past it
+                        following[(topic, p)] = (topic_id, log.offsets(topic, p)[0])
+                    continue
+                except (PartitionNotInitialized, TopicNotFound):
                     continue
                 except DAMAGE as e:
-                    violations.write(actor=args.name, partition=p, offset=start, error=type(e).__name__, detail=str(e))
+                    violations.write(actor=args.name, topic=topic, partition=p, offset=start, error=type(e).__name__,
+                                     detail=str(e))
                     continue
-                except Exception as e:  # noqa: BLE001 - a server restarting; read again
-                    _log(args.name, f"[{p}] from {start}: {type(e).__name__}: {e}")
+                except Exception as e:  # noqa: BLE001 - a server restarting, a topic re-created; read again
+                    _log(args.name, f"{topic}[{p}] from {start}: {type(e).__name__}: {e}")
                     continue
-                for expected, r in enumerate(records, start):
-                    if r.offset != expected or len(r.value.split(b":")) != 4:
-                        violations.write(actor=args.name, partition=p, offset=expected, error="wrong record",
-                                         detail=f"offset {r.offset}, value {r.value[:60]!r}")
-                        break
-                following[p] = start + len(records)
+                if topic_id is not None and got.topic_id != topic_id:  # re-created: start over
+                    following[(topic, p)] = (got.topic_id, 1)
+                    continue
+                table = got.table()
+                offsets, values = table.column("offset").to_pylist(), table.column("value").to_pylist()
+                good = _check_read(violations, args.name, topic, p, start, offsets, values)
+                if topic != args.topic and good:
+                    reads.write(topic=topic, topic_id=got.topic_id, partition=p, start=start,
+                                values=[v.decode() for v in values[:good]])
+                following[(topic, p)] = (got.topic_id, start + good)
             time.sleep(0.2)
 
 
-ROLES = {"writer": writer, "compactor": compactor, "gc": gc, "reader": reader}
+def admin(args, config: Config) -> None:
+    """Deletes the re-created topic and creates it again (with ``retention.ms`` as the
+    controller set it) every few seconds, while writers append to it. A delete killed midway is
+    finished by the next one (the record stays DELETING until then)."""
+    rng, activity = random.Random(args.seed), _activity(args)
+    with LogReader(config) as reader:
+        while not _stopping:
+            time.sleep(rng.uniform(4, 10))
+            if _stopping:
+                return
+            try:
+                with activity.operation("recreate", topic=args.recreated) as did:
+                    old = read_topic(reader.coordination, config.root_prefix, args.recreated)
+                    if old is not None:
+                        delete_topic(reader.coordination, reader.objects, config.root_prefix, args.recreated,
+                                     claim_wait_s=20, config=config)
+                    new = create_topic(reader.coordination, config.root_prefix, args.recreated, args.partitions,
+                                       settings=args.topic_settings, if_not_exists=True)
+                    # A writer may have created it first (auto-creation): a new incarnation either way.
+                    did.update(recreated=int(old is not None and new.topic_id != old.record.topic_id),
+                               old=old.record.topic_id if old else None, new=new.topic_id)
+                _log(args.name, f"{args.recreated}: {did}")
+            except Exception as e:  # noqa: BLE001 - the next round finishes it
+                _log(args.name, f"{args.recreated}: {type(e).__name__}: {e}")
+
+
+def _group_watch(violations: "_Lines", name: str, group: str, seen: dict, committed: dict) -> None:
+    """A group's committed offset never moves back (docs/protocol.md section 9.3): ``committed``
+    (TopicPartition -> offset, read now) against what this actor read last (``seen``, updated);
+    each move back is one violation."""
+    for tp, offset in committed.items():
+        if offset < seen.get(tp, 0):
+            violations.write(actor=name, group=group, topic=tp.topic, partition=tp.partition, error="group moved back",
+                             detail=f"committed offset {offset} after {seen[tp]}")
+        seen[tp] = offset
+
+
+def consumer(args, config: Config) -> None:
+    """Reads the main topic as the Spark source does and commits its group's offsets after each
+    read (``commit_offsets`` with the ``topic_id`` read), from the group's committed offsets on."""
+    rng, activity = random.Random(args.seed), _activity(args)
+    violations = _Lines(args.dir / "violations" / f"{args.name}.jsonl")
+    group, seen = args.group, {}
+    tps = [TopicPartition(args.topic, p) for p in range(args.partitions)]
+    with LogReader(config) as log:
+        while not _stopping:
+            try:
+                committed = {tp: c.offset for tp, c in committed_offsets(log.coordination, config.root_prefix, group,
+                                                                         tps).items()}
+                _group_watch(violations, args.name, group, seen, committed)
+                tp = rng.choice(tps)
+                start = committed.get(tp, 1)
+                with activity.operation("consume", partition=tp.partition, start=start) as did:
+                    try:
+                        got = log.read_batches([ReadRequest(tp.topic, tp.partition, start, start + 199)])[0]
+                    except OffsetOutOfRange:
+                        start = log.offsets(tp.topic, tp.partition)[0]
+                        got = log.read_batches([ReadRequest(tp.topic, tp.partition, start, start + 199)])[0]
+                    table = got.table()
+                    good = _check_read(violations, args.name, tp.topic, tp.partition, start,
+                                       table.column("offset").to_pylist(), table.column("value").to_pylist())
+                    if good:
+                        commit_offsets(log.coordination, config.root_prefix, group, {tp: start + good},
+                                       topic_ids={tp.topic: got.topic_id})
+                    did.update(commits=int(good > 0), records=good)
+            except Exception as e:  # noqa: BLE001 - a server restarting; again
+                _log(args.name, f"{type(e).__name__}: {e}")
+                time.sleep(0.5)
+            time.sleep(rng.uniform(0.05, 0.3))
+
+
+def _post(url: str, body: dict, timeout: float = 5.0) -> httpx.Response:
+    return httpx.post(url, json=body, timeout=timeout)
+
+
+def producer(args, config: Config) -> None:
+    """Produces to the main topic through the broker (``POST /produce``); with ``--idempotent``
+    as an idempotent producer (``POST /producers``, a sequence per partition), sending a batch
+    again until it is answered (the broker writes it once and answers with its first offsets).
+    A plain producer never sends a batch twice (its outcome unknown, it may be in the log,
+    unacknowledged). A 200 result with offsets is an acknowledgement."""
+    rng, acks, activity = random.Random(args.seed), _Lines(args.dir / "acks" / f"{args.name}.jsonl"), _activity(args)
+    producer_id, sequences = None, {}
+    for seq in range(1_000_000_000):
+        if _stopping:
+            return
+        partitions = rng.sample(range(args.partitions), rng.randint(1, args.partitions))
+        groups = [{"topic": args.topic, "partition": p,
+                   "records": [record_value(args.name, seq, args.topic, p, i).decode() for i in range(rng.randint(1, 20))]}
+                  for p in partitions]
+        with activity.operation("produce", seq=seq) as did:
+            for attempt in range(60):
+                if _stopping:
+                    return
+                try:
+                    if args.idempotent and producer_id is None:
+                        producer_id = _post(f"{args.broker}/producers", {}).json()["producer_id"]
+                        sequences = {}
+                    body = {"topic_partitions": groups}
+                    if args.idempotent:
+                        body["producer_id"] = producer_id
+                        for g in groups:
+                            g["sequence"] = sequences.get(g["partition"], 0)
+                    answer = _post(f"{args.broker}/produce", body)
+                except httpx.HTTPError as e:
+                    _log(args.name, f"produce {seq} attempt {attempt}: {type(e).__name__}: {e}")
+                    if not args.idempotent:
+                        break  # its outcome is unknown: never sent again, it would be written twice
+                    time.sleep(0.3)
+                    continue
+                if answer.status_code != 200 and args.idempotent and answer.status_code >= 500:
+                    time.sleep(0.3)
+                    continue
+                results = answer.json().get("results", []) if answer.status_code == 200 else []
+                for r in results:
+                    if r.get("ok"):
+                        acks.write(name=args.name, seq=seq, topic=r["topic"], topic_id=r["index_key"].rsplit("/", 5)[1],
+                                   partition=r["partition"], start=r["start_offset"], count=r["count"])
+                        if args.idempotent:
+                            sequences[r["partition"]] = sequences.get(r["partition"], 0) + r["count"]
+                    elif args.idempotent:  # refused: the producer's sequences are off; start as a new one
+                        producer_id = None
+                did.update(acked=sum(1 for r in results if r.get("ok")), of=len(groups), status=answer.status_code)
+                break
+            else:
+                producer_id = None  # gave up on this batch: a new producer id for the next
+        time.sleep(rng.uniform(0, 0.1))
+
+
+def broker_consumer(args, config: Config) -> None:
+    """Consumes the main topic through the broker (``POST /consume``, from the log start when
+    retention moved it) and commits through it (``POST /groups/{group}/commit`` with the
+    ``topic_id`` consumed); checks that its group's committed offsets never move back."""
+    rng, activity = random.Random(args.seed), _activity(args)
+    violations = _Lines(args.dir / "violations" / f"{args.name}.jsonl")
+    group, seen = args.group, {}
+    position = {p: 1 for p in range(args.partitions)}
+    while not _stopping:
+        p = rng.randrange(args.partitions)
+        try:
+            with activity.operation("consume", partition=p, start=position[p]) as did:
+                answer = _post(f"{args.broker}/consume", {"topic_partitions": [
+                    {"topic": args.topic, "partition": p, "fetch_offset": position[p], "partition_max_bytes": 16384}],
+                    "auto_offset_reset": "earliest"})
+                result = answer.json()["results"][0] if answer.status_code == 200 else {}
+                if result.get("ok") and result.get("record_count"):
+                    records = result["records"]
+                    start = result["start_offset"]
+                    good = _check_read(violations, args.name, args.topic, p, start, [r["offset"] for r in records],
+                                       [r["payload"].encode() if "payload" in r else base64.b64decode(r.get("base64", ""))
+                                        for r in records])
+                    if good:
+                        position[p] = start + good
+                        committed = _post(f"{args.broker}/groups/{group}/commit", {"offsets": [
+                            {"topic": args.topic, "partition": p, "offset": position[p],
+                             "topic_id": result["topic_id"]}]})
+                        did.update(commits=int(committed.status_code == 200), records=good)
+                        described = httpx.get(f"{args.broker}/groups/{group}", timeout=5)
+                        if described.status_code == 200:
+                            _group_watch(violations, args.name, group, seen, {
+                                TopicPartition(row["topic"], row["partition"]): row["committed_offset"]
+                                for row in described.json()["partitions"]})
+        except Exception as e:  # noqa: BLE001 - the broker paused, killed or restarting; again
+            _log(args.name, f"[{p}]: {type(e).__name__}: {e}")
+            time.sleep(0.5)
+        time.sleep(rng.uniform(0.05, 0.3))
+
+
+ROLES = {"writer": writer, "compactor": compactor, "gc": gc, "reader": reader, "admin": admin, "consumer": consumer,
+         "producer": producer, "broker_consumer": broker_consumer}
 
 
 def main() -> None:
@@ -178,6 +428,12 @@ def main() -> None:
     parser.add_argument("--partitions", type=int, default=4)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--max-offsets", type=int, default=200)
+    parser.add_argument("--recreated", default="", help="the topic the admin deletes and re-creates")
+    parser.add_argument("--topic-settings", type=json.loads, default={}, help="the re-created topic's settings (JSON)")
+    parser.add_argument("--lose-replies", type=float, default=0.0)
+    parser.add_argument("--broker", default="", help="the broker's base URL")
+    parser.add_argument("--idempotent", action="store_true")
+    parser.add_argument("--group", default="chaos")
     args = parser.parse_args()
     signal.signal(signal.SIGTERM, _stop)
     ROLES[args.role](args, Config.load())

@@ -17,6 +17,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from uuid import uuid4
 
+import httpx
+
 from chaos.actors import ROLES, record_value
 from llog import local_stack
 from llog.clock import ShiftedClock
@@ -26,13 +28,19 @@ from llog.coordination import Coordination
 from llog.discovery import topic_records
 from llog.gc import all_partitions, gc_pass, referenced_blobs
 from llog.keys import PartitionKeys, TopicPartition
-from llog.reader import LogReader
-from llog.records import CompactionRecord
-from llog.topics import create_topic
+from llog.reader import LogReader, ReadRequest
+from llog.records import DELETING, CompactionRecord
+from llog.topics import create_topic, delete_topic, read_topic
 from tests.helpers.invariants import check_partition
 
 REPO = Path(__file__).resolve().parents[1]
+#: The main topic: writers, producers through the broker, consumers committing group offsets, and
+#: retention (``retention.ms``) on it.
 TOPIC = "chaos"
+#: The topic the admin actor deletes and creates again while writers append to it.
+RECREATED = "chaos-re"
+#: Oxia's shards in a run (its own server; the local stack's has one).
+_OXIA_SHARDS = 3
 #: How long actors get to stop after SIGTERM, and the bound on every other wait here.
 _STOP_S = 10
 #: How long a kill waits for its actor to be mid-operation (its activity file shows a ``begin``
@@ -42,6 +50,11 @@ _AIM_S = 2
 _MUST_KILL = ("writer", "compactor")
 #: How far past the grace period ``G`` the final GC's clock runs ahead of the real one.
 _FINAL_GC_MARGIN_S = 30
+#: The processes of a run beyond the writers, compactors and readers: one each.
+_ONE_EACH = (("gc", "gc"), ("admin", "admin"), ("consumer", "cg"), ("producer", "pi"), ("producer", "pp"),
+             ("broker_consumer", "bc"), ("broker", "broker"))
+#: The names of the actors that go through the broker: its producers (idempotent, plain) and consumer.
+_BROKER_PRODUCERS, _BROKER_CONSUMER = ("pi", "pp"), "bc"
 
 
 @dataclass
@@ -70,6 +83,12 @@ class Run:
     #: that landed mid-operation by the actor's own activity file.
     kills: Counter = field(default_factory=Counter)
     killed_mid_operation: Counter = field(default_factory=Counter)
+    oxia: "OxiaServer | None" = None
+    broker_port: int = 0
+
+    @property
+    def broker_url(self) -> str:
+        return f"http://127.0.0.1:{self.broker_port}"
 
     def activity(self, actor: Actor) -> Path:
         return self.dir / "activity" / f"{actor.label}.jsonl"
@@ -78,14 +97,25 @@ class Run:
         return {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "LLOG_SETTINGS_FILE": "/nonexistent",
                 "PYTHONPATH": str(REPO), **self.config.to_options()}
 
+    def command(self, actor: Actor) -> list[str]:
+        if actor.role == "broker":  # its early ack and tail cache on, as by default
+            return [sys.executable, "-m", "broker_lite", "--port", str(self.broker_port), "--log-level", "warning"]
+        command = [sys.executable, "-m", "chaos.actors", actor.role, "--dir", str(self.dir), "--name", actor.label,
+                   "--topic", TOPIC, "--recreated", RECREATED, "--partitions", str(self.args.partitions),
+                   "--seed", str(self.rng.randrange(2**32)), "--broker", self.broker_url,
+                   "--topic-settings", json.dumps(topic_settings(self.args)), "--group", f"group-{actor.name}"]
+        if actor.role in ("writer", "compactor"):
+            command += ["--lose-replies", str(self.args.lose_replies)]
+        if actor.name == _BROKER_PRODUCERS[0]:
+            command.append("--idempotent")
+        return command
+
     def start(self, actor: Actor) -> None:
         actor.incarnation += 1
         log = open(self.dir / "logs" / f"{actor.label}.log", "ab")
         actor.proc = subprocess.Popen(
-            [sys.executable, "-m", "chaos.actors", actor.role, "--dir", str(self.dir), "--name", actor.label,
-             "--topic", TOPIC, "--partitions", str(self.args.partitions), "--seed", str(self.rng.randrange(2**32))],
-            cwd=REPO, env=self.env(), stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
-            start_new_session=True)
+            self.command(actor), cwd=REPO, env=self.env(), stdin=subprocess.DEVNULL, stdout=log,
+            stderr=subprocess.STDOUT, start_new_session=True)
         log.close()
         actor.paused_until = None
 
@@ -119,6 +149,63 @@ class Run:
             except subprocess.TimeoutExpired:
                 actor.proc.kill()
                 actor.proc.wait(_STOP_S)
+
+
+def topic_settings(args: argparse.Namespace) -> dict:
+    """Both topics' settings: ``retention.ms`` small (a little above ``G``, as retention never
+    takes an entry younger than ``G`` anyway), so that passes drop records in a short run too."""
+    return {"retention.ms": args.grace_ms * 5 // 4}
+
+
+class OxiaServer:
+    """The run's own Oxia standalone with several shards (as tests/integration/test_coordination.py
+    starts one), restarted in place (same ports and data) by the chaos."""
+
+    def __init__(self, directory: Path, shards: int):
+        self.ports = local_stack.free_ports()
+        self.address = f"127.0.0.1:{self.ports.oxia}"
+        self.command = [str(local_stack.install()["oxia"]), "standalone", "--shards", str(shards),
+                        "-p", self.address, "-m", f"127.0.0.1:{self.ports.oxia_metrics}",
+                        "--data-dir", str(directory / "data"), "--wal-dir", str(directory / "wal")]
+        self.log = directory / "oxia.log"
+        directory.mkdir(parents=True)
+        self.proc: subprocess.Popen | None = None
+        self.start()
+
+    def start(self) -> None:
+        with open(self.log, "ab") as log:
+            self.proc = subprocess.Popen(self.command, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
+                                         start_new_session=True)
+        deadline = time.monotonic() + 60
+        while (problem := local_stack._oxia_problem(self.ports)) is not None:  # the stack's own health probe
+            if self.proc.poll() is not None or time.monotonic() > deadline:
+                raise RuntimeError(f"oxia did not start: {problem}; see {self.log}")
+            time.sleep(0.1)
+
+    def stop(self) -> None:
+        self.proc.terminate()
+        try:
+            self.proc.wait(_STOP_S * 3)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait(_STOP_S)
+
+    def restart(self) -> None:
+        self.stop()
+        self.start()
+
+
+def _wait_for_broker(run: Run, timeout_s: float = 60) -> None:
+    deadline = time.monotonic() + timeout_s
+    while True:
+        try:
+            if httpx.get(f"{run.broker_url}/health", timeout=1).status_code == 200:
+                return
+        except httpx.TransportError:
+            pass
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"the broker did not answer /health within {timeout_s:g} s")
+        time.sleep(0.1)
 
 
 def _progress(message: str) -> None:
@@ -160,7 +247,10 @@ def _disturb(run: Run) -> None:
         for service, at in list(restarts.items()):
             if now >= at:
                 _progress(f"restarting {service}")
-                local_stack.restart_service(run.stack_dir, service)
+                if service == "oxia":
+                    run.oxia.restart()
+                else:
+                    local_stack.restart_service(run.stack_dir, service)
                 run.counts["server_restarts"] += 1
                 del restarts[service]
         for actor in run.actors:
@@ -189,45 +279,101 @@ def _disturb(run: Run) -> None:
         else:
             # Until a writer and a compactor were killed mid-operation, kill one of them: a short
             # run picking at random among all actors may well kill no compactor.
-            needed = [a for a in run.actors if a.paused_until is None and a.role in _MUST_KILL
-                      and not run.killed_mid_operation[a.role]]
+            # The broker too, until it was killed once (it keeps no activity file: never "mid-operation").
+            needed = [a for a in run.actors if a.paused_until is None and (
+                (a.role in _MUST_KILL and not run.killed_mid_operation[a.role])
+                or (a.role == "broker" and not run.kills["broker"]))]
             aim = (rng.choice(needed) if needed else actor, now + _AIM_S)
 
 
-def read_acks(acks_dir: Path, partitions: int) -> dict[int, dict[int, list[bytes]]]:
-    """Per partition, offset -> the value of every acknowledgement of that offset, in the writers'
-    ack files (:mod:`chaos.actors`). More than one means the offset was acknowledged to two
-    appends: each one is kept, so that the check sees it."""
-    out: dict[int, dict[int, list[bytes]]] = {p: {} for p in range(partitions)}
+#: An incarnation's partition: ``(topic, topic_id, partition)``.
+Incarnation = tuple[str, str, int]
+
+
+def read_acks(acks_dir: Path) -> dict[Incarnation, dict[int, list[bytes]]]:
+    """Per incarnation's partition (the ``topic_id`` its acknowledgement says the records landed
+    in), offset -> the value of every acknowledgement of that offset, in the ack files
+    (:mod:`chaos.actors`). More than one means the offset was acknowledged to two appends: each
+    one is kept, so that the check sees it."""
+    out: dict[Incarnation, dict[int, list[bytes]]] = {}
     for path in sorted(acks_dir.glob("*.jsonl")):
         for line in path.read_text().splitlines():
             ack = json.loads(line)
+            acks = out.setdefault((ack["topic"], ack["topic_id"], ack["partition"]), {})
             for i in range(ack["count"]):
-                out[ack["partition"]].setdefault(ack["start"] + i, []).append(
-                    record_value(ack["name"], ack["seq"], ack["partition"], i))
+                acks.setdefault(ack["start"] + i, []).append(
+                    record_value(ack["name"], ack["seq"], ack["topic"], ack["partition"], i))
     return out
 
 
-def judge_acks(acked: dict[int, dict[int, list[bytes]]], log: dict[int, dict[int, bytes]]) -> dict:
-    """``lost`` (acknowledgements whose record is not at its offset with its bytes),
-    ``double_acked`` (offsets acknowledged more than once), ``duplicated`` (values in the log
-    more than once) and what they were, for acknowledgements ``acked`` and the log read back."""
-    result = {"lost": 0, "double_acked": 0, "duplicated": 0, "problems": []}
+def read_reads(reads_dir: Path) -> list[tuple[str, bytes]]:
+    """``(topic_id, value)`` of every record the readers read of the re-created topic during the
+    run (:mod:`chaos.actors`), with the incarnation they read it in."""
+    out = []
+    for path in sorted(reads_dir.glob("*.jsonl")):
+        for line in path.read_text().splitlines():
+            try:
+                read = json.loads(line)
+            except ValueError:
+                continue  # cut by a SIGKILL
+            out += [(read["topic_id"], v.encode()) for v in read["values"]]
+    return out
+
+
+def judge_acks(acked: dict[Incarnation, dict[int, list[bytes]]], logs: dict[Incarnation, dict[int, bytes]],
+               log_starts: dict[Incarnation, int], reads: Iterable[tuple[str, bytes]] = ()) -> dict:
+    """For acknowledgements ``acked``, the live incarnations' logs read back (``logs``, from their
+    log starts ``log_starts``) and what was read during the run (``reads``):
+
+    - ``lost``: acknowledgements of a live incarnation at or above its log start whose record is
+      not at its offset with its bytes;
+    - ``double_acked``: offsets acknowledged more than once;
+    - ``duplicated``: values in the logs more than once;
+    - ``mixed_incarnations``: records read (during the run or now) in an incarnation other than
+      the one their acknowledgement says they landed in, or, not acknowledged, read in two;
+    - ``gone_by_retention``, ``gone_with_deleted_topic``: acknowledged records expected gone
+      (below the log start; in an incarnation deleted since).
+    """
+    result = {"lost": 0, "double_acked": 0, "duplicated": 0, "mixed_incarnations": 0, "gone_by_retention": 0,
+              "gone_with_deleted_topic": 0, "problems": []}
     seen: Counter[bytes] = Counter()
-    for p, acks in acked.items():
-        got = log.get(p, {})
+    for got in logs.values():
         seen.update(got.values())
-        wrong = [o for o, values in acks.items() for v in values if got.get(o) != v]
+    for key, acks in sorted(acked.items()):
+        name = f"{key[0]}[{key[2]}] of {key[1]}"
         twice = sorted(o for o, values in acks.items() if len(values) > 1)
-        result["lost"] += len(wrong)
         result["double_acked"] += len(twice)
-        if wrong:
-            result["problems"].append(f"{TOPIC}[{p}]: {len(wrong)} acknowledged record(s) lost or wrong, "
-                                      f"first at offsets {sorted(wrong)[:5]}")
         if twice:
-            result["problems"].append(f"{TOPIC}[{p}]: {len(twice)} offset(s) acknowledged more than once, first "
+            result["problems"].append(f"{name}: {len(twice)} offset(s) acknowledged more than once, first "
                                       f"{twice[0]} to {[v.decode() for v in acks[twice[0]]]}")
+        if key not in logs:  # the incarnation was deleted (or its partition is unreadable: a problem already)
+            result["gone_with_deleted_topic"] += sum(map(len, acks.values()))
+            continue
+        got, start = logs[key], log_starts.get(key, 1)
+        result["gone_by_retention"] += sum(len(values) for o, values in acks.items() if o < start)
+        wrong = [o for o, values in acks.items() for v in values if o >= start and got.get(o) != v]
+        result["lost"] += len(wrong)
+        if wrong:
+            result["problems"].append(f"{name}: {len(wrong)} acknowledged record(s) lost or wrong, "
+                                      f"first at offsets {sorted(wrong)[:5]}")
     result["duplicated"] = sum(n - 1 for n in seen.values() if n > 1)
+    acked_in: dict[bytes, set[str]] = {}
+    for (_, topic_id, _), acks in acked.items():
+        for values in acks.values():
+            for v in values:
+                acked_in.setdefault(v, set()).add(topic_id)
+    read_in: dict[bytes, set[str]] = {}
+    for (_, topic_id, _), got in logs.items():
+        for v in got.values():
+            read_in.setdefault(v, set()).add(topic_id)
+    for topic_id, v in reads:
+        read_in.setdefault(v, set()).add(topic_id)
+    for v, ids in read_in.items():
+        wrong = len(ids - acked_in[v]) if v in acked_in else len(ids) - 1
+        if wrong:
+            result["mixed_incarnations"] += wrong
+            result["problems"].append(f"{v.decode()} read in incarnation(s) {sorted(ids)}, acknowledged in "
+                                      f"{sorted(acked_in.get(v, ()))}")
     return result
 
 
@@ -277,16 +423,28 @@ def check_at_rest(coordination: Coordination, root: str, topic: str, partitions:
     return problems
 
 
-def _read_log(reader: LogReader, partitions: Iterable[int], problems: list[str]) -> dict[int, dict[int, bytes]]:
-    """Per partition, offset -> value of every record in the log; one problem per partition
-    that does not read back."""
-    log = {}
+def _read_log(reader: LogReader, topic: str, topic_id: str, partitions: Iterable[int], problems: list[str]
+              ) -> tuple[dict[Incarnation, dict[int, bytes]], dict[Incarnation, int]]:
+    """Per partition of incarnation ``topic_id`` of ``topic``, offset -> value of every record in
+    the log from its log start, and the log starts; one problem per partition that does not read
+    back (or reads back from another incarnation)."""
+    logs, starts = {}, {}
     for p in partitions:
+        key = (topic, topic_id, p)
         try:
-            log[p] = {r.offset: r.value for r in reader.read_range(TOPIC, p, 1)}
+            start, hw = reader.offsets(topic, p)
+            starts[key] = start
+            if start > hw:  # nothing readable (a read would be OffsetOutOfRange): new, or all past retention
+                logs[key] = {}
+                continue
+            got = reader.read_batches([ReadRequest(topic, p, start)])[0]
+            if got.topic_id != topic_id:
+                raise AssertionError(f"read from incarnation {got.topic_id}")
+            table = got.table()
+            logs[key] = dict(zip(table.column("offset").to_pylist(), table.column("value").to_pylist()))
         except Exception as e:  # noqa: BLE001 - every failure counts
-            problems.append(f"{TOPIC}[{p}] unreadable: {type(e).__name__}: {e}")
-    return log
+            problems.append(f"{topic}[{p}] of {topic_id} unreadable: {type(e).__name__}: {e}")
+    return logs, starts
 
 
 def final_gc(reader: LogReader, config: Config) -> tuple[list[str], list[str]]:
@@ -302,8 +460,9 @@ def final_gc(reader: LogReader, config: Config) -> tuple[list[str], list[str]]:
 
 
 def _activity_totals(run_dir: Path) -> Counter:
-    """From the actors' ``end`` lines (:mod:`chaos.actors`): the compactions they completed and
-    the blobs GC deleted."""
+    """From the actors' activity files (:mod:`chaos.actors`): the compactions they completed,
+    the retention passes that dropped records, the blobs GC deleted, the topic re-creations, the
+    group commits and the replies lost."""
     totals: Counter = Counter()
     for path in (run_dir / "activity").glob("*.jsonl"):
         for line in path.read_text().splitlines():
@@ -311,27 +470,73 @@ def _activity_totals(run_dir: Path) -> Counter:
                 event = json.loads(line)
             except ValueError:
                 continue  # cut by a SIGKILL
+            totals["lost_responses"] += event.get("lost_response", 0)
             if event.get("end") == "compact":
                 totals["compactions_completed"] += event.get("compactions", 0)
+                totals["retention_passes"] += event.get("retained_records", 0) > 0
             elif event.get("end") == "gc":
                 totals["gc_deleted_blobs"] += event.get("deleted", 0)
+            elif event.get("end") == "recreate":
+                totals["topic_recreations"] += event.get("recreated", 0)
+            elif event.get("end") == "consume":
+                totals["group_commits"] += event.get("commits", 0)
+                if path.name.startswith(f"{_BROKER_CONSUMER}."):
+                    totals["group_commits_via_broker"] += event.get("commits", 0)
     return totals
+
+
+def _acked_by(acks_dir: Path, names: Iterable[str]) -> int:
+    """The records acknowledged to the actors named ``names`` (any of their incarnations)."""
+    return sum(json.loads(line)["count"] for name in names for path in acks_dir.glob(f"{name}.*.jsonl")
+               for line in path.read_text().splitlines())
+
+
+def _at_rest(run: Run, reader: LogReader, topic: str, problems: list[str]) -> str | None:
+    """Finish what the actors left of ``topic`` (a delete the admin was killed in; per partition
+    a compactor's recovery step) and check its invariants at rest; its live incarnation's id, or
+    None when the run ended with it deleted."""
+    root, partitions = run.config.root_prefix, range(run.args.partitions)
+    found = read_topic(reader.coordination, root, topic)
+    if found is not None and found.record.state == DELETING:
+        delete_topic(reader.coordination, reader.objects, root, topic, config=run.config)
+        found = None
+    if found is None:
+        return None
+    try:
+        run.counts["final_recoveries"] += finish_interrupted(
+            run.config, topic, partitions, run.config.oxia_session_timeout_ms / 1000 + _STOP_S)
+    except Exception as e:  # noqa: BLE001 - reported
+        problems.append(f"finishing what the actors left of {topic}: {type(e).__name__}: {e}")
+    problems += check_at_rest(reader.coordination, root, topic, partitions)
+    return found.record.topic_id
 
 
 def _verify(run: Run) -> dict:
     """Finish what the actors left unfinished, check the invariants at rest, a last GC pass dated
     ``G`` ahead, then read everything back against the acknowledgements."""
-    result = {"invariant_violations": 0, "final_gc": "ok", "final_recoveries": 0, "final_gc_deleted_blobs": 0}
+    result = {"invariant_violations": 0, "final_gc": "ok", "final_gc_deleted_blobs": 0}
     problems: list[str] = []
     partitions = range(run.args.partitions)
-    try:
-        result["final_recoveries"] = finish_interrupted(
-            run.config, TOPIC, partitions, run.config.oxia_session_timeout_ms / 1000 + _STOP_S)
-    except Exception as e:  # noqa: BLE001 - reported
-        problems.append(f"finishing what the actors left: {type(e).__name__}: {e}")
     with LogReader(run.config) as reader:
-        problems += check_at_rest(reader.coordination, run.config.root_prefix, TOPIC, partitions)
-        before = _read_log(reader, partitions, problems)
+        live = {}
+        for topic in (TOPIC, RECREATED):
+            try:
+                topic_id = _at_rest(run, reader, topic, problems)
+            except Exception as e:  # noqa: BLE001 - reported
+                problems.append(f"{topic} at rest: {type(e).__name__}: {e}")
+                continue
+            if topic_id is not None:
+                live[topic] = topic_id
+
+        def read_all() -> tuple[dict, dict]:
+            logs, starts = {}, {}
+            for topic, topic_id in live.items():
+                got, at = _read_log(reader, topic, topic_id, partitions, problems)
+                logs.update(got)
+                starts.update(at)
+            return logs, starts
+
+        before, _ = read_all()
         try:
             deleted, referenced = final_gc(reader, run.config)
         except Exception as e:  # noqa: BLE001 - reported
@@ -340,20 +545,26 @@ def _verify(run: Run) -> dict:
             result["final_gc_deleted_blobs"] = len(deleted)
             if referenced:
                 problems.append(f"the final GC deleted {len(referenced)} blob(s) still referenced: {referenced[:3]}")
-        log = _read_log(reader, partitions, problems)
-        for p in partitions:
-            changed = sorted(o for o in before.get(p, {}).keys() | log.get(p, {}).keys()
-                             if before.get(p, {}).get(o) != log.get(p, {}).get(o))
+        logs, starts = read_all()
+        for key in before.keys() | logs.keys():
+            changed = sorted(o for o in before.get(key, {}).keys() | logs.get(key, {}).keys()
+                             if before.get(key, {}).get(o) != logs.get(key, {}).get(o))
             if changed:
-                problems.append(f"{TOPIC}[{p}]: the final GC changed what {len(changed)} offset(s) read back, first "
+                problems.append(f"{key}: the final GC changed what {len(changed)} offset(s) read back, first "
                                 f"{changed[:5]}")
     result["invariant_violations"] = len(problems)
-    acked = read_acks(run.dir / "acks", run.args.partitions)
-    judged = judge_acks(acked, log)
+    acked = read_acks(run.dir / "acks")
+    judged = judge_acks(acked, logs, starts, read_reads(run.dir / "reads"))
     totals = _activity_totals(run.dir)
-    result.update(lost=judged["lost"], double_acked=judged["double_acked"], duplicated=judged["duplicated"],
-                  records_acked=sum(len(values) for acks in acked.values() for values in acks.values()),
-                  compactions_completed=totals["compactions_completed"], gc_deleted_blobs=totals["gc_deleted_blobs"])
+    result.update({what: judged[what] for what in ("lost", "double_acked", "duplicated", "mixed_incarnations",
+                                                   "gone_by_retention", "gone_with_deleted_topic")})
+    result.update(records_acked=sum(len(values) for acks in acked.values() for values in acks.values()),
+                  incarnations_acked=len({key[1] for key in acked if key[0] == RECREATED}),
+                  records_acked_via_broker=_acked_by(run.dir / "acks", _BROKER_PRODUCERS),
+                  records_acked_idempotent=_acked_by(run.dir / "acks", _BROKER_PRODUCERS[:1]),
+                  records_acked_plain=_acked_by(run.dir / "acks", _BROKER_PRODUCERS[1:]),
+                  group_commits_via_broker=totals["group_commits_via_broker"],
+                  final_recoveries=run.counts["final_recoveries"], **{what: totals[what] for what in _EXERCISED})
     for path in sorted((run.dir / "violations").glob("*.jsonl")):
         for line in path.read_text().splitlines():
             result["invariant_violations"] += 1
@@ -362,14 +573,21 @@ def _verify(run: Run) -> dict:
     return result
 
 
+#: What the actors' activity files must show the run did (:func:`not_exercised`), by counter.
+_EXERCISED = ("compactions_completed", "gc_deleted_blobs", "topic_recreations", "retention_passes", "group_commits",
+              "lost_responses")
+
+
 def not_exercised(run: Run, result: dict) -> list[str]:
     """What a run must have done for its checks to mean something, and did not: records
-    acknowledged, compactions completed, blobs deleted by GC (by the actors' own accounts), a
-    writer and a compactor killed mid-operation."""
-    missing = [what for what, done in (("nothing acknowledged", result["records_acked"]),
-                                       ("no compaction completed", result["compactions_completed"]),
-                                       ("GC deleted nothing", result["gc_deleted_blobs"])) if not done]
+    acknowledged, each counter of :data:`_EXERCISED` (by the actors' own accounts), a writer and
+    a compactor killed mid-operation, the broker killed."""
+    missing = ["nothing acknowledged"] if not result["records_acked"] else []
+    missing += [f"{what} is 0" for what in (*_EXERCISED, "records_acked_idempotent", "records_acked_plain",
+                                            "group_commits_via_broker") if not result[what]]
     missing += [f"no {role} killed mid-operation" for role in _MUST_KILL if not run.killed_mid_operation[role]]
+    if not run.kills["broker"]:
+        missing.append("broker_kills is 0")
     return missing
 
 
@@ -383,10 +601,13 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--partitions", type=int, default=4)
     parser.add_argument("--grace-ms", type=int, default=12_000,
                         help="LLOG_GC_GRACE_MS G (default 12000: budget G/4 = 3 s, blobs refused past G/2 = 6 s)")
+    parser.add_argument("--lose-replies", type=float, default=0.01,
+                        help="the probability that a writer or compactor loses the reply of an Oxia Write the "
+                             "server applied (default 0.01)")
     parser.add_argument("--no-server-restarts", action="store_true", help="do not restart Oxia and the S3 server")
     parser.add_argument("--settings", type=Path, default=None,
-                        help="a running stack's settings.json (default: start a private stack; server restarts "
-                             "need a stack this run started)")
+                        help="a running stack's settings.json, for its S3 server (default: start a private stack; "
+                             "server restarts need a stack this run started). Oxia is always the run's own")
     args = parser.parse_args(argv)
     for name in ("writers", "compactors", "readers", "partitions"):
         if getattr(args, name) < 1:
@@ -403,24 +624,28 @@ def main(argv: list[str] | None = None) -> int:
     seed = args.seed if args.seed is not None else random.SystemRandom().randrange(2**31)
     _progress(f"seed {seed} (replay: python -m chaos --seed {seed} --seconds {args.seconds:g})")
     with tempfile.TemporaryDirectory(prefix="llog-chaos-") as tmp:
-        stack_dir = None
+        stack_dir, oxia = None, None
         if args.settings is None:
             stack_dir = Path(tmp) / "stack"
             local_stack.up(stack_dir=stack_dir, ports=local_stack.free_ports())
         try:
+            oxia = OxiaServer(Path(tmp) / "oxia", _OXIA_SHARDS)
             config = Config.load(env={}, settings_path=args.settings or stack_dir / "settings.json").replace(
                 root_prefix=f"chaos-{uuid4().hex[:8]}", gc_grace_ms=args.grace_ms, oxia_request_timeout_ms=2000,
-                oxia_session_timeout_ms=2000)
-            with Coordination(config) as coordination:  # the actors write to every partition of it
-                create_topic(coordination, config.root_prefix, TOPIC, args.partitions)
-            run = Run(args, config, stack_dir, Path(tmp) / "run", random.Random(seed))
+                oxia_session_timeout_ms=2000, oxia_service_address=oxia.address, default_partitions=args.partitions)
+            with Coordination(config) as coordination:  # the actors write to every partition of them
+                for topic in (TOPIC, RECREATED):
+                    create_topic(coordination, config.root_prefix, topic, args.partitions, settings=topic_settings(args))
+            run = Run(args, config, stack_dir, Path(tmp) / "run", random.Random(seed), oxia=oxia,
+                      broker_port=local_stack.free_ports().s3)
             (run.dir / "logs").mkdir(parents=True)
             roles = ([("writer", f"w{i}") for i in range(args.writers)]
                      + [("compactor", f"c{i}") for i in range(args.compactors)]
-                     + [("gc", "gc")] + [("reader", f"r{i}") for i in range(args.readers)])
+                     + [("reader", f"r{i}") for i in range(args.readers)] + list(_ONE_EACH))
             run.actors = [Actor(role, name) for role, name in roles]
             for actor in run.actors:
                 run.start(actor)
+            _wait_for_broker(run)
             started = time.monotonic()
             try:
                 _disturb(run)
@@ -432,7 +657,7 @@ def main(argv: list[str] | None = None) -> int:
             appends = sum(len({(a["name"], a["seq"]) for a in map(json.loads, p.read_text().splitlines())})
                           for p in (run.dir / "acks").glob("*.jsonl"))
             missing = not_exercised(run, result)
-            ok = result["lost"] == result["duplicated"] == result["double_acked"] \
+            ok = result["lost"] == result["duplicated"] == result["double_acked"] == result["mixed_incarnations"] \
                 == result["invariant_violations"] == 0 and result["final_gc"] == "ok" and not missing
             if not ok:
                 for problem in missing + result["problems"][:20]:
@@ -443,16 +668,27 @@ def main(argv: list[str] | None = None) -> int:
             print(json.dumps({
                 "chaos": "ok" if ok else "failed", "seed": seed, "seconds": seconds, "appends_acked": appends,
                 "records_acked": result["records_acked"], "compactions_completed": result["compactions_completed"],
-                "gc_deleted_blobs": result["gc_deleted_blobs"], "pauses": run.counts["pauses"],
-                "kills": {role: run.kills[role] for role in ROLES},
+                "gc_deleted_blobs": result["gc_deleted_blobs"], "topic_recreations": result["topic_recreations"],
+                "incarnations_acked": result["incarnations_acked"], "retention_passes": result["retention_passes"],
+                "group_commits": result["group_commits"], "group_commits_via_broker": result["group_commits_via_broker"],
+                "records_acked_via_broker": result["records_acked_via_broker"],
+                "records_acked_idempotent": result["records_acked_idempotent"],
+                "records_acked_plain": result["records_acked_plain"], "broker_kills": run.kills["broker"],
+                "lost_responses": result["lost_responses"], "pauses": run.counts["pauses"],
+                "kills": {role: run.kills[role] for role in (*ROLES, "broker")},
                 "killed_mid_operation": {role: run.killed_mid_operation[role] for role in ROLES},
                 "exits": run.counts["exits"], "server_restarts": run.counts["server_restarts"],
-                "lost": result["lost"], "duplicated": result["duplicated"], "double_acked": result["double_acked"],
+                "oxia_shards": _OXIA_SHARDS, "lost": result["lost"], "duplicated": result["duplicated"],
+                "double_acked": result["double_acked"], "mixed_incarnations": result["mixed_incarnations"],
+                "gone_by_retention": result["gone_by_retention"],
+                "gone_with_deleted_topic": result["gone_with_deleted_topic"],
                 "invariant_violations": result["invariant_violations"], "final_recoveries": result["final_recoveries"],
                 "final_gc": result["final_gc"], "final_gc_deleted_blobs": result["final_gc_deleted_blobs"],
                 "not_exercised": missing,
             }), flush=True)
             return 0 if ok else 1
         finally:
+            if oxia is not None:
+                oxia.stop()
             if stack_dir is not None:
                 local_stack.down(stack_dir, purge=True)
