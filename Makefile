@@ -40,8 +40,8 @@ COMPAT_VERSIONS ?= 4.0.5 4.1.4 4.3.0
 compat: install
 	$(PY) tests/compat/check_pyspark.py $(COMPAT_VERSIONS)
 
-# Writers, compactors, GC and readers paused, killed and restarted, Oxia and the S3 server restarted;
-# prints one JSON line. CHAOS_ARGS="--seconds 300 --seed N" for a longer run or a replay.
+# Writers, compactors, GC, readers, topic deletes, consumer groups and a broker paused, killed and
+# restarted, Oxia (a replicated cluster) and the S3 server restarted; prints one JSON line. CHAOS_ARGS="--seconds 300 --seed N" for a longer run or a replay.
 chaos: install
 	$(PY) -m chaos $(CHAOS_ARGS)
 

@@ -3,7 +3,8 @@
 Writers, compactors (a share of their passes also retention passes), a GC loop, readers, a topic
 admin, consumers committing group offsets, and a broker (``python -m broker_lite``) with producers
 (idempotent and plain) and a consumer through it, each its own process, work on a real local
-stack (its S3 server, and an Oxia standalone of the run's own with several shards) for a set
+stack (its S3 server, and Oxia as a replicated cluster: a coordinator and 3 servers, 3 shards,
+replication factor 3; ``--oxia-standalone``: one server of the run's own with 3 shards) for a set
 time, with the grace period ``G`` small so that pauses matter. Two topics: the main one, and one
 the admin deletes and creates again every few seconds while writers append to it (a writer
 whose append meets the tombstone moves it to the current incarnation; each ack records the
@@ -12,7 +13,8 @@ compactors lose the reply of an Oxia Write now and then, after the server applie
 ``coordination.after_write``). The controller, from a seed, pauses processes with SIGSTOP (up to
 a few seconds past the materialization budget ``G/4`` and the compactors' Oxia session), kills
 them with SIGKILL and starts them again (the broker too), and restarts Oxia and the S3 server
-once each. Every producer records each append it was acknowledged (a 200 with offsets, through
+once each (in a cluster, the Oxia server leading the most shards is SIGKILLed under load and
+started again with its data). Every producer records each append it was acknowledged (a 200 with offsets, through
 the broker), after the acknowledgement.
 
 A kill waits up to 2 s for its actor to be mid-operation, by the actor's own activity file (a

@@ -247,8 +247,14 @@ def _disturb(run: Run) -> None:
         for service, at in list(restarts.items()):
             if now >= at:
                 _progress(f"restarting {service}")
-                if service == "oxia":
+                if service == "oxia" and run.oxia is not None:
                     run.oxia.restart()
+                elif service == "oxia":  # the cluster: SIGKILL the server leading the most shards, under load
+                    restarted = local_stack.restart_service(run.stack_dir, service, kill=True,
+                                                            down_s=rng.uniform(0.5, 3))
+                    _progress(f"killed and restarted {restarted['service']}: healthy again after "
+                              f"{restarted['healthy_after_s']:.1f} s")
+                    run.counts["oxia_server_kills"] += 1
                 else:
                     local_stack.restart_service(run.stack_dir, service)
                 run.counts["server_restarts"] += 1
@@ -605,6 +611,10 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                         help="the probability that a writer or compactor loses the reply of an Oxia Write the "
                              "server applied (default 0.01)")
     parser.add_argument("--no-server-restarts", action="store_true", help="do not restart Oxia and the S3 server")
+    parser.add_argument("--oxia-standalone", action="store_true",
+                        help=f"Oxia as one standalone server with {_OXIA_SHARDS} shards (lighter), restarted in place; "
+                             "default: a replicated cluster (a coordinator and 3 servers, replication factor 3, "
+                             f"{_OXIA_SHARDS} shards), whose restart SIGKILLs the server leading the most shards")
     parser.add_argument("--settings", type=Path, default=None,
                         help="a running stack's settings.json, for its S3 server (default: start a private stack; "
                              "server restarts need a stack this run started). Oxia is always the run's own")
@@ -615,6 +625,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     if args.seconds <= 0 or args.grace_ms < 4000:
         parser.error("--seconds must be > 0 and --grace-ms >= 4000")
     if args.settings is not None:
+        args.oxia_standalone = True  # another stack's Oxia is not the run's to restart
         args.no_server_restarts = True
     return args
 
@@ -627,12 +638,15 @@ def main(argv: list[str] | None = None) -> int:
         stack_dir, oxia = None, None
         if args.settings is None:
             stack_dir = Path(tmp) / "stack"
-            local_stack.up(stack_dir=stack_dir, ports=local_stack.free_ports())
+            local_stack.up(stack_dir=stack_dir, ports=local_stack.free_ports(), oxia_cluster=not args.oxia_standalone,
+                           oxia_shards=_OXIA_SHARDS)
         try:
-            oxia = OxiaServer(Path(tmp) / "oxia", _OXIA_SHARDS)
             config = Config.load(env={}, settings_path=args.settings or stack_dir / "settings.json").replace(
                 root_prefix=f"chaos-{uuid4().hex[:8]}", gc_grace_ms=args.grace_ms, oxia_request_timeout_ms=2000,
-                oxia_session_timeout_ms=2000, oxia_service_address=oxia.address, default_partitions=args.partitions)
+                oxia_session_timeout_ms=2000, default_partitions=args.partitions)
+            if args.oxia_standalone:  # the stack's standalone has one shard: the run's own has several
+                oxia = OxiaServer(Path(tmp) / "oxia", _OXIA_SHARDS)
+                config = config.replace(oxia_service_address=oxia.address)
             with Coordination(config) as coordination:  # the actors write to every partition of them
                 for topic in (TOPIC, RECREATED):
                     create_topic(coordination, config.root_prefix, topic, args.partitions, settings=topic_settings(args))
@@ -678,7 +692,8 @@ def main(argv: list[str] | None = None) -> int:
                 "kills": {role: run.kills[role] for role in (*ROLES, "broker")},
                 "killed_mid_operation": {role: run.killed_mid_operation[role] for role in ROLES},
                 "exits": run.counts["exits"], "server_restarts": run.counts["server_restarts"],
-                "oxia_shards": _OXIA_SHARDS, "lost": result["lost"], "duplicated": result["duplicated"],
+                "oxia_shards": _OXIA_SHARDS, "oxia": "standalone" if args.oxia_standalone else "cluster",
+                "oxia_server_kills": run.counts["oxia_server_kills"], "lost": result["lost"], "duplicated": result["duplicated"],
                 "double_acked": result["double_acked"], "mixed_incarnations": result["mixed_incarnations"],
                 "gone_by_retention": result["gone_by_retention"],
                 "gone_with_deleted_topic": result["gone_with_deleted_topic"],
