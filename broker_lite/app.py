@@ -4,7 +4,7 @@ Bodies are decoded, validated and encoded with
 msgspec (:mod:`broker_lite.models`); ``/openapi.json`` is generated from the same models
 (:mod:`broker_lite.openapi`).
 
-Routes (the seed's contract, ``HTTP_API.txt``, plus groups, topics and the OpenAPI document):
+Routes (the reference broker's HTTP API, plus groups, topics and the OpenAPI document):
 
 - ``GET /health``, ``GET /metrics`` (JSON), ``GET /metrics/prometheus``, ``GET /openapi.json``;
 - ``POST /produce`` (role ``write``), through the group commit (:mod:`broker_lite.batcher`):

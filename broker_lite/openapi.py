@@ -54,7 +54,7 @@ CROSS_FIELD_RULES: dict[str, dict[str, Any]] = {"ProduceRequest": {"anyOf": [
 ]}}
 
 #: Bodies that are not Structs: ``GET /metrics``'s free-form counters, grouped as the seed groups
-#: them (HTTP_API.txt).
+#: them (the reference broker's HTTP API).
 EXTRA_SCHEMAS: dict[str, dict[str, Any]] = {"MetricsSnapshot": {
     "title": "MetricsSnapshot",
     "description": "The broker's counters as JSON, grouped like the seed's snapshot; the same numbers "
@@ -225,7 +225,7 @@ _AUTH = (
 _DESCRIPTION = f"""\
 llog's HTTP broker: produce, consume, consumer groups and topics over HTTP, on the leaderless log
 (records in S3, offsets and index in Oxia). The produce and consume shapes are the seed broker's
-(HTTP_API.txt); 401, 403, 413, Retry-After and retry_after_ms are additions.
+(the reference broker's HTTP API); 401, 403, 413, Retry-After and retry_after_ms are additions.
 
 Auth is off unless {AUTH_ENV_VAR} is set (to a keys file, or inline JSON); a broker listening on a
 non-loopback address refuses to start without it unless told --insecure. With auth on, every route

@@ -38,7 +38,7 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Config:
 
 #: Partitions of a topic a test creates by writing to it: tests write to partitions 0..15 of the
 #: topics they make up (as a test Kafka cluster raises ``num.partitions``); tests of the default
-#: (1, docs/topics.md) set ``default_partitions`` themselves.
+#: (1, docs/protocol.md section 10) set ``default_partitions`` themselves.
 TEST_DEFAULT_PARTITIONS = 16
 
 

@@ -10,6 +10,6 @@ LAG_OFFSET_S = 3600.0
 
 def past_the_lag() -> ShiftedClock:
     """A compactor's clock an hour ahead, so entries written just now are older than the
-    compaction lag ``G`` (PROTOCOL.md v1.1 section 6.1) and get compacted at once. Its own age
+    compaction lag ``G`` (docs/protocol.md section 6.1) and get compacted at once. Its own age
     checks (of the blob it writes) read the same clock, so they are unaffected."""
     return ShiftedClock(LAG_OFFSET_S)

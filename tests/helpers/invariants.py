@@ -1,4 +1,4 @@
-"""The invariants of PROTOCOL.md section 8, checked against real Oxia (and S3 through a reader).
+"""The invariants of docs/protocol.md section 8, checked against real Oxia (and S3 through a reader).
 
 One checker for every test: ``check_partition`` asserts no overlap, no gaps, cursor bounds and
 entry sanity for a quiescent partition and returns a :class:`Snapshot`; ``check_monotonic``
@@ -25,7 +25,7 @@ class Snapshot:
     cursor: int
     entries: list[LocatedEntry]
     pending: PendingAppend | None
-    #: The first offset still in the log (docs/topics.md section 3).
+    #: The first offset still in the log (docs/protocol.md section 10.3).
     log_start_offset: int = 1
 
     @property
@@ -53,7 +53,7 @@ def check_partition(coordination: Coordination, root: str, topic: str, partition
     assert control.topic_id == topic_id, f"{keys.tp}: meta/control names topic id {control.topic_id}, not {topic_id}"
 
     # Monotonic bounds: 1 <= S <= high watermark + 1 and S <= cursor <= sequence_counter, with S
-    # the log start offset (1 until retention moves it; docs/topics.md section 4).
+    # the log start offset (1 until retention moves it; docs/protocol.md section 10.4).
     assert 1 <= start <= hw + 1, f"{keys.tp}: log start offset {start} outside 1..{hw + 1}"
     assert start <= cursor <= control.sequence_counter, (
         f"{keys.tp}: cursor {cursor} outside {start}..{control.sequence_counter}")

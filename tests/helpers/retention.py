@@ -1,4 +1,4 @@
-"""Helpers for the topic and retention tests (docs/topics.md): what is left of a partition in
+"""Helpers for the topic and retention tests (docs/protocol.md section 10): what is left of a partition in
 Oxia and S3, and the entries Kafka's size rule keeps (the invariants, from the log start offset,
 are ``tests.helpers.invariants.check_partition``)."""
 
@@ -22,7 +22,7 @@ def current_keys(coordination: Coordination, root: str, topic: str, partition: i
 
 
 def record_only(coordination: Coordination, root: str, topic: str, partitions: int) -> TopicRecord:
-    """A topic whose create stopped after writing its record (docs/topics.md section 2, create):
+    """A topic whose create stopped after writing its record (docs/protocol.md section 10.2, create):
     the record, and no partition initialized."""
     record = TopicRecord(topic, str(uuid.uuid4()), partitions, {}, ACTIVE, 1, 1)
     coordination.put(topic_key(root, topic), record.to_json(), TOPICS_PARTITION_KEY, EXPECTED_ABSENT)
@@ -62,7 +62,7 @@ def compacted_objects(objects: ObjectStore, keys: PartitionKeys) -> dict[str, in
 
 
 def entry_sizes(objects: ObjectStore, keys: PartitionKeys, entries: Sequence[LocatedEntry]) -> list[int]:
-    """Each entry's bytes as retention counts them (docs/topics.md section 3, step 2): its
+    """Each entry's bytes as retention counts them (docs/protocol.md section 10.3, step 2): its
     ``byte_length``, or for a whole object (a compacted blob) the object's size."""
     sizes = compacted_objects(objects, keys)
     return [e.entry.byte_length if e.entry.byte_length is not None else sizes[e.entry.data_key] for e in entries]

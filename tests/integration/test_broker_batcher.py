@@ -165,7 +165,7 @@ def test_requests_that_cannot_start_keep_gathering_instead_of_queueing_small_bat
 
 
 def test_a_request_is_answered_once_its_offsets_are_reserved_and_stays_readable_if_the_rest_fails(config):
-    """An append is durable once its offsets are reserved (PROTOCOL.md section 4): the request
+    """An append is durable once its offsets are reserved (docs/protocol.md section 4): the request
     is answered then, before the index entry is written. Here the writer is held right after
     the reservation: the answer arrives, the records read back (the pending is the readable
     tail), and when the rest of the append then fails, nothing acknowledged is lost: the next

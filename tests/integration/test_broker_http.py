@@ -56,7 +56,7 @@ def test_produce_answers_each_group_with_its_offsets(module_config, broker):
         "topic": "orders", "partition": 0, "ok": True, "start_offset": 1, "end_offset": 2, "count": 2}
     with LogReader(module_config) as reader:
         topic_id = read_topic(reader.coordination, module_config.root_prefix, "orders").record.topic_id
-    # one body for both groups, in the topic's incarnation (PROTOCOL.md section 12)
+    # one body for both groups, in the topic's incarnation (docs/protocol.md section 12)
     assert first["index_key"] == f"{module_config.root_prefix}/orders/{topic_id}/partitions/0/index/{3:020d}"
     assert first["wal_uri"].startswith(f"s3://{module_config.s3_bucket}/{module_config.root_prefix}/wal-shared/")
     assert (second["partition"], second["start_offset"], third["start_offset"], third["end_offset"]) == (1, 1, 3, 3)

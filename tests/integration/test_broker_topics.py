@@ -1,4 +1,4 @@
-"""The HTTP broker and topics as objects (docs/topics.md) on the real stack, through a real broker
+"""The HTTP broker and topics as objects (docs/protocol.md section 10) on the real stack, through a real broker
 process: a produce past a topic's partition count or to a topic being deleted answers each group
 with its own error and the status that says whose mistake it is; a produce to a new topic creates
 it with ``LLOG_DEFAULT_PARTITIONS`` partitions (without auto-creation: 404 ``TopicNotFound``); a
@@ -197,7 +197,7 @@ def test_a_long_poll_reset_to_latest_waits_at_the_log_end(module_config, coordin
 
 
 def test_topics_list_every_record_with_its_config_and_incarnation(module_config, coordination, broker):
-    """Every topic has a record (PROTOCOL.md section 12): the list is the records, each with its
+    """Every topic has a record (docs/protocol.md section 12): the list is the records, each with its
     ``topic_id``; a deleted topic is not listed, and created again it lists its new id."""
     root = module_config.root_prefix
     record = create_topic(coordination, root, "listed-conf", 2, {"retention.ms": 1000, "compression.type": "zstd"})

@@ -1,4 +1,4 @@
-"""Ephemeral claims (PROTOCOL.md section 6): exclusive, released by version, freed with the session."""
+"""Ephemeral claims (docs/protocol.md section 6): exclusive, released by version, freed with the session."""
 
 from __future__ import annotations
 

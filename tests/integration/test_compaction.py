@@ -1,4 +1,4 @@
-"""Compaction (PROTOCOL.md section 6) and WAL garbage collection (section 9) on real Oxia and
+"""Compaction (docs/protocol.md section 6) and WAL garbage collection (section 9) on real Oxia and
 S3 (versitygw): same bytes after compaction, continuous readability, a compactor killed at every step
 and resumed by another, racing compactors, and GC deleting exactly the old unreferenced blobs."""
 

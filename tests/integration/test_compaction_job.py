@@ -144,7 +144,7 @@ def test_job_compacts_the_topics_and_collects_old_unreferenced_blobs(spark, conf
 
 def test_job_applies_retention_before_compacting_and_gc_collects_what_it_dropped(spark, config, writer, reader,
                                                                                    objects):
-    """docs/topics.md section 3 in the job: a topic with retention.ms=1000 loses its entries once
+    """docs/protocol.md section 10.3 in the job: a topic with retention.ms=1000 loses its entries once
     they are older than both that and the grace period; a topic without keeps everything."""
     create_topic(writer.coordination, config.root_prefix, "expiring", 1, {"retention.ms": 1000})
     old = [writer.append_shared([AppendGroup("expiring", 0, [b"e%d-%d" % (a, i) for i in range(5)]),
@@ -244,7 +244,7 @@ def test_llog_compact_and_gc_commands(cli_env, config, writer, reader, objects):
     writer.append("cli", 1, [b"other"])
     orphan = objects.put(shared_wal_object(config.root_prefix), b"orphan")
     written = time.time()
-    _wait_older_than_grace(written)  # past the compaction lag (PROTOCOL.md v1.1 section 6.1)
+    _wait_older_than_grace(written)  # past the compaction lag (docs/protocol.md section 6.1)
 
     done = _llog(cli_env, "compact", "cli", "0", "--max-offsets", "10")
     assert done.returncode == 0, done.stderr

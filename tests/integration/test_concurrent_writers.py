@@ -1,4 +1,4 @@
-"""Several writers appending to the same partitions at once (PROTOCOL.md section 8)."""
+"""Several writers appending to the same partitions at once (docs/protocol.md section 8)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Consumer-group offsets (PROTOCOL.md section 9): commits by CAS, only forward; `llog groups
+"""Consumer-group offsets (docs/protocol.md section 9): commits by CAS, only forward; `llog groups
 reset` for the deliberate move back. On real Oxia."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""A writer killed with SIGKILL at each step of the write path (PROTOCOL.md section 4); the next
+"""A writer killed with SIGKILL at each step of the write path (docs/protocol.md section 4); the next
 writer or reader recovers, the invariants hold and no acknowledged record is lost."""
 
 from __future__ import annotations

@@ -1,5 +1,5 @@
-"""PROTOCOL.md v1.1, "Created once" (the test plan of ``shared/spec/v1.1-created-once.md``), on
-real Oxia and the S3 server.
+"""docs/protocol.md section 8, "Created once" (the interleavings of section 8.5), on real Oxia and
+the S3 server.
 
 Each test pauses one actor at a named point (``llog.failpoints.hooks``) while the hook runs the
 others to completion, then lets it go on: the interleavings that broke a compacted partition

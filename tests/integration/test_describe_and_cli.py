@@ -133,7 +133,7 @@ def test_cli_topics_create_list_describe_alter_retention_delete(cli_env, config,
 
 
 def test_cli_consume_starts_at_the_log_start_and_names_removed_offsets(cli_env, config, writer, capsys):
-    """docs/topics.md section 3: without --offset, consume reads from the log start offset."""
+    """docs/protocol.md section 10.3: without --offset, consume reads from the log start offset."""
     create_topic(writer.coordination, config.root_prefix, "kept", 1, {"retention.ms": 1000})
     writer.append("kept", 0, [b"old-1", b"old-2"])
     with Compactor(config, clock=ShiftedClock(3600)) as compactor:  # the entry is old now

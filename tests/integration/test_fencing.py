@@ -1,4 +1,4 @@
-"""Fencing rejects appends (PROTOCOL.md section 7); unfencing resumes them."""
+"""Fencing rejects appends (docs/protocol.md section 7); unfencing resumes them."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Incarnations never mix (PROTOCOL.md section 12): an actor paused on behalf of a topic while
+"""Incarnations never mix (docs/protocol.md section 12): an actor paused on behalf of a topic while
 the topic is deleted and created again, then let go, changes nothing the new topic shows.
 
 Each test pauses one actor at a failpoint (``hooks``), deletes and re-creates the topic and
@@ -190,7 +190,7 @@ def test_a_group_commit_for_a_deleted_topic_never_shows_in_the_new_one(clients):
         assert committed_offsets(coordination, config.root_prefix, "billing", [tp])[tp].offset == 4
 
 
-# --- one G per deployment (PROTOCOL.md section 9) -------------------------------------------------
+# --- one G per deployment (docs/protocol.md section 9) -------------------------------------------------
 
 
 def test_a_writer_compactor_or_gc_with_another_grace_period_is_refused_naming_both(config):

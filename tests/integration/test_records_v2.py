@@ -1,4 +1,4 @@
-"""records-v2 (docs/records-v2.md) on real Oxia and the S3 server: keys, headers, event times and
+"""records-v2 (docs/protocol.md section 11) on real Oxia and the S3 server: keys, headers, event times and
 tombstones written by the writer and read back by every read path; which encoding and which
 compression each append and each compaction uses; compaction of runs that mix both encodings."""
 

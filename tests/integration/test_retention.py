@@ -1,4 +1,4 @@
-"""Retention (docs/topics.md sections 3 and 4) on real Oxia and the S3 server: by time and by size
+"""Retention (docs/protocol.md sections 10.3 and 10.4) on real Oxia and the S3 server: by time and by size
 (WAL entries and compacted objects), never an entry younger than the grace period ``G``, readers
 racing a pass (before it, midway, after GC), GC collecting exactly what nothing references any
 more, consumer groups below the log start, and the invariants from the log start.

@@ -1,4 +1,4 @@
-"""format("llog") reads and retention (docs/topics.md section 3), with real Spark over real Oxia and
+"""format("llog") reads and retention (docs/protocol.md section 10.3), with real Spark over real Oxia and
 S3 (versitygw): ``earliest`` is each partition's log start offset; a position below it is data loss
 (``failOnDataLoss``), on the driver when a batch is planned and in the tasks when retention moved
 the start after that; a read never returns another offset's record."""
@@ -149,7 +149,7 @@ def test_a_stream_positioned_below_the_log_start_fails_or_goes_on_from_it(spark,
         committed = committed_offsets(coordination, config.root_prefix, "g", [TopicPartition("s", 0)])
         assert committed[TopicPartition("s", 0)].offset == 41  # below the log start: committing it works
         lags = {(r.topic, r.partition): r.lag for r in describe_group(coordination, config.root_prefix, "g")}
-        assert lags == {("s", 0): 10, ("s", 1): 0}  # counted from the log start 61 (docs/topics.md section 3)
+        assert lags == {("s", 0): 10, ("s", 1): 0}  # counted from the log start 61 (docs/protocol.md section 10.3)
 
     rows, query = _run(spark, config, checkpoint, failOnDataLoss="false", **stream)
     assert query.exception() is None and rows == [("s", 0, o, v) for o, v in after]  # 61..70

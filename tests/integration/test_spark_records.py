@@ -1,4 +1,4 @@
-"""Kafka's record model through Spark (docs/records-v2.md): keys, headers, event times,
+"""Kafka's record model through Spark (docs/protocol.md section 11): keys, headers, event times,
 tombstones and compression written with ``df.write.format("llog")`` and read back with
 ``spark.read`` / ``spark.readStream.format("llog")``, on real Oxia and the S3 server."""
 

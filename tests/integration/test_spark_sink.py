@@ -103,7 +103,7 @@ def _placed_by(reader, topic: str, partitions: int) -> dict[int, list[bytes]]:
 
 
 def test_the_partitions_option_must_agree_with_the_topic(spark, config, reader):
-    """docs/topics.md section 2: the topic record's count decides; a writer that disagrees is refused."""
+    """docs/protocol.md section 10.2: the topic record's count decides; a writer that disagrees is refused."""
     with Coordination(config) as coordination:
         create_topic(coordination, config.root_prefix, "counted", 4)
     keyed = spark.createDataFrame([(f"k{i}", f"v{i}") for i in range(200)], "key string, value string").coalesce(2)

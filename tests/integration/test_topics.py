@@ -1,4 +1,4 @@
-"""Topics as objects (docs/topics.md sections 1, 2 and 4) on real Oxia and the S3 server: create,
+"""Topics as objects (docs/protocol.md sections 10.1, 10.2 and 10.4) on real Oxia and the S3 server: create,
 list, describe, alter and delete; auto-creation by writers; writers that disagree on the
 partition count; delete (a tombstone per partition, docs/protocol.md section 12) and re-create; a
 delete that is interrupted and finished."""
@@ -236,7 +236,7 @@ def test_a_deleted_and_recreated_topic_starts_empty(config, writer, reader):
 
         new = create_topic(c, root, "re", 2)
         assert new.topic_id != old.topic_id
-        for p, control in enumerate(_controls(writer, config, "re", range(2))):  # docs/topics.md section 4
+        for p, control in enumerate(_controls(writer, config, "re", range(2))):  # docs/protocol.md section 10.4
             assert (control.topic_id, control.sequence_counter, control.log_start_offset) == (new.topic_id, 1, 1)
             assert index_entries(c, partition_keys(root, "re", p, new.topic_id)) == []
         assert committed_offsets(c, root, "g", [TopicPartition("re", p) for p in range(2)]) == {}
@@ -379,7 +379,7 @@ def test_a_topic_being_deleted_refuses_writes_and_a_second_delete_finishes_it(co
 
 
 def test_a_writer_with_the_record_cached_active_writes_until_the_delete_fences(config, writer, reader):
-    """Writers trust a cached record for ``CACHE_TTL_S`` (docs/topics.md section 2: re-read when
+    """Writers trust a cached record for ``CACHE_TTL_S`` (docs/protocol.md section 10.2: re-read when
     it does not answer): between a delete's step 1 and its fence, a writer that cached the topic
     ACTIVE still appends; the fence (step 2) is what stops it, and the delete removes it all."""
     c, root = writer.coordination, config.root_prefix

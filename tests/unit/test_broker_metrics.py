@@ -22,7 +22,7 @@ from llog.config import Config
 from llog.objects import ObjectInfo, ObjectStore
 from llog.writer import AppendGroup
 
-# The seed's lists (shared/reference/HTTP_API.txt).
+# The reference broker's lists (its HTTP API).
 SEED_BROKER = ["broker_id", "host", "port", "started_at_ms", "roles", "batch_settings"]
 SEED_HTTP = [
     "inbound_requests", "accepted_produce_requests", "rejected_produce_requests", "malformed_request_count",

@@ -1,4 +1,4 @@
-"""bytes-batch-v1 bodies and LLS1 shared WAL blobs (PROTOCOL.md section 3), without servers."""
+"""bytes-batch-v1 bodies and LLS1 shared WAL blobs (docs/protocol.md section 3), without servers."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Typed Oxia records and their JSON form (PROTOCOL.md section 2)."""
+"""Typed Oxia records and their JSON form (docs/protocol.md section 2)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""records-v2 bodies (docs/records-v2.md): keys, headers, event times and compression, without
+"""records-v2 bodies (docs/protocol.md section 11): keys, headers, event times and compression, without
 servers. Round trips through the codec for every compression, zero-copy decoding, the decoder's
 rejection of every kind of damage the spec lists, and how writers' input is normalized."""
 

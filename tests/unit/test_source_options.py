@@ -126,7 +126,7 @@ def test_advance_discovers_new_partitions_from_earliest_and_reports_data_loss():
 
 
 def test_earliest_is_the_log_start_and_positions_below_it_are_data_loss():
-    """docs/topics.md section 3."""
+    """docs/protocol.md section 10.3."""
     found = {A0: O(6, 10), A1: O(4, 3)}  # a[1]: everything retained away, the next offset is 4
     assert resolve_positions("s", "earliest", found, True) == {A0: 6, A1: 4}
     assert resolve_positions("s", {A0: -2, A1: 4}, found, True) == {A0: 6, A1: 4}

@@ -1,5 +1,5 @@
 """The broker's tail cache: hits inside and across runs, gaps, byte budgets, eviction, and
-incarnations of a topic (PROTOCOL.md section 12), in memory and in the shared directory."""
+incarnations of a topic (docs/protocol.md section 12), in memory and in the shared directory."""
 
 from broker_lite.tail_cache import RECORD_OVERHEAD, TailCache, TailCacheDir
 from llog.keys import TopicPartition

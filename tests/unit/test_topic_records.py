@@ -1,4 +1,4 @@
-"""The topic record and topic settings (docs/topics.md section 1): JSON in and out, checks."""
+"""The topic record and topic settings (docs/protocol.md section 10.1): JSON in and out, checks."""
 
 from __future__ import annotations
 
