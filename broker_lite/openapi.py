@@ -224,8 +224,8 @@ _AUTH = (
 
 _DESCRIPTION = f"""\
 llog's HTTP broker: produce, consume, consumer groups and topics over HTTP, on the leaderless log
-(records in S3, offsets and index in Oxia). The produce and consume shapes are the seed broker's
-(the reference broker's HTTP API); 401, 403, 413, Retry-After and retry_after_ms are additions.
+(records in S3, offsets and index in Oxia). The produce and consume shapes are the reference
+broker's; 401, 403, 413, Retry-After and retry_after_ms are additions.
 
 Auth is off unless {AUTH_ENV_VAR} is set (to a keys file, or inline JSON); a broker listening on a
 non-loopback address refuses to start without it unless told --insecure. With auth on, every route
