@@ -30,10 +30,11 @@ from jobs.demo_report import write_report
 from llog import progress
 from llog.config import Config, llog_home
 from llog.describe import describe_topic, format_descriptions
-from llog.discovery import topic_partitions
+from llog.discovery import partition_controls
 from llog.topics import create_topic
 from llog.keys import shared_wal_prefix
 from llog.reader import LogReader, ReadRequest
+from llog.records import ControlRecord
 from llog.writer import AppendGroup, LogWriter
 
 
@@ -61,8 +62,7 @@ def main(argv: list[str] | None = None) -> int:
     with LogWriter(config, auto_initialize=True) as writer, LogReader(config) as reader:
         for t in topics:  # as `llog topics create T --partitions N --if-not-exists` (docs/protocol.md section 10)
             create_topic(writer.coordination, config.root_prefix, t, args.partitions, if_not_exists=True)
-        first_hw = {(t, p): reader.high_watermark(t, p) if _initialized(reader, t, p) else 0
-                    for t in topics for p in range(args.partitions)}
+        first_hw = {(t, p): reader.high_watermark(t, p) for t in topics for p in range(args.partitions)}
         blobs_before = sum(1 for _ in writer.objects.list(shared_wal_prefix(config.root_prefix)))
         written: dict[tuple[str, int], list[bytes]] = {}
         for batch in progress.track(range(args.batches), "writing shared WAL blobs", unit="blobs"):
@@ -184,7 +184,7 @@ def stream_through_spark(spark, config: Config, partitions: int, batches: int = 
     print(f"streaming {batches} micro-batches of {rows:,} events through writeStream.format('llog') ...")
     started = time.perf_counter()
     with LogReader(config) as reader, tempfile.TemporaryDirectory(prefix="llog-demo-ck-") as checkpoint:
-        before = _high_watermarks(reader, config, "events", partitions)
+        before = _high_watermarks(reader, config, "events")
         events = (spark.readStream.format("rate-micro-batch").option("rowsPerBatch", rows)
                   .option("startTimestamp", int(time.time() * 1000)).load()  # event times of today, not 1970
                   .select(F.to_json(F.struct(F.col("value").alias("seq"), F.col("timestamp").cast("string").alias("ts")))
@@ -206,7 +206,7 @@ def stream_through_spark(spark, config: Config, partitions: int, batches: int = 
         for p in batch_progress:
             print(f"  batch {p['batchId']}: {p['numInputRows']:,} rows in "
                   f"{p['durationMs'].get('triggerExecution', 0) / 1000:.2f}s")
-        after = _high_watermarks(reader, config, "events", partitions)
+        after = _high_watermarks(reader, config, "events")
     print(f"events: {sum(after.values()) - sum(before.values()):,} records committed in "
           f"{time.perf_counter() - started:.1f}s; offsets per partition: "
           + ", ".join(f"events[{p}] {before.get(p, 0) + 1}..{hw}" if hw > before.get(p, 0) else f"events[{p}] -"
@@ -334,16 +334,11 @@ class LagSampler:
                 self._stop.wait(self.interval_s)
 
 
-def _high_watermarks(reader: LogReader, config: Config, topic: str, partitions: int) -> dict[int, int]:
+def _high_watermarks(reader: LogReader, config: Config, topic: str) -> dict[int, int]:
     """The high watermark of every initialized partition of ``topic`` (the demo's, and any an
-    earlier run with more partitions made)."""
-    candidates = set(range(partitions)) | set(topic_partitions(reader.coordination, config.root_prefix, topic))
-    return {p: reader.high_watermark(topic, p) for p in sorted(candidates) if _initialized(reader, topic, p)}
-
-
-def _initialized(reader: LogReader, topic: str, partition: int) -> bool:
-    keys = reader.keys(topic, partition)
-    return reader.coordination.get(keys.control, keys.partition_key) is not None
+    earlier run with more partitions made); none before the topic exists."""
+    _, controls = partition_controls(reader.coordination, config.root_prefix, topic)
+    return {p: ControlRecord.from_json(c.value, c.key).high_watermark for p, c in sorted(controls.items())}
 
 
 if __name__ == "__main__":
