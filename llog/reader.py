@@ -199,10 +199,10 @@ class LogReader(ClientUser):
     # --- the incarnation a read is of (section 12) ----------------------------------------------
 
     def _locate(self, targets: Sequence[tuple[str, int, int]]
-                ) -> list[tuple[PartitionKeys | LlogError, Versioned | None, Versioned | None]]:
+                ) -> list[tuple[PartitionKeys | LlogError, ControlState | None, Versioned | None]]:
         """Per ``(topic, partition, offset)``: the partition's keys in its topic's current
-        incarnation (or :class:`TopicNotFound`), its ``meta/control`` and the ceiling index entry
-        of ``offset``, in one multi-key read per shard. A control missing or a tombstone under a
+        incarnation (or :class:`TopicNotFound`), its ``meta/control`` (None: missing) and the
+        ceiling index entry of ``offset``, in one multi-key read per shard. A control missing or a tombstone under a
         cached topic id may mean the topic was re-created since it was cached: those topics'
         records are read again, and the read repeated once."""
         self.warn_clock_once()
@@ -223,24 +223,26 @@ class LogReader(ClientUser):
                 + [(k.index(targets[i][2]), k.partition_key) for i, k in live],
                 ceiling_within=[None] * len(live) + [k.index_prefix for _, k in live],
             ) if live else []
-            out: list[tuple[PartitionKeys | LlogError, Versioned | None, Versioned | None]] = [(k, None, None) for k in keys]
+            out: list[tuple[PartitionKeys | LlogError, ControlState | None, Versioned | None]] = [
+                (k, None, None) for k in keys]
             for j, (i, k) in enumerate(live):
-                out[i] = (k, found[j], found[len(live) + j])
+                control = found[j]
+                out[i] = (k, None if control is None else ControlState(ControlRecord.from_json(control.value, k.control),
+                                                                       control.version_id), found[len(live) + j])
             stale = {k.tp.topic for k, control, _ in out if isinstance(k, PartitionKeys)
-                     and (control is None or ControlRecord.from_json(control.value, k.control).deleted)}
+                     and (control is None or control.record.deleted)}
             if not stale or attempt:
                 return out
         raise AssertionError("unreachable")
 
     @staticmethod
-    def _live(keys: PartitionKeys | LlogError, control: Versioned | None) -> ControlState:
+    def _live(keys: PartitionKeys | LlogError, state: ControlState | None) -> ControlState:
         """The control state of a located partition, or its error: no topic, not initialized,
         or its incarnation deleted."""
         if isinstance(keys, LlogError):
             raise keys
-        if control is None:
+        if state is None:
             raise PartitionNotInitialized(keys.tp.topic, keys.tp.partition)
-        state = ControlState(ControlRecord.from_json(control.value, keys.control), control.version_id)
         if state.record.deleted:
             raise TopicDeleted(keys.tp.topic, keys.tp.partition, keys.topic_id)
         return state

@@ -8,6 +8,7 @@ and has the partition.
 
 from __future__ import annotations
 
+import functools
 import logging
 import threading
 import time
@@ -403,7 +404,7 @@ class TopicCache:
         record = self.get(topic, fresh)
         if record is None:
             raise TopicNotFound(topic)
-        return PartitionKeys(self.config.root_prefix, TopicPartition(topic, partition), record.topic_id)
+        return _partition_keys(self.config.root_prefix, topic, partition, record.topic_id)
 
     def compression(self, topic: str) -> str:
         """The compression of new bodies of ``topic`` (its record's, else the config's)."""
@@ -416,3 +417,9 @@ class TopicCache:
     def forget(self, topic: str) -> None:
         with self._lock:
             self._records.pop(topic, None)
+
+
+@functools.lru_cache(maxsize=65536)
+def _partition_keys(root: str, topic: str, partition: int, topic_id: str) -> PartitionKeys:
+    """Made once per partition and incarnation: every read and append asks for them."""
+    return PartitionKeys(root, TopicPartition(topic, partition), topic_id)
