@@ -136,8 +136,8 @@ class TopicBeingDeleted(LlogError):
 
 
 class TopicRecreated(LlogError):
-    """A partition belongs to another topic of the same name than the writer expected: the topic
-    was deleted and created again meanwhile (docs/protocol.md section 10.2)."""
+    """The topic was deleted and created again while a read (or a broker's fetch) of it ran: what
+    it would read next belongs to another incarnation (docs/protocol.md section 12.3)."""
 
 
 class UnknownPartition(LlogError, ValueError):
