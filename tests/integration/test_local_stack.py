@@ -32,23 +32,13 @@ from llog.local_stack import (
     up,
 )
 from tests.helpers.broker_process import free_port
+from tests.helpers.processes import processes_using
 
 
 def _pid_exists(pid: int) -> bool:
     return Path(f"/proc/{pid}/cmdline").exists() and Path(f"/proc/{pid}/cmdline").read_bytes() != b""
 
 
-def _processes_using(path: Path) -> list[int]:
-    """Pids whose command line mentions ``path``."""
-    found = []
-    for entry in Path("/proc").iterdir():
-        if entry.name.isdigit():
-            try:
-                if str(path).encode() in (entry / "cmdline").read_bytes():
-                    found.append(int(entry.name))
-            except OSError:
-                continue
-    return found
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -174,7 +164,7 @@ def test_port_in_use_is_named_and_nothing_starts(tmp_path: Path) -> None:
             up(stack_dir=tmp_path, ports=ports)
     assert not status(tmp_path)["running"]
     assert not (tmp_path / "stack.json").exists()
-    assert _processes_using(tmp_path) == []
+    assert processes_using(tmp_path) == []
 
 
 
@@ -182,7 +172,7 @@ def test_not_healthy_in_time_stops_and_shows_the_log(tmp_path: Path) -> None:
     with pytest.raises(LlogError, match=r"oxia did not become healthy within 0 s(.|\n)*oxia\.log"):
         up(stack_dir=tmp_path, ports=free_ports(), timeout_s=0)
     assert not (tmp_path / "stack.json").exists() and not (tmp_path / "settings.json").exists()
-    assert _processes_using(tmp_path) == []
+    assert processes_using(tmp_path) == []
 
 def test_cli_status_of_empty_stack_dir(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     args = _parser().parse_args(["stack", "status", "--stack-dir", str(tmp_path)])

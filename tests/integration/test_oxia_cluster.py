@@ -38,6 +38,7 @@ from llog.local_stack import (
 )
 from llog.reader import LogReader
 from llog.writer import LogWriter
+from tests.helpers.processes import processes_using
 
 SHARDS = 3
 PARTITIONS = 8
@@ -282,7 +283,7 @@ def test_down_stops_every_process_and_up_brings_the_cluster_back_with_its_data(c
     pids = [p["pid"] for p in (oxia["cluster"]["coordinator"], *oxia["cluster"]["servers"])]
     stopped = down(cluster)
     assert len(stopped) == 5 and all(str(pid) in " ".join(stopped) for pid in pids)
-    assert _processes_using(cluster) == []
+    assert processes_using(cluster) == []
     assert not (cluster / "stack.json").exists() and not (cluster / "settings.json").exists()
 
     again = up(stack_dir=cluster, ports=free_ports(), oxia_cluster=True, oxia_shards=SHARDS)
@@ -293,18 +294,5 @@ def test_down_stops_every_process_and_up_brings_the_cluster_back_with_its_data(c
         up(stack_dir=cluster, ports=free_ports())
 
     down(cluster, purge=True)
-    assert _processes_using(cluster) == []
+    assert processes_using(cluster) == []
     assert not (cluster / "oxia").exists()
-
-
-def _processes_using(path: Path) -> list[int]:
-    """Pids whose command line mentions ``path``."""
-    found = []
-    for entry in Path("/proc").iterdir():
-        if entry.name.isdigit():
-            try:
-                if str(path).encode() in (entry / "cmdline").read_bytes():
-                    found.append(int(entry.name))
-            except OSError:
-                continue
-    return found
