@@ -29,7 +29,9 @@ class ClientUser:
         self.coordination = coordination or Coordination(config)
         self.objects = objects or ObjectStore(config)
         self._owned = [c for c, given in ((self.coordination, coordination), (self.objects, objects)) if given is None]
-        self._topics: TopicCache | None = None
+        #: The topic records this user resolves incarnations with (section 12); a writer sets one
+        #: that creates topics.
+        self.topics = TopicCache(self.coordination, self.config, self.clock, auto_create=False)
         self._deployment_checked = False
         self._clock_warned = False
         self._deployment_lock = threading.Lock()
@@ -39,18 +41,6 @@ class ClientUser:
     def from_env(cls, **kwargs):
         """Built from the environment (or the local stack's settings file)."""
         return cls(Config.load(), **kwargs)
-
-    @property
-    def topics(self) -> TopicCache:
-        """The topic records this user resolves incarnations with (section 12), read-only unless
-        a subclass sets its own (a writer's creates topics)."""
-        if self._topics is None:
-            self._topics = TopicCache(self.coordination, self.config, self.clock, auto_create=False)
-        return self._topics
-
-    @topics.setter
-    def topics(self, cache: TopicCache) -> None:
-        self._topics = cache
 
     def check_deployment(self, who: str) -> None:
         """Once per instance, before it first writes, compacts or collects: the root prefix's

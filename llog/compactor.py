@@ -56,7 +56,7 @@ from llog.objects import ObjectStore
 from llog.progress import TaskFactory, silent
 from llog.reader import LogReader
 from llog.retention import apply_retention, finish_retention
-from llog.topics import TopicCache, TopicSettings
+from llog.topics import TopicSettings
 from llog.records import (
     COMPACTED, DELETING_OLD, UPDATING_CURSOR, WAL, WRITING_COMPACTED_INDEX, CompactionCursor,
     CompactionRecord, ControlRecord, IndexEntry, LocatedEntry,
@@ -112,7 +112,6 @@ class Compactor(ClientUser):
         self.compactor_id = compactor_id or f"{config.client_identifier or socket.gethostname()}-{uuid.uuid4().hex[:8]}"
         self.max_offsets = max_offsets
         self.max_bytes = max_bytes
-        self.topics = TopicCache(self.coordination, config, self.clock, auto_create=False)
 
     def close(self) -> None:
         self.reader.close()

@@ -313,8 +313,11 @@ class LogWriter(ClientUser):
     def initialize_partition(self, topic: str, partition: int) -> bool:
         """Section 4.1 in the topic's current incarnation (created first if this writer
         auto-initializes). Returns True if this call created the partition."""
-        self.topics.check(topic, partition)
-        return initialize_partition(self.coordination, self.keys(topic, partition, fresh=True))
+        tp = TopicPartition(topic, partition)  # both checked before anything is read or created
+        record = self.topics.require(topic, fresh=True)
+        if partition >= record.partitions:
+            raise UnknownPartition(topic, partition, record.partitions)
+        return initialize_partition(self.coordination, PartitionKeys(self.config.root_prefix, tp, record.topic_id))
 
     def check_partitions(self, partitions: Sequence[TopicPartition]) -> dict[TopicPartition, LlogError]:
         """docs/protocol.md section 10.2: each partition's topic exists (created first if this writer
