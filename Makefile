@@ -6,7 +6,7 @@ PY     := $(VENV)/bin/python
 # Reinstall when setup.py changes.
 STAMP  := $(VENV)/.installed-$(shell sha1sum setup.py | cut -c1-12)
 
-.PHONY: install chromium demo test bench compat chaos loadtest proto stack-up stack-down stack-status
+.PHONY: install debian-packages demo test bench compat chaos loadtest proto stack-up stack-down stack-status
 
 $(STAMP): setup.py
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -21,14 +21,16 @@ demo: install
 	$(PY) -m llog stack up
 	$(PY) -m jobs.demo
 
-# Headless Chromium for the test that screenshots the demo's report (Debian's package; the
-# machine has no browser of its own and a test tool's download of one is refused here).
-chromium:
-	@command -v chromium >/dev/null || { \
+# Servers and tools from Debian's packages that the tests run for real: headless Chromium (the test
+# that screenshots the demo's report; a test tool's download of a browser is refused here), HAProxy
+# (the load balancer in front of `llog stack up --brokers N`) and Prometheus (`make observe`).
+DEBIAN_PACKAGES := chromium haproxy prometheus
+debian-packages:
+	@command -v chromium >/dev/null && command -v haproxy >/dev/null && command -v prometheus >/dev/null || { \
 	  if [ "$$(id -u)" = 0 ]; then SUDO=; else SUDO="sudo -n"; fi; \
-	  $$SUDO apt-get update -q >/dev/null && $$SUDO apt-get install -y -q chromium >/dev/null; }
+	  $$SUDO apt-get update -q >/dev/null && $$SUDO apt-get install -y -q $(DEBIAN_PACKAGES) >/dev/null; }
 
-test: install chromium
+test: install debian-packages
 	$(PY) -m pytest
 
 bench: install

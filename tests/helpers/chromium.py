@@ -29,7 +29,7 @@ def chromium_path() -> str:
     """The Chromium binary: ``/usr/bin/chromium`` else ``chromium`` on the PATH."""
     found = CHROMIUM if os.access(CHROMIUM, os.X_OK) else shutil.which("chromium")
     if not found:
-        raise ChromiumError(f"no Chromium at {CHROMIUM} or on the PATH: install it with `make chromium` "
+        raise ChromiumError(f"no Chromium at {CHROMIUM} or on the PATH: install it with `make debian-packages` "
                             "(apt-get install chromium)")
     return found
 

@@ -173,5 +173,5 @@ def test_screenshot_errors_are_clear(tmp_path, monkeypatch):
         screenshot(page, tmp_path / "x.png", timeout_s=0.01)
     monkeypatch.setattr("tests.helpers.chromium.CHROMIUM", str(tmp_path / "no-chromium"))
     monkeypatch.setenv("PATH", str(tmp_path))
-    with pytest.raises(ChromiumError, match="make chromium"):
+    with pytest.raises(ChromiumError, match="make debian-packages"):
         screenshot(page, tmp_path / "x.png")
