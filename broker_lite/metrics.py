@@ -33,6 +33,7 @@ from prometheus_client.exposition import CONTENT_TYPE_PLAIN_0_0_4
 
 from broker_lite.batcher import Batcher
 from llog.config import Config
+from llog.metrics import OXIA_OTHER, PREFIX, SECONDS_BUCKETS, _counts, client_families
 from llog.objects import ObjectInfo
 
 log = logging.getLogger(__name__)
@@ -41,16 +42,11 @@ log = logging.getLogger(__name__)
 #: ``CONTENT_TYPE_LATEST`` is the 1.0.0 format).
 PROMETHEUS_CONTENT_TYPE = CONTENT_TYPE_PLAIN_0_0_4
 
-#: Every family's prefix.
-PREFIX = "leaderless_log_"
-
 #: Route labels of the request histogram; any other path is ``OTHER_ROUTE`` (bounded labels).
 ROUTES = frozenset({"/produce", "/consume", "/groups/{group}/commit", "/groups/{group}", "/topics",
                     "/topics/{topic}", "/health", "/metrics", "/metrics/prometheus", "/openapi.json"})
 OTHER_ROUTE = "other"
 
-#: Latency buckets, 0.5 ms .. 10 s.
-SECONDS_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
 #: Size buckets, 1 KiB .. 256 MiB.
 BYTES_BUCKETS = tuple(float(1024 * 4 ** i) for i in range(10))
 
@@ -243,15 +239,6 @@ _HTTP_COUNTERS = {
     "consume_long_poll_timeouts_total": "Long polls answered at max_wait_ms without enough records",
     "consume_backpressure_rejections_total": "Consume requests refused for backpressure",
 }
-
-
-def _counts(sources: Iterable[object]) -> collections.Counter[str]:
-    """The sum of the ``stats`` counters of ``sources`` (updated by other threads: ``dict()`` of a
-    Counter copies it in one step under the GIL)."""
-    total: collections.Counter[str] = collections.Counter()
-    for source in sources:
-        total.update(dict(source.stats))
-    return total
 
 
 class BrokerMetrics:
@@ -546,7 +533,7 @@ class BrokerMetrics:
     def _oxia(self) -> dict:
         counts = self.oxia_operations()
         return {
-            "operations": {op: n for op, n in sorted(counts.items()) if op not in _OXIA_OTHER},
+            "operations": {op: n for op, n in sorted(counts.items()) if op not in OXIA_OTHER},
             "read_rpcs": counts["read_rpc"],
             "write_rpcs": counts["write_rpc"],
             "cas_conflicts": counts["cas_conflict"],
@@ -585,10 +572,6 @@ class BrokerMetrics:
         return read
 
 
-#: Coordination.stats keys that are not operations (the others are: get, put, delete, ...).
-_OXIA_OTHER = frozenset({"read_rpc", "write_rpc", "cas_conflict"})
-
-
 #: Group-commit counters: family name -> (help, ``Batcher.stats`` key).
 _BATCH_COUNTERS = {
     "batch_append_payload_bytes_enqueued_total": ("Record bytes admitted into the group commit", "enqueued_bytes"),
@@ -616,7 +599,9 @@ class _Collector:
                                 value=m.started_at_ms / 1000)
         yield from self._http()
         yield from self._batching()
-        yield from self._oxia()
+        with m._lock:
+            coordinations, stores = list(m._coordinations), list(m._object_stores)
+        yield from client_families(coordinations, stores)
         yield from self._s3()
 
     def _http(self) -> Iterator[Metric]:
@@ -652,34 +637,10 @@ class _Collector:
         for name, (documentation, key) in _BATCH_COUNTERS.items():
             yield _counter(name, documentation, stats.get(key, 0))
 
-    def _oxia(self) -> Iterator[Metric]:
-        counts = self.m.oxia_operations()
-        operations = CounterMetricFamily(PREFIX + "oxia_operations_total", "Oxia operations (keys for batched puts)",
-                                         labels=["operation"])
-        for op, n in sorted(counts.items()):
-            if op not in _OXIA_OTHER:
-                operations.add_metric([op], n)
-        yield operations
-        rpcs = CounterMetricFamily(PREFIX + "oxia_rpcs_total", "Oxia Read and Write RPCs (each batching keys)",
-                                   labels=["kind"])
-        rpcs.add_metric(["read"], counts["read_rpc"])
-        rpcs.add_metric(["write"], counts["write_rpc"])
-        yield rpcs
-        yield _counter("oxia_cas_conflicts_total", "Conditional Oxia writes that lost to another writer",
-                       counts["cas_conflict"])
-
     def _s3(self) -> Iterator[Metric]:
         m = self.m
         counts = m.s3_operations()
         operations = {op: n for op, n in sorted(counts.items()) if not op.endswith("_bytes")}
-        family = CounterMetricFamily(PREFIX + "s3_operations_total", "S3 requests by operation",
-                                     labels=["operation"])
-        for op, n in operations.items():
-            family.add_metric([op], n)
-        yield family
-        yield _counter("s3_put_requests_total", "S3 PUT requests", counts["put"])
-        yield _counter("s3_put_uploaded_bytes_total", "Bytes uploaded by S3 PUT requests", counts["put_bytes"])
-        yield _counter("s3_get_downloaded_bytes_total", "Bytes downloaded by S3 GET requests", counts["get_bytes"])
         yield _counter("s3_estimated_request_cost_usd_total", f"Estimated S3 request cost ({m.pricing.pricing_model})",
                        m.pricing.request_cost_usd(operations))
         usage = m.bucket_usage()
