@@ -33,6 +33,8 @@ from prometheus_client.exposition import CONTENT_TYPE_PLAIN_0_0_4
 
 from broker_lite.batcher import Batcher
 from llog.config import Config
+from llog.consumer_groups import topic_group_lags
+from llog.discovery import partitions_of
 from llog.metrics import OXIA_OTHER, PREFIX, SECONDS_BUCKETS, _counts, client_families
 from llog.objects import ObjectInfo
 
@@ -122,27 +124,20 @@ class BucketUsage:
 SCAN_DUTY_FACTOR = 50
 
 
-class BucketUsageScanner:
-    """Scans the objects under ``prefix`` every ``interval_s`` in a daemon thread; :attr:`usage`
-    is the last result and never blocks. A failing scan is logged and reported, never raised."""
+class _PeriodicScan:
+    """:meth:`refresh` now and then every ``interval_s`` (stretched: :meth:`wait_after`), in a
+    daemon thread. ``refresh`` reports its own failures."""
 
-    def __init__(self, list_objects: Callable[[str], Iterable[ObjectInfo]], prefix: str,
-                 interval_s: float = 60.0):
+    thread_name = "llog-broker-scan"
+
+    def __init__(self, interval_s: float):
         if interval_s <= 0:
-            raise ValueError(f"the bucket usage interval must be > 0 s, got {interval_s}")
-        self.prefix = prefix
+            raise ValueError(f"the scan interval must be > 0 s, got {interval_s}")
         self.interval_s = interval_s
-        self._list = list_objects
         self._lock = threading.Lock()
-        self._usage = BucketUsage()
         self._failures = 0
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
-
-    @property
-    def usage(self) -> BucketUsage:
-        with self._lock:
-            return self._usage
 
     @property
     def failures(self) -> int:
@@ -150,11 +145,52 @@ class BucketUsageScanner:
         with self._lock:
             return self._failures
 
+    def refresh(self) -> object:
+        raise NotImplementedError
+
     def start(self) -> None:
         """Start scanning (now, then every ``interval_s``); a second call does nothing."""
         if self._thread is None:
-            self._thread = threading.Thread(target=self._run, name="llog-broker-bucket-usage", daemon=True)
+            self._thread = threading.Thread(target=self._run, name=self.thread_name, daemon=True)
             self._thread.start()
+
+    def close(self, timeout_s: float = 5.0) -> None:
+        """Stop the thread; waits at most ``timeout_s`` for a scan under way (it is a daemon)."""
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout_s)
+
+    def wait_after(self, scan_s: float) -> float:
+        """Seconds to wait after a scan that took ``scan_s``: the interval, stretched so that
+        scanning takes at most 1 / :data:`SCAN_DUTY_FACTOR` of the time. A listing of a large
+        bucket is seconds of CPU in the broker's process (tens of thousands of objects parsed),
+        which every request in flight would feel."""
+        return max(self.interval_s, scan_s * SCAN_DUTY_FACTOR)
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            started = time.monotonic()
+            self.refresh()
+            self._stop.wait(self.wait_after(time.monotonic() - started))
+
+
+class BucketUsageScanner(_PeriodicScan):
+    """Scans the objects under ``prefix`` every ``interval_s`` in a daemon thread; :attr:`usage`
+    is the last result and never blocks. A failing scan is logged and reported, never raised."""
+
+    thread_name = "llog-broker-bucket-usage"
+
+    def __init__(self, list_objects: Callable[[str], Iterable[ObjectInfo]], prefix: str,
+                 interval_s: float = 60.0):
+        super().__init__(interval_s)
+        self.prefix = prefix
+        self._list = list_objects
+        self._usage = BucketUsage()
+
+    @property
+    def usage(self) -> BucketUsage:
+        with self._lock:
+            return self._usage
 
     def refresh(self) -> BucketUsage:
         """Scan once in the calling thread (a blocking call: never on the event loop)."""
@@ -175,24 +211,42 @@ class BucketUsageScanner:
             self._usage = BucketUsage(int(time.time() * 1000), True, None, objects, stored)
             return self._usage
 
-    def close(self, timeout_s: float = 5.0) -> None:
-        """Stop the thread; waits at most ``timeout_s`` for a scan under way (it is a daemon)."""
-        self._stop.set()
-        if self._thread is not None:
-            self._thread.join(timeout_s)
 
-    def wait_after(self, scan_s: float) -> float:
-        """Seconds to wait after a scan that took ``scan_s``: the interval, stretched so that
-        scanning takes at most 1 / :data:`SCAN_DUTY_FACTOR` of the time. A listing of a large
-        bucket is seconds of CPU in the broker's process (tens of thousands of objects parsed),
-        which every request in flight would feel."""
-        return max(self.interval_s, scan_s * SCAN_DUTY_FACTOR)
+class GroupLagScanner(_PeriodicScan):
+    """Every ``interval_s``: per consumer group and topic, the records the group has not read
+    (:attr:`llog.consumer_groups.PartitionLag.lag`, summed over the topic's partitions), from
+    Oxia: one range scan of ``P/consumers/`` per partition, and one read of the controls per
+    topic. :attr:`lags` is the last successful scan's and never blocks."""
 
-    def _run(self) -> None:
-        while not self._stop.is_set():
-            started = time.monotonic()
-            self.refresh()
-            self._stop.wait(self.wait_after(time.monotonic() - started))
+    thread_name = "llog-broker-group-lag"
+
+    def __init__(self, coordination: object, root: str, interval_s: float = 60.0):
+        super().__init__(interval_s)
+        self._coordination, self._root = coordination, root
+        self._lags: dict[tuple[str, str], int] = {}
+        self.refreshed_at: float | None = None
+
+    @property
+    def lags(self) -> dict[tuple[str, str], int]:
+        """(group, topic) -> records not yet read."""
+        with self._lock:
+            return dict(self._lags)
+
+    def refresh(self) -> dict[tuple[str, str], int]:
+        """Scan once in the calling thread (blocking: never on the event loop)."""
+        try:
+            topics = sorted({k.tp.topic for k in partitions_of(self._coordination, self._root)})
+            lags = {(group, topic): sum(r.lag for r in rows)
+                    for topic in topics
+                    for group, rows in topic_group_lags(self._coordination, self._root, topic).items()}
+        except Exception as e:  # noqa: BLE001 - reported in the metrics, the scan runs again later
+            log.warning("consumer group lag scan failed: %s", e)
+            with self._lock:
+                self._failures += 1
+                return dict(self._lags)
+        with self._lock:
+            self._lags, self.refreshed_at = lags, time.time()
+            return dict(lags)
 
 
 # --- the metrics ----------------------------------------------------------------------------------
@@ -246,14 +300,15 @@ class BrokerMetrics:
     loop; :meth:`snapshot` and :meth:`prometheus` do no I/O and may be called from any thread."""
 
     def __init__(self, *, config: Config, broker_id: str, host: str, port: int, started_at_ms: int,
-                 roles: Sequence[str], bucket_usage_interval_s: float = 60.0,
+                 roles: Sequence[str], bucket_usage_interval_s: float | None = None,
                  pricing: S3Pricing = S3_STANDARD_US_EAST_1):
         self.config = config
         self.broker_id, self.host, self.port = broker_id, host, port
         self.started_at_ms = started_at_ms
         self.roles = list(roles)
         self.pricing = pricing
-        self.bucket_usage_interval_s = bucket_usage_interval_s
+        #: Seconds between bucket scans and between group lag scans (``LLOG_METRICS_SCAN_INTERVAL_S``).
+        self.bucket_usage_interval_s = bucket_usage_interval_s or config.metrics_scan_interval_s
         self._lock = threading.Lock()
         self._http = _Http()
         self._statuses: collections.Counter[int] = collections.Counter()
@@ -264,6 +319,7 @@ class BrokerMetrics:
         self._coordinations: list[object] = []
         self._object_stores: list[object] = []
         self._scanner: BucketUsageScanner | None = None
+        self._lag_scanner: GroupLagScanner | None = None
 
         self.registry = CollectorRegistry()
         self._request_seconds = Histogram(
@@ -319,8 +375,9 @@ class BrokerMetrics:
         LogReader (their ``coordination`` and ``objects`` are read, each client counted once);
         ``batcher`` and ``consume`` (the consume service: its ``waiting`` is read, and its
         ``observer`` set to :meth:`consume_done`) get their observers set; ``coordination`` and
-        ``objects``: clients held otherwise. The first ObjectStore starts the bucket usage scans.
-        May be called more than once."""
+        ``objects``: clients held otherwise. The first ObjectStore starts the bucket usage scans,
+        a ``reader`` of a broker with the ``read`` role the consumer group lag scans. May be
+        called more than once."""
         clients = [c for c in (writer, reader) if c is not None]
         with self._lock:
             for found, into in (([coordination, *(c.coordination for c in clients)], self._coordinations),
@@ -338,11 +395,16 @@ class BrokerMetrics:
                 self._scanner = BucketUsageScanner(self._object_stores[0].list, f"{self.config.root_prefix}/",
                                                    self.bucket_usage_interval_s)
                 self._scanner.start()
+            if self._lag_scanner is None and reader is not None and "read" in self.roles:
+                self._lag_scanner = GroupLagScanner(reader.coordination, self.config.root_prefix,
+                                                    self.bucket_usage_interval_s)
+                self._lag_scanner.start()
 
     def close(self) -> None:
         """Stop the bucket scans (before the clients are closed)."""
-        if self._scanner is not None:
-            self._scanner.close()
+        for scanner in (self._scanner, self._lag_scanner):
+            if scanner is not None:
+                scanner.close()
         if self._on_gc in gc.callbacks:
             gc.callbacks.remove(self._on_gc)
 
@@ -603,6 +665,20 @@ class _Collector:
             coordinations, stores = list(m._coordinations), list(m._object_stores)
         yield from client_families(coordinations, stores)
         yield from self._s3()
+        yield from self._group_lag()
+
+    def _group_lag(self) -> Iterator[Metric]:
+        scanner = self.m._lag_scanner
+        lag = GaugeMetricFamily(PREFIX + "consumer_group_lag_records", "Records a consumer group has not read yet, per "
+                                "topic (last scan; aggregate across brokers with max)", labels=["group", "topic"])
+        for (group, topic), n in sorted((scanner.lags if scanner is not None else {}).items()):
+            lag.add_metric([group, topic], n)
+        yield lag
+        yield GaugeMetricFamily(PREFIX + "consumer_group_lag_scan_timestamp_seconds",
+                                "When the consumer group lags were last scanned successfully (0: never)",
+                                value=(scanner.refreshed_at or 0.0) if scanner is not None else 0.0)
+        yield _counter("consumer_group_lag_scan_failures_total", "Consumer group lag scans that failed",
+                       scanner.failures if scanner is not None else 0)
 
     def _http(self) -> Iterator[Metric]:
         http, statuses, topics, tps = self.m._http_state()
