@@ -6,7 +6,7 @@ PY     := $(VENV)/bin/python
 # Reinstall when setup.py changes.
 STAMP  := $(VENV)/.installed-$(shell sha1sum setup.py | cut -c1-12)
 
-.PHONY: install debian-packages demo test bench compat chaos loadtest proto stack-up stack-down stack-status
+.PHONY: install debian-packages demo test bench compat chaos loadtest proto stack-up stack-down stack-status observe
 
 $(STAMP): setup.py
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -67,3 +67,9 @@ stack-down:
 
 stack-status:
 	$(PY) -m llog stack status
+
+# Prometheus (Debian's) scraping the running stack's brokers, and node_exporter serving the jobs'
+# textfile metrics (LLOG_METRICS_TEXTFILE_DIR): `llog observe down` stops them. Then import
+# conf/grafana/llog-dashboard.json in Grafana. OBSERVE_ARGS="--prometheus-port 9091".
+observe: install debian-packages
+	$(PY) -m llog observe up $(OBSERVE_ARGS)

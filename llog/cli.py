@@ -402,6 +402,10 @@ def build_parser() -> argparse.ArgumentParser:
     sub.add_parser("broker", add_help=False,
                    help="serve the HTTP broker (python -m broker_lite): llog broker [--host H] [--port P] [--role R]")
 
+    # Handled in main() before parsing; here for --help.
+    sub.add_parser("observe", add_help=False,
+                   help="Prometheus scraping the local stack (llog observe up|down|status; make observe)")
+
     p = sub.add_parser("gc", help="delete blobs no partition references, older than the grace period",
                        epilog="Progress shows on stderr while it is a terminal (LLOG_PROGRESS=0: never, 1: always).")
     p.add_argument("--grace-ms", type=positive(int), default=None,
@@ -417,6 +421,10 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] == ["observe"]:  # Prometheus for the local stack (llog/observe.py has its own parser)
+        from llog import observe
+
+        return observe.main(argv[1:])
     if argv[:1] == ["broker"]:
         # The broker is a package above the core (it imports llog, never the other way): run it
         # as its own module in this process's place, with every argument after ``broker``.
