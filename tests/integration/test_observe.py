@@ -146,3 +146,23 @@ def test_metric_names_of_an_expression():
         "leaderless_log_s3_operation_duration_seconds"}
     assert metric_names("time() - max(leaderless_log_gc_last_success_timestamp_seconds)") == {
         "leaderless_log_gc_last_success_timestamp_seconds"}
+
+
+def test_a_failed_gc_run_is_recorded_and_keeps_the_last_success(stack, tmp_path):
+    from prometheus_client.parser import text_string_to_metric_families
+
+    config = stack.replace(root_prefix=f"t{uuid4().hex[:12]}")
+    env = {**os.environ, "PYTHONPATH": str(REPO), "LLOG_SETTINGS_FILE": "/nonexistent", **config.to_options(),
+           "LLOG_METRICS_TEXTFILE_DIR": str(tmp_path)}
+    run([sys.executable, "-m", "llog", "gc"], env, 300)
+    broken = {**env, "LLOG_S3_ENDPOINT_URL": f"http://127.0.0.1:{free_port()}", "LLOG_S3_MAX_ATTEMPTS": "1"}
+    failed = subprocess.run([sys.executable, "-m", "llog", "gc"], cwd=REPO, env=broken, capture_output=True, text=True,
+                            timeout=300)
+    assert failed.returncode == 1, failed.stderr
+    samples = {(s.name, tuple(s.labels.items())): s.value
+               for f in text_string_to_metric_families((tmp_path / "gc.prom").read_text()) for s in f.samples}
+    assert samples[("leaderless_log_gc_last_run_success", ())] == 0
+    assert samples[("leaderless_log_gc_runs_total", (("outcome", "failure"),))] == 1
+    assert samples[("leaderless_log_gc_runs_total", (("outcome", "success"),))] == 1
+    assert samples[("leaderless_log_gc_last_success_timestamp_seconds", ())] > 0
+    assert any(name == "leaderless_log_gc_last_run_failure_info" for name, _ in samples)
