@@ -23,10 +23,10 @@ demo: install
 
 # Servers and tools from Debian's packages that the tests run for real: headless Chromium (the test
 # that screenshots the demo's report; a test tool's download of a browser is refused here), HAProxy
-# (the load balancer in front of `llog stack up --brokers N`) and Prometheus (`make observe`).
-DEBIAN_PACKAGES := chromium haproxy prometheus
+# (the load balancer in front of `llog stack up --brokers N`), Prometheus and its node_exporter (`make observe`).
+DEBIAN_PACKAGES := chromium haproxy prometheus prometheus-node-exporter
 debian-packages:
-	@command -v chromium >/dev/null && command -v haproxy >/dev/null && command -v prometheus >/dev/null || { \
+	@command -v chromium >/dev/null && command -v haproxy >/dev/null && command -v prometheus >/dev/null && command -v prometheus-node-exporter >/dev/null || { \
 	  if [ "$$(id -u)" = 0 ]; then SUDO=; else SUDO="sudo -n"; fi; \
 	  $$SUDO apt-get update -q >/dev/null && $$SUDO apt-get install -y -q $(DEBIAN_PACKAGES) >/dev/null; }
 

@@ -242,7 +242,9 @@ def status(stack_dir: Path | None = None) -> dict:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="llog observe", description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(
+        prog="llog observe", description="Prometheus scraping the local stack's brokers, and node_exporter serving "
+                                         "the jobs' textfile metrics (docs/observability.md).")
     parser.add_argument("--stack-dir", type=Path, default=None,
                         help="the stack's state directory (default: $LLOG_STACK_DIR or <llog home>/stack)")
     sub = parser.add_subparsers(dest="command", required=True)
