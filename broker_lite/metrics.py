@@ -35,7 +35,7 @@ from broker_lite.batcher import Batcher
 from llog.config import Config
 from llog.consumer_groups import topic_group_lags
 from llog.discovery import partitions_of
-from llog.metrics import OXIA_OTHER, PREFIX, SECONDS_BUCKETS, _counts, client_families
+from llog.metrics import OXIA_OTHER, PREFIX, SECONDS_BUCKETS, _counts, client_families, merged
 from llog.objects import ObjectInfo
 
 log = logging.getLogger(__name__)
@@ -599,17 +599,25 @@ class BrokerMetrics:
             "read_rpcs": counts["read_rpc"],
             "write_rpcs": counts["write_rpc"],
             "cas_conflicts": counts["cas_conflict"],
+            **_timing_totals(c.timings for c in self._clients(self._coordinations)),
         }
+
+    def _clients(self, which: list) -> list:
+        with self._lock:
+            return list(which)
 
     def _s3(self) -> dict:
         counts = self.s3_operations()
         operations = {op: n for op, n in sorted(counts.items()) if not op.endswith("_bytes")}
         usage = self.bucket_usage()
+        totals = _timing_totals(s.timings for s in self._clients(self._object_stores))
         return {
             "operations": operations,
             "put_requests": counts["put"],
             "put_bytes": counts["put_bytes"],
             "get_bytes": counts["get_bytes"],
+            **totals,
+            "put_failures": sum(totals["failures"].get("put", {}).values()),
             "billing": {
                 "pricing_model": self.pricing.pricing_model,
                 "storage_usd_per_gb_month": self.pricing.storage_usd_per_gb_month,
@@ -632,6 +640,20 @@ class BrokerMetrics:
             b = self._batcher
             return getattr(b, attribute) if b is not None else 0
         return read
+
+
+def _timing_totals(timings) -> dict:
+    """The snapshot's latency totals and failures of some clients' ``timings``:
+    ``latency_totals`` (per operation ``count`` and ``seconds``), ``failures`` (per operation, per
+    error type)."""
+    _, ops, failures = merged(timings)
+    by_op: dict[str, dict[str, int]] = {}
+    for (op, error_type), n in sorted(failures.items()):
+        by_op.setdefault(op, {})[error_type] = n
+    return {
+        "latency_totals": {op: {"count": sum(c[:-1]), "seconds": round(c[-1], 6)} for op, c in sorted(ops.items())},
+        "failures": by_op,
+    }
 
 
 #: Group-commit counters: family name -> (help, ``Batcher.stats`` key).

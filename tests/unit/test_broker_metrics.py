@@ -281,8 +281,10 @@ def test_oxia_counts_are_read_at_scrape_time():
     m = new_metrics()
     m.attach(coordination=coordination)
     coordination.stats["put"] += 1
+    coordination.timings.observe("put", 0.25)
     assert m.snapshot()["oxia"] == {"operations": {"get": 5, "put": 8}, "read_rpcs": 2, "write_rpcs": 3,
-                                    "cas_conflicts": 1}
+                                    "cas_conflicts": 1, "latency_totals": {"put": {"count": 1, "seconds": 0.25}},
+                                    "failures": {}}
     ops = {s.labels["operation"]: s.value for s in families(m)["leaderless_log_oxia_operations"].samples
            if s.name.endswith("_total")}
     assert ops == {"get": 5, "put": 8}
