@@ -6,7 +6,7 @@ PY     := $(VENV)/bin/python
 # Reinstall when setup.py changes.
 STAMP  := $(VENV)/.installed-$(shell sha1sum setup.py | cut -c1-12)
 
-.PHONY: install debian-packages demo test bench compat chaos loadtest proto stack-up stack-down stack-status
+.PHONY: install debian-packages demo test bench compat chaos loadtest proto stack-up stack-down stack-status observe
 
 $(STAMP): setup.py
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -23,10 +23,10 @@ demo: install
 
 # Servers and tools from Debian's packages that the tests run for real: headless Chromium (the test
 # that screenshots the demo's report; a test tool's download of a browser is refused here), HAProxy
-# (the load balancer in front of `llog stack up --brokers N`) and Prometheus (`make observe`).
-DEBIAN_PACKAGES := chromium haproxy prometheus
+# (the load balancer in front of `llog stack up --brokers N`), Prometheus and its node_exporter (`make observe`).
+DEBIAN_PACKAGES := chromium haproxy prometheus prometheus-node-exporter
 debian-packages:
-	@command -v chromium >/dev/null && command -v haproxy >/dev/null && command -v prometheus >/dev/null || { \
+	@command -v chromium >/dev/null && command -v haproxy >/dev/null && command -v prometheus >/dev/null && command -v prometheus-node-exporter >/dev/null || { \
 	  if [ "$$(id -u)" = 0 ]; then SUDO=; else SUDO="sudo -n"; fi; \
 	  $$SUDO apt-get update -q >/dev/null && $$SUDO apt-get install -y -q $(DEBIAN_PACKAGES) >/dev/null; }
 
@@ -67,3 +67,9 @@ stack-down:
 
 stack-status:
 	$(PY) -m llog stack status
+
+# Prometheus (Debian's) scraping the running stack's brokers, and node_exporter serving the jobs'
+# textfile metrics (LLOG_METRICS_TEXTFILE_DIR): `llog observe down` stops them. Then import
+# conf/grafana/llog-dashboard.json in Grafana. OBSERVE_ARGS="--prometheus-port 9091".
+observe: install debian-packages
+	$(PY) -m llog observe up $(OBSERVE_ARGS)

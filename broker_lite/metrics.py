@@ -33,6 +33,9 @@ from prometheus_client.exposition import CONTENT_TYPE_PLAIN_0_0_4
 
 from broker_lite.batcher import Batcher
 from llog.config import Config
+from llog.consumer_groups import topic_group_lags
+from llog.discovery import partitions_of
+from llog.metrics import OXIA_OTHER, PREFIX, SECONDS_BUCKETS, _counts, client_families, merged
 from llog.objects import ObjectInfo
 
 log = logging.getLogger(__name__)
@@ -41,16 +44,11 @@ log = logging.getLogger(__name__)
 #: ``CONTENT_TYPE_LATEST`` is the 1.0.0 format).
 PROMETHEUS_CONTENT_TYPE = CONTENT_TYPE_PLAIN_0_0_4
 
-#: Every family's prefix.
-PREFIX = "leaderless_log_"
-
 #: Route labels of the request histogram; any other path is ``OTHER_ROUTE`` (bounded labels).
 ROUTES = frozenset({"/produce", "/consume", "/groups/{group}/commit", "/groups/{group}", "/topics",
                     "/topics/{topic}", "/health", "/metrics", "/metrics/prometheus", "/openapi.json"})
 OTHER_ROUTE = "other"
 
-#: Latency buckets, 0.5 ms .. 10 s.
-SECONDS_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
 #: Size buckets, 1 KiB .. 256 MiB.
 BYTES_BUCKETS = tuple(float(1024 * 4 ** i) for i in range(10))
 
@@ -126,27 +124,20 @@ class BucketUsage:
 SCAN_DUTY_FACTOR = 50
 
 
-class BucketUsageScanner:
-    """Scans the objects under ``prefix`` every ``interval_s`` in a daemon thread; :attr:`usage`
-    is the last result and never blocks. A failing scan is logged and reported, never raised."""
+class _PeriodicScan:
+    """:meth:`refresh` now and then every ``interval_s`` (stretched: :meth:`wait_after`), in a
+    daemon thread. ``refresh`` reports its own failures."""
 
-    def __init__(self, list_objects: Callable[[str], Iterable[ObjectInfo]], prefix: str,
-                 interval_s: float = 60.0):
+    thread_name = "llog-broker-scan"
+
+    def __init__(self, interval_s: float):
         if interval_s <= 0:
-            raise ValueError(f"the bucket usage interval must be > 0 s, got {interval_s}")
-        self.prefix = prefix
+            raise ValueError(f"the scan interval must be > 0 s, got {interval_s}")
         self.interval_s = interval_s
-        self._list = list_objects
         self._lock = threading.Lock()
-        self._usage = BucketUsage()
         self._failures = 0
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
-
-    @property
-    def usage(self) -> BucketUsage:
-        with self._lock:
-            return self._usage
 
     @property
     def failures(self) -> int:
@@ -154,11 +145,52 @@ class BucketUsageScanner:
         with self._lock:
             return self._failures
 
+    def refresh(self) -> object:
+        raise NotImplementedError
+
     def start(self) -> None:
         """Start scanning (now, then every ``interval_s``); a second call does nothing."""
         if self._thread is None:
-            self._thread = threading.Thread(target=self._run, name="llog-broker-bucket-usage", daemon=True)
+            self._thread = threading.Thread(target=self._run, name=self.thread_name, daemon=True)
             self._thread.start()
+
+    def close(self, timeout_s: float = 5.0) -> None:
+        """Stop the thread; waits at most ``timeout_s`` for a scan under way (it is a daemon)."""
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout_s)
+
+    def wait_after(self, scan_s: float) -> float:
+        """Seconds to wait after a scan that took ``scan_s``: the interval, stretched so that
+        scanning takes at most 1 / :data:`SCAN_DUTY_FACTOR` of the time. A listing of a large
+        bucket is seconds of CPU in the broker's process (tens of thousands of objects parsed),
+        which every request in flight would feel."""
+        return max(self.interval_s, scan_s * SCAN_DUTY_FACTOR)
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            started = time.monotonic()
+            self.refresh()
+            self._stop.wait(self.wait_after(time.monotonic() - started))
+
+
+class BucketUsageScanner(_PeriodicScan):
+    """Scans the objects under ``prefix`` every ``interval_s`` in a daemon thread; :attr:`usage`
+    is the last result and never blocks. A failing scan is logged and reported, never raised."""
+
+    thread_name = "llog-broker-bucket-usage"
+
+    def __init__(self, list_objects: Callable[[str], Iterable[ObjectInfo]], prefix: str,
+                 interval_s: float = 60.0):
+        super().__init__(interval_s)
+        self.prefix = prefix
+        self._list = list_objects
+        self._usage = BucketUsage()
+
+    @property
+    def usage(self) -> BucketUsage:
+        with self._lock:
+            return self._usage
 
     def refresh(self) -> BucketUsage:
         """Scan once in the calling thread (a blocking call: never on the event loop)."""
@@ -179,24 +211,42 @@ class BucketUsageScanner:
             self._usage = BucketUsage(int(time.time() * 1000), True, None, objects, stored)
             return self._usage
 
-    def close(self, timeout_s: float = 5.0) -> None:
-        """Stop the thread; waits at most ``timeout_s`` for a scan under way (it is a daemon)."""
-        self._stop.set()
-        if self._thread is not None:
-            self._thread.join(timeout_s)
 
-    def wait_after(self, scan_s: float) -> float:
-        """Seconds to wait after a scan that took ``scan_s``: the interval, stretched so that
-        scanning takes at most 1 / :data:`SCAN_DUTY_FACTOR` of the time. A listing of a large
-        bucket is seconds of CPU in the broker's process (tens of thousands of objects parsed),
-        which every request in flight would feel."""
-        return max(self.interval_s, scan_s * SCAN_DUTY_FACTOR)
+class GroupLagScanner(_PeriodicScan):
+    """Every ``interval_s``: per consumer group and topic, the records the group has not read
+    (:attr:`llog.consumer_groups.PartitionLag.lag`, summed over the topic's partitions), from
+    Oxia: one range scan of ``P/consumers/`` per partition, and one read of the controls per
+    topic. :attr:`lags` is the last successful scan's and never blocks."""
 
-    def _run(self) -> None:
-        while not self._stop.is_set():
-            started = time.monotonic()
-            self.refresh()
-            self._stop.wait(self.wait_after(time.monotonic() - started))
+    thread_name = "llog-broker-group-lag"
+
+    def __init__(self, coordination: object, root: str, interval_s: float = 60.0):
+        super().__init__(interval_s)
+        self._coordination, self._root = coordination, root
+        self._lags: dict[tuple[str, str], int] = {}
+        self.refreshed_at: float | None = None
+
+    @property
+    def lags(self) -> dict[tuple[str, str], int]:
+        """(group, topic) -> records not yet read."""
+        with self._lock:
+            return dict(self._lags)
+
+    def refresh(self) -> dict[tuple[str, str], int]:
+        """Scan once in the calling thread (blocking: never on the event loop)."""
+        try:
+            topics = sorted({k.tp.topic for k in partitions_of(self._coordination, self._root)})
+            lags = {(group, topic): sum(r.lag for r in rows)
+                    for topic in topics
+                    for group, rows in topic_group_lags(self._coordination, self._root, topic).items()}
+        except Exception as e:  # noqa: BLE001 - reported in the metrics, the scan runs again later
+            log.warning("consumer group lag scan failed: %s", e)
+            with self._lock:
+                self._failures += 1
+                return dict(self._lags)
+        with self._lock:
+            self._lags, self.refreshed_at = lags, time.time()
+            return dict(lags)
 
 
 # --- the metrics ----------------------------------------------------------------------------------
@@ -245,28 +295,20 @@ _HTTP_COUNTERS = {
 }
 
 
-def _counts(sources: Iterable[object]) -> collections.Counter[str]:
-    """The sum of the ``stats`` counters of ``sources`` (updated by other threads: ``dict()`` of a
-    Counter copies it in one step under the GIL)."""
-    total: collections.Counter[str] = collections.Counter()
-    for source in sources:
-        total.update(dict(source.stats))
-    return total
-
-
 class BrokerMetrics:
     """The metrics of one broker process. Recording methods are cheap and called on the event
     loop; :meth:`snapshot` and :meth:`prometheus` do no I/O and may be called from any thread."""
 
     def __init__(self, *, config: Config, broker_id: str, host: str, port: int, started_at_ms: int,
-                 roles: Sequence[str], bucket_usage_interval_s: float = 60.0,
+                 roles: Sequence[str], bucket_usage_interval_s: float | None = None,
                  pricing: S3Pricing = S3_STANDARD_US_EAST_1):
         self.config = config
         self.broker_id, self.host, self.port = broker_id, host, port
         self.started_at_ms = started_at_ms
         self.roles = list(roles)
         self.pricing = pricing
-        self.bucket_usage_interval_s = bucket_usage_interval_s
+        #: Seconds between bucket scans and between group lag scans (``LLOG_METRICS_SCAN_INTERVAL_S``).
+        self.bucket_usage_interval_s = bucket_usage_interval_s or config.metrics_scan_interval_s
         self._lock = threading.Lock()
         self._http = _Http()
         self._statuses: collections.Counter[int] = collections.Counter()
@@ -277,6 +319,7 @@ class BrokerMetrics:
         self._coordinations: list[object] = []
         self._object_stores: list[object] = []
         self._scanner: BucketUsageScanner | None = None
+        self._lag_scanner: GroupLagScanner | None = None
 
         self.registry = CollectorRegistry()
         self._request_seconds = Histogram(
@@ -332,8 +375,9 @@ class BrokerMetrics:
         LogReader (their ``coordination`` and ``objects`` are read, each client counted once);
         ``batcher`` and ``consume`` (the consume service: its ``waiting`` is read, and its
         ``observer`` set to :meth:`consume_done`) get their observers set; ``coordination`` and
-        ``objects``: clients held otherwise. The first ObjectStore starts the bucket usage scans.
-        May be called more than once."""
+        ``objects``: clients held otherwise. The first ObjectStore starts the bucket usage scans,
+        a ``reader`` of a broker with the ``read`` role the consumer group lag scans. May be
+        called more than once."""
         clients = [c for c in (writer, reader) if c is not None]
         with self._lock:
             for found, into in (([coordination, *(c.coordination for c in clients)], self._coordinations),
@@ -351,11 +395,16 @@ class BrokerMetrics:
                 self._scanner = BucketUsageScanner(self._object_stores[0].list, f"{self.config.root_prefix}/",
                                                    self.bucket_usage_interval_s)
                 self._scanner.start()
+            if self._lag_scanner is None and reader is not None and "read" in self.roles:
+                self._lag_scanner = GroupLagScanner(reader.coordination, self.config.root_prefix,
+                                                    self.bucket_usage_interval_s)
+                self._lag_scanner.start()
 
     def close(self) -> None:
         """Stop the bucket scans (before the clients are closed)."""
-        if self._scanner is not None:
-            self._scanner.close()
+        for scanner in (self._scanner, self._lag_scanner):
+            if scanner is not None:
+                scanner.close()
         if self._on_gc in gc.callbacks:
             gc.callbacks.remove(self._on_gc)
 
@@ -546,21 +595,29 @@ class BrokerMetrics:
     def _oxia(self) -> dict:
         counts = self.oxia_operations()
         return {
-            "operations": {op: n for op, n in sorted(counts.items()) if op not in _OXIA_OTHER},
+            "operations": {op: n for op, n in sorted(counts.items()) if op not in OXIA_OTHER},
             "read_rpcs": counts["read_rpc"],
             "write_rpcs": counts["write_rpc"],
             "cas_conflicts": counts["cas_conflict"],
+            **_timing_totals(c.timings for c in self._clients(self._coordinations)),
         }
+
+    def _clients(self, which: list) -> list:
+        with self._lock:
+            return list(which)
 
     def _s3(self) -> dict:
         counts = self.s3_operations()
         operations = {op: n for op, n in sorted(counts.items()) if not op.endswith("_bytes")}
         usage = self.bucket_usage()
+        totals = _timing_totals(s.timings for s in self._clients(self._object_stores))
         return {
             "operations": operations,
             "put_requests": counts["put"],
             "put_bytes": counts["put_bytes"],
             "get_bytes": counts["get_bytes"],
+            **totals,
+            "put_failures": sum(totals["failures"].get("put", {}).values()),
             "billing": {
                 "pricing_model": self.pricing.pricing_model,
                 "storage_usd_per_gb_month": self.pricing.storage_usd_per_gb_month,
@@ -585,8 +642,18 @@ class BrokerMetrics:
         return read
 
 
-#: Coordination.stats keys that are not operations (the others are: get, put, delete, ...).
-_OXIA_OTHER = frozenset({"read_rpc", "write_rpc", "cas_conflict"})
+def _timing_totals(timings) -> dict:
+    """The snapshot's latency totals and failures of some clients' ``timings``:
+    ``latency_totals`` (per operation ``count`` and ``seconds``), ``failures`` (per operation, per
+    error type)."""
+    _, ops, failures = merged(timings)
+    by_op: dict[str, dict[str, int]] = {}
+    for (op, error_type), n in sorted(failures.items()):
+        by_op.setdefault(op, {})[error_type] = n
+    return {
+        "latency_totals": {op: {"count": sum(c[:-1]), "seconds": round(c[-1], 6)} for op, c in sorted(ops.items())},
+        "failures": by_op,
+    }
 
 
 #: Group-commit counters: family name -> (help, ``Batcher.stats`` key).
@@ -616,8 +683,24 @@ class _Collector:
                                 value=m.started_at_ms / 1000)
         yield from self._http()
         yield from self._batching()
-        yield from self._oxia()
+        with m._lock:
+            coordinations, stores = list(m._coordinations), list(m._object_stores)
+        yield from client_families(coordinations, stores)
         yield from self._s3()
+        yield from self._group_lag()
+
+    def _group_lag(self) -> Iterator[Metric]:
+        scanner = self.m._lag_scanner
+        lag = GaugeMetricFamily(PREFIX + "consumer_group_lag_records", "Records a consumer group has not read yet, per "
+                                "topic (last scan; aggregate across brokers with max)", labels=["group", "topic"])
+        for (group, topic), n in sorted((scanner.lags if scanner is not None else {}).items()):
+            lag.add_metric([group, topic], n)
+        yield lag
+        yield GaugeMetricFamily(PREFIX + "consumer_group_lag_scan_timestamp_seconds",
+                                "When the consumer group lags were last scanned successfully (0: never)",
+                                value=(scanner.refreshed_at or 0.0) if scanner is not None else 0.0)
+        yield _counter("consumer_group_lag_scan_failures_total", "Consumer group lag scans that failed",
+                       scanner.failures if scanner is not None else 0)
 
     def _http(self) -> Iterator[Metric]:
         http, statuses, topics, tps = self.m._http_state()
@@ -652,34 +735,10 @@ class _Collector:
         for name, (documentation, key) in _BATCH_COUNTERS.items():
             yield _counter(name, documentation, stats.get(key, 0))
 
-    def _oxia(self) -> Iterator[Metric]:
-        counts = self.m.oxia_operations()
-        operations = CounterMetricFamily(PREFIX + "oxia_operations_total", "Oxia operations (keys for batched puts)",
-                                         labels=["operation"])
-        for op, n in sorted(counts.items()):
-            if op not in _OXIA_OTHER:
-                operations.add_metric([op], n)
-        yield operations
-        rpcs = CounterMetricFamily(PREFIX + "oxia_rpcs_total", "Oxia Read and Write RPCs (each batching keys)",
-                                   labels=["kind"])
-        rpcs.add_metric(["read"], counts["read_rpc"])
-        rpcs.add_metric(["write"], counts["write_rpc"])
-        yield rpcs
-        yield _counter("oxia_cas_conflicts_total", "Conditional Oxia writes that lost to another writer",
-                       counts["cas_conflict"])
-
     def _s3(self) -> Iterator[Metric]:
         m = self.m
         counts = m.s3_operations()
         operations = {op: n for op, n in sorted(counts.items()) if not op.endswith("_bytes")}
-        family = CounterMetricFamily(PREFIX + "s3_operations_total", "S3 requests by operation",
-                                     labels=["operation"])
-        for op, n in operations.items():
-            family.add_metric([op], n)
-        yield family
-        yield _counter("s3_put_requests_total", "S3 PUT requests", counts["put"])
-        yield _counter("s3_put_uploaded_bytes_total", "Bytes uploaded by S3 PUT requests", counts["put_bytes"])
-        yield _counter("s3_get_downloaded_bytes_total", "Bytes downloaded by S3 GET requests", counts["get_bytes"])
         yield _counter("s3_estimated_request_cost_usd_total", f"Estimated S3 request cost ({m.pricing.pricing_model})",
                        m.pricing.request_cost_usd(operations))
         usage = m.bucket_usage()

@@ -53,8 +53,9 @@ from llog.config import Config
 from llog.coordination import Coordination
 from llog.discovery import partitions_of
 from llog.errors import LlogError
-from llog.gc import GcReport, all_partitions, check_grace, collect_garbage, referenced_blobs
+from llog.gc import GcReport, all_partitions, check_grace, collect_garbage, gc_figures, referenced_blobs
 from llog.keys import PartitionKeys, partition_keys, validate_topic
+from llog.metrics import metrics_file, write_run_metrics
 from llog.objects import ObjectStore
 from llog.sink_batches import pinned_references
 
@@ -148,6 +149,28 @@ class CompactionReport:
                          f"{self.gc.deleted} deleted ({self.gc.deleted_bytes:,} bytes)")
         lines.append(f"compaction_job: done in {self.duration_s:.1f}s")
         return "\n".join(lines)
+
+    def figures(self) -> dict[str, tuple[str, float]]:
+        """The run's numbers for :func:`llog.metrics.write_run_metrics`."""
+        figures = {
+            "partitions_seen": ("Partitions the run was to compact", self.partitions_seen),
+            "partitions_compacted": ("Partitions compacted at least once", self.partitions_compacted),
+            "partitions_failed": ("Partitions whose compaction failed", self.partitions_failed),
+            "partitions_skipped_claimed": ("Compactions skipped: another compactor held the claim",
+                                           self.skipped_claimed),
+            "compactions": ("Compactions (one compacted blob each)", self.compactions),
+            "compacted_records": ("Records rewritten into compacted blobs", self.records),
+            "compacted_bytes": ("Record bytes rewritten into compacted blobs", self.bytes),
+            "recoveries": ("Compactions of crashed compactors finished", self.recoveries),
+            "partitions_retained": ("Partitions whose retention dropped records", self.partitions_retained),
+            "retention_records": ("Records retention dropped", self.retention_records),
+            "retention_entries": ("Index entries retention dropped", self.retention_entries),
+            "retention_bytes": ("Body bytes retention dropped", self.retention_bytes),
+        }
+        if self.gc is not None:
+            figures["gc_partitions"] = ("Partitions whose references GC read", self.gc_partitions)
+            figures.update(gc_figures(self.gc, prefix="gc_"))
+        return figures
 
 
 # --- the tasks ----------------------------------------------------------------------------------
@@ -308,6 +331,9 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--grace-ms", type=positive(int), default=None,
                         help="GC only blobs older than this (default and minimum: LLOG_GC_GRACE_MS, the value "
                              "writers use)")
+    parser.add_argument("--metrics-file", metavar="PATH.prom",
+                        help="write the run's metrics there for Prometheus (node_exporter's textfile format, "
+                             "replaced atomically; default: compaction.prom in LLOG_METRICS_TEXTFILE_DIR if set)")
     parser.add_argument("--partitions-per-task", type=positive(int),
                         default=DEFAULT_PARTITIONS_PER_TASK,
                         help=f"partitions one Spark task compacts (default {DEFAULT_PARTITIONS_PER_TASK})")
@@ -358,16 +384,30 @@ def main(argv: list[str] | None = None) -> int:
         print(f"compaction_job: error: {e}", file=sys.stderr)
         return 1
     options = options_from_args(parser, args, config)
+    try:
+        metrics_path = metrics_file(args.metrics_file, config.metrics_textfile_dir, "compaction")
+    except ValueError as e:
+        parser.error(f"--metrics-file: {e}")
 
+    started = time.monotonic()
     spark, owned = spark_session("llog-compaction")
     try:
         report = run(spark, options, config)
-    except LlogError as e:
-        print(f"compaction_job: error: {e}", file=sys.stderr)
-        return 1
+    except Exception as e:
+        if metrics_path is not None:
+            write_run_metrics(metrics_path, "compaction", success=False, duration_s=time.monotonic() - started,
+                              figures={}, error_type=type(e).__name__)
+        if isinstance(e, LlogError):
+            print(f"compaction_job: error: {e}", file=sys.stderr)
+            return 1
+        raise
     finally:
         if owned:
             spark.stop()
+    if metrics_path is not None:
+        write_run_metrics(metrics_path, "compaction", success=not report.partitions_failed,
+                          duration_s=report.duration_s, figures=report.figures(),
+                          error_type=None if not report.partitions_failed else "PartitionsFailed")
     print(report.summary())
     print(report.to_json(), flush=True)
     return 1 if report.partitions_failed else 0

@@ -123,7 +123,8 @@ def _compact(args) -> int:
 
 def _gc(args) -> int:
     from llog import progress
-    from llog.gc import check_grace, gc_pass
+    from llog.gc import check_grace, gc_figures, gc_pass
+    from llog.metrics import metrics_file, write_run_metrics
     from llog.objects import ObjectStore
 
     config = Config.load().require("oxia_service_address", "s3_bucket")
@@ -132,13 +133,27 @@ def _gc(args) -> int:
     except ValueError as e:
         print(f"llog: error: --grace-ms: {e}", file=sys.stderr)
         return 2
+    try:
+        metrics_path = metrics_file(args.metrics_file, config.metrics_textfile_dir, "gc")
+    except ValueError as e:
+        print(f"llog: error: --metrics-file: {e}", file=sys.stderr)
+        return 2
+    started = time.monotonic()
     objects = ObjectStore(config)
     try:
         with Coordination(config) as coordination:
             report = gc_pass(coordination, objects, config.root_prefix, grace_ms, dry_run=args.dry_run,
                              progress=progress.task)
+    except Exception as e:
+        if metrics_path is not None:
+            write_run_metrics(metrics_path, "gc", success=False, duration_s=time.monotonic() - started, figures={},
+                              error_type=type(e).__name__)
+        raise
     finally:
         objects.close()
+    if metrics_path is not None:
+        write_run_metrics(metrics_path, "gc", success=True, duration_s=time.monotonic() - started,
+                          figures={**gc_figures(report), "dry_run": ("1 if the run was a dry run", args.dry_run)})
     if args.json:
         print(json.dumps(dict(dataclasses.asdict(report), dry_run=args.dry_run), indent=2))
     else:
@@ -387,18 +402,29 @@ def build_parser() -> argparse.ArgumentParser:
     sub.add_parser("broker", add_help=False,
                    help="serve the HTTP broker (python -m broker_lite): llog broker [--host H] [--port P] [--role R]")
 
+    # Handled in main() before parsing; here for --help.
+    sub.add_parser("observe", add_help=False,
+                   help="Prometheus scraping the local stack (llog observe up|down|status; make observe)")
+
     p = sub.add_parser("gc", help="delete blobs no partition references, older than the grace period",
                        epilog="Progress shows on stderr while it is a terminal (LLOG_PROGRESS=0: never, 1: always).")
     p.add_argument("--grace-ms", type=positive(int), default=None,
                    help="grace period (default and minimum: LLOG_GC_GRACE_MS)")
     p.add_argument("--dry-run", action="store_true", help="only list what would be deleted")
     p.add_argument("--json", action="store_true", help="print JSON")
+    p.add_argument("--metrics-file", metavar="PATH.prom",
+                   help="write the run's metrics there for Prometheus (node_exporter's textfile format, "
+                        "replaced atomically; default: gc.prom in LLOG_METRICS_TEXTFILE_DIR if set)")
     p.set_defaults(func=_gc)
     return parser
 
 
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] == ["observe"]:  # Prometheus for the local stack (llog/observe.py has its own parser)
+        from llog import observe
+
+        return observe.main(argv[1:])
     if argv[:1] == ["broker"]:
         # The broker is a package above the core (it imports llog, never the other way): run it
         # as its own module in this process's place, with every argument after ``broker``.

@@ -62,6 +62,8 @@ ENV_NAMES: dict[str, str] = {
     "broker_auth": "LLOG_BROKER_AUTH",
     "tail_cache_max_bytes": "LLOG_TAIL_CACHE_MAX_BYTES",
     "tail_cache_dir": "LLOG_TAIL_CACHE_DIR",
+    "metrics_scan_interval_s": "LLOG_METRICS_SCAN_INTERVAL_S",
+    "metrics_textfile_dir": "LLOG_METRICS_TEXTFILE_DIR",
     "cas_max_attempts": "LLOG_CAS_MAX_ATTEMPTS",
     "gc_grace_ms": "LLOG_GC_GRACE_MS",
     "sink_progress_retention_ms": "LLOG_SINK_PROGRESS_RETENTION_MS",
@@ -185,6 +187,11 @@ class Config:
     #: A directory where brokers on one machine share their tail cache (writers put runs there,
     #: readers find them); unset: each broker's cache is its own, in memory.
     tail_cache_dir: str | None = None
+    #: The HTTP broker scans the bucket's size and the consumer groups' lag this often (seconds).
+    metrics_scan_interval_s: float = 60.0
+    #: The compaction job and ``llog gc`` write their run's metrics here (``compaction.prom``,
+    #: ``gc.prom``, node_exporter's textfile format); unset: nowhere.
+    metrics_textfile_dir: str | None = None
     #: Attempts of one CAS loop on a contended ``meta/control`` before giving up.
     cas_max_attempts: int = 64
     #: WAL blobs unreferenced and older than this may be garbage collected (docs/protocol.md section
@@ -235,6 +242,8 @@ class Config:
             problems.append(f"LLOG_TAIL_CACHE_MAX_BYTES={self.tail_cache_max_bytes} must be >= 0 (0 turns it off)")
         if self.broker_role not in ("write", "read", "both"):
             problems.append(f"LLOG_BROKER_ROLE={self.broker_role!r} must be write, read or both")
+        if self.metrics_scan_interval_s <= 0:
+            problems.append(f"LLOG_METRICS_SCAN_INTERVAL_S={self.metrics_scan_interval_s} must be > 0")
         if self.s3_timeout_s <= 0:
             problems.append(f"LLOG_S3_TIMEOUT_S={self.s3_timeout_s} must be > 0")
         if not self.root_prefix or self.root_prefix.startswith("/") or self.root_prefix.endswith("/"):

@@ -40,6 +40,7 @@ from llog import failpoints
 from llog import oxia_client_pb2 as wire
 from llog.config import Config
 from llog.errors import ClaimHeld, CoordinationError, VersionConflict, WriteOutcomeUnknown
+from llog.metrics import OpTimings
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -405,6 +406,8 @@ class Coordination:
         self._lock = threading.Lock()
         self._combiners: dict[tuple[str, int], _Combiner] = {}
         self.stats: collections.Counter[str] = collections.Counter()
+        #: Latency and failures per operation (:meth:`_call`), for whoever exposes metrics.
+        self.timings = OpTimings()
 
     @staticmethod
     def _connect(config: Config) -> _Shards:
@@ -494,6 +497,7 @@ class Coordination:
             self.stats[op] += count
         started = time.monotonic()
         retrying = None
+        error = None
         try:
             try:
                 return fn()
@@ -504,9 +508,15 @@ class Coordination:
                 return retrying(_failed_once(e, fn))
         except (grpc.RpcError, _SessionNotFound, _NoLeader) as e:
             attempts = retrying.statistics.get("attempt_number", 1) if retrying is not None else 1
-            raise CoordinationError(
+            error = CoordinationError(
                 f"oxia {op} {what} at {self.config.oxia_service_address} failed after {attempts} attempt(s) "
-                f"in {time.monotonic() - started:.1f} s: {_describe(e)}") from e
+                f"in {time.monotonic() - started:.1f} s: {_describe(e)}")
+            raise error from e
+        except BaseException as e:
+            error = e
+            raise
+        finally:
+            self.timings.observe(op, time.monotonic() - started, error)
 
     def _retrying(self, op: str, what: str, on_retry: Callable[[], None] | None, started: float):
         """Jittered backoff, bounded in attempts and by the deadline counted from ``started``.

@@ -129,6 +129,17 @@ class GcReport:
     deleted_uris: list[str] = field(default_factory=list, repr=False)
 
 
+def gc_figures(report: GcReport, prefix: str = "") -> dict[str, tuple[str, float]]:
+    """A pass's numbers for :func:`llog.metrics.write_run_metrics` (names after ``prefix``)."""
+    return {
+        prefix + "listed_objects": ("Blobs GC listed", report.listed),
+        prefix + "referenced_objects": ("Listed blobs that something references", report.referenced),
+        prefix + "too_young_objects": ("Unreferenced blobs younger than the grace period", report.too_young),
+        prefix + "deleted_objects": ("Blobs GC deleted (or would delete, in a dry run)", report.deleted),
+        prefix + "deleted_bytes": ("Bytes of the blobs GC deleted", report.deleted_bytes),
+    }
+
+
 def collect_garbage(objects: ObjectStore, root: str, referenced: set[str], grace_ms: int,
                     now: datetime | None = None, dry_run: bool = False,
                     partitions: Iterable[PartitionKeys] = (), progress: TaskFactory = silent) -> GcReport:

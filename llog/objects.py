@@ -40,6 +40,7 @@ from tenacity import Retrying, retry_if_exception, stop_after_attempt, wait_expo
 from llog.config import Config
 from llog.errors import ObjectNotFound, StorageError
 from llog.keys import parse_s3_uri, s3_uri
+from llog.metrics import OpTimings
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -114,6 +115,8 @@ class ObjectStore:
         self._client = None  # boto3's, made when first needed (:attr:`_s3`)
         self._lock = threading.Lock()
         self.stats: collections.Counter[str] = collections.Counter()
+        #: Latency and failures per operation (:meth:`_call`), for whoever exposes metrics.
+        self.timings = OpTimings()
         self._http = urllib3.PoolManager(
             maxsize=32, retries=False,
             timeout=urllib3.Timeout(connect=min(config.s3_timeout_s, 10.0), read=config.s3_timeout_s))
@@ -139,9 +142,20 @@ class ObjectStore:
     def _fail(self, op: str, target: str, error: object) -> StorageError:
         return StorageError(f"s3 {op} {target} at {self._endpoint} failed: {error}")
 
-    def _call(self, op: str, target: str, fn: Callable[[], T]) -> T:
-        """``fn()``, with transient failures retried (module doc); other errors as they are."""
+    def _call(self, op: str, target: str, fn: Callable[[], T], timed_as: str | None = None) -> T:
+        """``fn()``, with transient failures retried (module doc); other errors as they are.
+        Its time and error go to :attr:`timings` as ``timed_as`` (default ``op``)."""
         started = time.monotonic()
+        error = None
+        try:
+            return self._retried(op, target, fn, started)
+        except BaseException as e:
+            error = e
+            raise
+        finally:
+            self.timings.observe(timed_as or op, time.monotonic() - started, error)
+
+    def _retried(self, op: str, target: str, fn: Callable[[], T], started: float) -> T:
         retrying = Retrying(
             retry=retry_if_exception(_is_transient),
             stop=stop_after_attempt(self.config.s3_max_attempts),
@@ -226,7 +240,8 @@ class ObjectStore:
                 raise ValueError(f"range get of {uri} needs byte_length >= 1, got {byte_length}")
             headers["Range"] = f"bytes={byte_offset}-{byte_offset + byte_length - 1}"
         self._count("range_get" if byte_offset is not None else "get")
-        body, size = self._call("get", uri, lambda: self._fetch(uri, bucket, key, headers))
+        body, size = self._call("get", uri, lambda: self._fetch(uri, bucket, key, headers),
+                                timed_as="range_get" if byte_offset is not None else "get")
         with self._lock:
             self.stats["get_bytes"] += len(body)
         if byte_length is not None and len(body) != byte_length:
