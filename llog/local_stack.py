@@ -1023,15 +1023,24 @@ def _start_brokers(paths: _Paths, port: int, count: int, split_roles: bool, time
         balancer = {**record["broker"], "name": "balancer", "url": f"http://{HOST}:{port}"}
         _wait_broker(paths, balancer, deadline, timeout_s)
         # Every broker up in HAProxy's eyes too, so that the first requests are spread as later ones.
-        while (down := [r["svname"] for r in haproxy_stats(paths.root) if r["status"] not in ("UP", "no check")
-                        and r["svname"] not in ("FRONTEND", "BACKEND")]):
-            if time.monotonic() > deadline:
-                raise LlogError(f"HAProxy does not see {', '.join(sorted(set(down)))} up within {timeout_s:.0f} s")
-            time.sleep(0.1)
+        _wait_balanced(paths, deadline, timeout_s)
     except BaseException:
         _stop_recorded_brokers(record)
         _write_json(paths.record, record)
         raise
+
+
+def _wait_balanced(paths: _Paths, deadline: float, timeout_s: float) -> None:
+    """Until ``deadline``, wait for the balancer to see every broker up (its health checks)."""
+    while True:
+        rows = haproxy_stats(paths.root)
+        down = sorted({r["svname"] for r in rows if r["svname"] not in ("FRONTEND", "BACKEND")
+                       and r["status"] not in ("UP", "no check")})
+        if rows and not down:
+            return
+        if time.monotonic() > deadline:
+            raise LlogError(f"HAProxy does not see {', '.join(down) or 'its brokers'} up within {timeout_s:.0f} s")
+        time.sleep(0.1)
 
 
 def _haproxy_config(port: int, stats_port: int, brokers: Sequence[Mapping], split_roles: bool) -> str:
@@ -1102,8 +1111,8 @@ def kill_broker(stack_dir: Path | None, name: str) -> dict:
 
 def start_broker(stack_dir: Path | None, name: str, timeout_s: float = 60) -> dict:
     """Start a stopped broker of the stack again, on its port with its role; return once it
-    answers ``/health`` (the balancer's check brings it back within a second). Returns ``name``,
-    ``pid`` and ``healthy_after_s``."""
+    answers ``/health`` and the balancer, if any, sends it requests again (its health check
+    passes twice, 0.5 s apart). Returns ``name``, ``pid`` and ``healthy_after_s``."""
     paths = _Paths(stack_dir)
     with _locked(paths.lock, timeout_s + 30, "`llog stack up` or `down`"):
         record, entry = _broker_entry(paths, name)
@@ -1117,6 +1126,8 @@ def start_broker(stack_dir: Path | None, name: str, timeout_s: float = 60) -> di
             record["broker"].update(pid=new["pid"], binary=new["binary"])
         _write_json(paths.record, record)
         _wait_broker(paths, entry, started + timeout_s, timeout_s)
+        if (record.get("broker") or {}).get("balancer"):
+            _wait_balanced(paths, started + timeout_s, timeout_s)
         return {"name": name, "pid": entry["pid"], "healthy_after_s": time.monotonic() - started}
 
 
@@ -1415,7 +1426,7 @@ def _stop_recorded(paths: _Paths) -> list[str]:
         entry = record.get(service, {})
         if _alive(entry.get("pid"), entry.get("binary")):
             _stop(entry["pid"], entry["binary"])
-            stopped.append(f"{service} (pid {entry['pid']})")
+            stopped.append(f"{'balancer' if 'balancer' in entry else service} (pid {entry['pid']})")
     paths.record.unlink(missing_ok=True)
     for pid, child in list(_children.items()):  # reap children that exited on their own
         if child.poll() is not None:
