@@ -197,6 +197,30 @@ def test_a_broker_killed_under_load_loses_no_acknowledged_record(stack_dir: Path
     print(f"acks {sum(map(len, acked.values()))}, retries {dict(retried)}")
 
 
+def test_an_idempotent_producer_whose_partition_moves_between_brokers_keeps_its_sequence(stack_dir: Path) -> None:
+    """Routing moves a partition (a broker down and up again, brokers added): a producer's next
+    batch reaches a broker that last wrote the partition before another broker wrote this
+    producer's latest batches. That broker's remembered control is stale; its verdict on the
+    sequence must come from the control as it is now."""
+    brokers = local_stack.status(stack_dir)["brokers"]
+    topic = "moved"
+    _create(stack_dir, topic, 1)
+    with httpx.Client(timeout=TIMEOUT) as client:
+        producer = client.post(f"{brokers[0]['url']}/producers").json()["producer_id"]
+        offsets = []
+        for batch in range(6):
+            url = brokers[batch // 2 % 2]["url"]  # two batches on broker-0, two on broker-1, two on broker-0
+            answer = client.post(f"{url}/produce", json={"producer_id": producer, "topic_partitions": [
+                {"topic": topic, "partition": 0, "records": [f"b{batch}r{i}" for i in range(3)],
+                 "sequence": 3 * batch}]})
+            assert answer.status_code == 200, answer.text
+            result = answer.json()["results"][0]
+            offsets.append((result["start_offset"], result["end_offset"], result.get("duplicate", False)))
+        assert offsets == [(1 + 3 * b, 3 + 3 * b, False) for b in range(6)]
+        read = _read_all(client, brokers[2]["url"], topic, 0, 18)
+        assert [payload for _, payload in read] == [f"b{b}r{i}" for b in range(6) for i in range(3)]
+
+
 def test_split_roles_write_through_writers_and_read_through_readers(stack_dir: Path) -> None:
     port = local_stack.status(stack_dir)["broker"]["port"]
     info = up(stack_dir=stack_dir, brokers=3, broker_port=port, split_roles=True)
