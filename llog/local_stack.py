@@ -1009,7 +1009,7 @@ def _start_brokers(paths: _Paths, port: int, count: int, split_roles: bool, time
         for entry in record["brokers"]:
             _wait_broker(paths, entry, deadline, timeout_s)
         config_path = paths.root / "haproxy.cfg"
-        config_path.write_text(_haproxy_config(port, stats_port, record["brokers"], split_roles))
+        config_path.write_text(haproxy_config(port, stats_port, record["brokers"], split_roles))
         checked = subprocess.run([HAPROXY, "-c", "-q", "-f", str(config_path)], capture_output=True, text=True,
                                  timeout=30)
         if checked.returncode != 0:
@@ -1043,7 +1043,7 @@ def _wait_balanced(paths: _Paths, deadline: float, timeout_s: float) -> None:
         time.sleep(0.1)
 
 
-def _haproxy_config(port: int, stats_port: int, brokers: Sequence[Mapping], split_roles: bool) -> str:
+def haproxy_config(port: int, stats_port: int, brokers: Sequence[Mapping], split_roles: bool) -> str:
     """HAProxy's config for the balancer on ``port`` (statistics on ``stats_port``, ``/stats``;
     ``/stats;csv`` as CSV) in front of ``brokers`` (their ``record["brokers"]`` entries).
 
@@ -1087,9 +1087,12 @@ def haproxy_stats(stack_dir: Path | None = None) -> list[dict[str, str]]:
     ``hrsp_5xx``, ``qtime``/``rtime`` ms, ...); empty without a balancer or an answer."""
     record = _read_record(_Paths(stack_dir)) or {}
     balancer = (record.get("broker") or {}).get("balancer")
-    if balancer is None:
-        return []
-    text = _http_text(balancer["stats_url"] + ";csv")
+    return [] if balancer is None else read_haproxy_stats(balancer["stats_url"])
+
+
+def read_haproxy_stats(stats_url: str) -> list[dict[str, str]]:
+    """HAProxy's statistics at ``stats_url`` (its ``stats uri``) as :func:`haproxy_stats` gives them."""
+    text = _http_text(stats_url + ";csv")
     if not text:
         return []
     header, *rows = text.lstrip("# ").splitlines()
