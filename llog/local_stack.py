@@ -41,6 +41,17 @@ Service in front of a production cluster: a client follows its shard assignments
 and with a single address it would lose them, and so every new leader, while that server is down.
 :func:`kill_service`, :func:`start_service`, :func:`restart_service`, :func:`pause_service` and
 :func:`resume_service` act on one process, for failure tests.
+
+Brokers (``llog stack up --broker``: one; ``--brokers N [--split-roles]``: N behind a balancer):
+``python -m broker_lite`` processes on the stack's settings file. One broker listens on the broker
+port (``--broker-port``, else ``LLOG_STACK_BROKER_PORT``, else :data:`DEFAULT_BROKER_PORT`); with
+``--brokers N`` the brokers get free ports and HAProxy (:data:`HAPROXY`, config written to
+``<stack_dir>/haproxy.cfg``) listens on the broker port, sending each request to the broker the
+consistent hash of its ``X-Llog-Partition: topic/partition`` header picks (docs/brokers.md).
+``stack.json`` keeps ``broker``, the address clients use (the balancer when there is one), and
+``brokers``, every broker process (``name``, ``pid``, ``port``, ``url``, ``role``, ``log``).
+:func:`kill_broker` and :func:`start_broker` act on one broker, :func:`haproxy_stats` reads the
+balancer's statistics.
 """
 
 from __future__ import annotations

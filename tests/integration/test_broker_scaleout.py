@@ -5,6 +5,7 @@ write and read brokers apart (``--split-roles``)."""
 
 from __future__ import annotations
 
+import argparse
 import threading
 import time
 from collections import Counter
@@ -16,7 +17,7 @@ import pytest
 from llog import local_stack
 from llog.config import Config
 from llog.coordination import Coordination
-from llog.local_stack import BROKER_HEADER, PARTITION_HEADER, down, free_ports, install, up
+from llog.local_stack import BROKER_HEADER, PARTITION_HEADER, add_stack_command, down, free_ports, install, up
 from llog.topics import create_topic
 from tests.helpers.broker_process import free_port
 
@@ -254,3 +255,17 @@ def _wait_for(condition, timeout_s: float, what: str) -> None:
     while not condition():
         assert time.monotonic() < deadline, f"no {what} within {timeout_s:.0f} s"
         time.sleep(0.05)
+
+
+@pytest.mark.parametrize("argv, problem", [
+    (["--split-roles"], "--split-roles goes with --brokers N"),
+    (["--brokers", "0"], "--brokers 0: at least 1"),
+    (["--broker", "--brokers", "2"], "--broker is one broker without a balancer"),
+])
+def test_stack_up_refuses_broker_options_that_do_not_go_together(argv, problem, tmp_path, capsys) -> None:
+    parser = argparse.ArgumentParser(prog="llog")
+    add_stack_command(parser.add_subparsers(dest="command", required=True))
+    args = parser.parse_args(["stack", "up", "--stack-dir", str(tmp_path), *argv])
+    assert args.func(args) == 1
+    assert problem in capsys.readouterr().err
+    assert not (tmp_path / "stack.json").exists()
