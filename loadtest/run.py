@@ -193,7 +193,7 @@ class Run:
             # what vegeta sent per second while attacking, and answered 2xx per second overall
             "sent_per_s": round(report["rate"], 1), "vegeta_throughput_per_s": round(report["throughput"], 1),
             "command": " ".join(command), "targets": len(targets), "marked": marked, "cpu_cores": cores,
-            "cpu_cores_total": round(sum(cores.values()), 2), "load_average": os.getloadavg(),
+            "cpu_cores_total": round(sum(cores.values()), 2), "load_average": list(os.getloadavg()),
             **({"balancer_requests_per_broker": routed} if routed is not None else {})}
 
     def _create_topic(self, scenario: Scenario) -> None:

@@ -10,6 +10,7 @@ import threading
 import time
 from collections import Counter
 from pathlib import Path
+from uuid import uuid4
 
 import httpx
 import pytest
@@ -19,6 +20,8 @@ from llog.config import Config
 from llog.coordination import Coordination
 from llog.local_stack import BROKER_HEADER, PARTITION_HEADER, add_stack_command, down, free_ports, install, up
 from llog.topics import create_topic
+from loadtest.run import make_run_dir, run
+from loadtest.scenarios import SCENARIOS
 from tests.helpers.broker_process import free_port
 
 TIMEOUT = httpx.Timeout(30, connect=5)
@@ -269,3 +272,22 @@ def test_stack_up_refuses_broker_options_that_do_not_go_together(argv, problem, 
     assert args.func(args) == 1
     assert problem in capsys.readouterr().err
     assert not (tmp_path / "stack.json").exists()
+
+
+def test_the_load_test_through_the_balancer_keeps_partitions_on_their_brokers(stack, tmp_path) -> None:
+    """``python -m loadtest --brokers 2 --balancer`` in miniature: every request through HAProxy,
+    each consume from the tail cache of the broker that produced its partition, the counts
+    reconciled, and each phase's CPU and per-broker requests reported."""
+    config = stack.replace(root_prefix=f"t{uuid4().hex[:12]}")
+    scenarios = [SCENARIOS["produce-max"].replace(duration_s=1.5, warmup_s=0.5, workers=4, partitions=6),
+                 SCENARIOS["consume-hit"].replace(duration_s=1.5, workers=4, records_per_request=100,
+                                                  preload_records=500, partitions=6)]
+    summary = run(config, scenarios, make_run_dir(tmp_path, "balanced"), brokers=2, balanced=True)
+    assert summary["balancer"] == "haproxy" and summary["route_key"] == PARTITION_HEADER
+    assert summary["reconciled"] and summary["unexpected_non_200"] == {}
+    for name, phase in summary["phases"].items():
+        routed = phase["balancer_requests_per_broker"]
+        assert sum(n for k, n in routed.items() if not k.endswith("_5xx")) == phase["requests"], name
+        assert {"broker-0", "broker-1", "balancer", "vegeta"} <= phase["cpu_cores"].keys(), name
+    consume = summary["phases"]["consume-hit"]
+    assert consume["tail_cache_misses"] == 0 and consume["tail_cache_hits"] == consume["requests"] > 0
