@@ -939,7 +939,7 @@ def _start_broker(paths: _Paths, port: int, timeout_s: float) -> None:
     if not _port_free(port):
         raise LlogError(f"the broker's port {port} is in use (--broker-port picks another)")
     entry = _spawn_broker(paths, "broker", port, "both")
-    record.update(broker={k: entry[k] for k in ("pid", "binary", "port", "log")}, brokers=[entry],
+    record.update(broker={k: entry[k] for k in ("pid", "binary", "port", "url", "log")}, brokers=[entry],
                   broker_layout=None)
     _write_json(paths.record, record)
     _wait_broker(paths, entry, time.monotonic() + timeout_s, timeout_s)
@@ -1026,12 +1026,13 @@ def _start_brokers(paths: _Paths, port: int, count: int, split_roles: bool, time
         if checked.returncode != 0:
             raise LlogError(f"HAProxy refuses its config {config_path}: {(checked.stdout + checked.stderr).strip()}")
         entry = _spawn(paths, "balancer", [HAPROXY, "-db", "-f", str(config_path)], dict(os.environ))
-        record["broker"] = {**entry, "port": port, "log": str(paths.log("balancer")), "balancer": {
-            "kind": "haproxy", "config": str(config_path), "stats_url": f"http://{HOST}:{stats_port}/stats",
-            "route_header": PARTITION_HEADER, "split_roles": split_roles}}
+        record["broker"] = {
+            **entry, "port": port, "url": f"http://{HOST}:{port}", "log": str(paths.log("balancer")),
+            "balancer": {"kind": "haproxy", "config": str(config_path), "stats_url": f"http://{HOST}:{stats_port}/stats",
+                         "route_header": PARTITION_HEADER, "split_roles": split_roles}}
         record["broker_layout"] = {"brokers": count, "split_roles": split_roles, "port": port}
         _write_json(paths.record, record)
-        balancer = {**record["broker"], "name": "balancer", "url": f"http://{HOST}:{port}"}
+        balancer = {**record["broker"], "name": "balancer"}
         _wait_broker(paths, balancer, deadline, timeout_s)
         # Every broker up in HAProxy's eyes too, so that the first requests are spread as later ones.
         _wait_balanced(paths, deadline, timeout_s)
@@ -1425,6 +1426,7 @@ def down(stack_dir: Path | None = None, purge: bool = False) -> list[str]:
         if purge:
             shutil.rmtree(paths.oxia_data, ignore_errors=True)
             shutil.rmtree(paths.s3_data, ignore_errors=True)
+            shutil.rmtree(paths.root / "tail-cache", ignore_errors=True)  # split-role brokers' shared tail cache
             shutil.rmtree(paths.root / "seaweedfs", ignore_errors=True)  # of a stack from before versitygw
     return stopped
 

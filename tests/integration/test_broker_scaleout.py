@@ -6,6 +6,7 @@ write and read brokers apart (``--split-roles``)."""
 from __future__ import annotations
 
 import argparse
+import json
 import threading
 import time
 from collections import Counter
@@ -79,6 +80,11 @@ def test_through_the_balancer_a_partition_stays_on_one_broker(stack_dir: Path) -
     assert info["broker"]["healthy"] and info["broker"]["balancer"]["kind"] == "haproxy"
     assert [(b["name"], b["role"], b["healthy"]) for b in brokers] == [(f"broker-{i}", "both", True) for i in range(3)]
     assert len({b["port"] for b in brokers} | {info["broker"]["port"]}) == 4  # the balancer has the broker port
+    # The stack record as other tools read it: "broker" is what clients use, "brokers" each process.
+    record = json.loads((stack_dir / "stack.json").read_text())
+    assert record["broker"]["url"] == front and record["broker"]["pid"] == info["broker"]["pid"]
+    assert [{k: b[k] for k in ("name", "url", "port", "role", "log", "pid")} for b in record["brokers"]] == \
+        [{k: b[k] for k in ("name", "url", "port", "role", "log", "pid")} for b in brokers]
     topic, partitions = "affinity", 6
     _create(stack_dir, topic, partitions)
     owners: dict[int, str] = {}
