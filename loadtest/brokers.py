@@ -173,6 +173,12 @@ class Balancer:
                 out[r["svname"] + "_5xx"] = int(r["hrsp_5xx"] or 0)
         return out
 
+    def server_response_ms(self) -> dict[str, int]:
+        """Each broker's average response time (``rtime``, ms, over its last 1,024 requests),
+        as HAProxy measures it: time spent in the broker, not in the balancer's queue."""
+        return {r["svname"]: int(r["rtime"] or 0) for r in self.stats()
+                if r["pxname"] == "brokers" and r["svname"] not in ("FRONTEND", "BACKEND")}
+
     def stop(self) -> int | None:
         if self.proc is None:
             return None

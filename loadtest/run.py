@@ -6,7 +6,10 @@ Run directory (``loadtest/results/<UTC timestamp>-<label>/``):
 - ``scenario.json``: the resolved scenarios, brokers, vegeta version, the machine;
 - ``targets/<phase>.json``: vegeta's targets (JSON format, bodies base64);
 - ``<phase>/results.bin`` (vegeta's gob results), ``report.json``, ``hist.txt``, ``hdrplot.txt``,
-  ``phase.json`` (the phase's summary plus every ``/metrics`` counter that moved);
+  ``phase.json`` (the phase's summary plus every ``/metrics`` counter that moved; ``cpu_cores``:
+  the cores each process kept busy over the attack, brokers, balancer, Oxia, S3 and vegeta;
+  behind a balancer, ``balancer_requests_per_broker`` and ``balancer_response_ms_per_broker``
+  from HAProxy's statistics);
   ``long-poll/probes.jsonl`` instead for the probe;
 - ``metrics.jsonl``: each broker's ``GET /metrics`` every second, labelled with the phase;
 - ``broker-<name>.log``: each broker's output;
@@ -177,8 +180,10 @@ class Run:
         cpu, children, started = self._cpu(brokers), os.times(), time.monotonic()
         command = vegeta.attack(self.vegeta, path, out / "results.bin", spec, name=scenario.name)
         cpu_after, children_after, elapsed = self._cpu(brokers), os.times(), time.monotonic() - started
+        response_ms = None
         if routed is not None:
             routed = {k: v - routed.get(k, 0) for k, v in self.balancer(brokers).server_requests().items()}
+            response_ms = self.balancer(brokers).server_response_ms()
         if mark:
             marked = mark() - marked
         after = [b.metrics() for b in brokers]
@@ -194,7 +199,8 @@ class Run:
             "sent_per_s": round(report["rate"], 1), "vegeta_throughput_per_s": round(report["throughput"], 1),
             "command": " ".join(command), "targets": len(targets), "marked": marked, "cpu_cores": cores,
             "cpu_cores_total": round(sum(cores.values()), 2), "load_average": list(os.getloadavg()),
-            **({"balancer_requests_per_broker": routed} if routed is not None else {})}
+            **({"balancer_requests_per_broker": routed, "balancer_response_ms_per_broker": response_ms}
+               if routed is not None else {})}
 
     def _create_topic(self, scenario: Scenario) -> None:
         """The scenario's topic with its partitions (a produce to a partition past a topic's count
