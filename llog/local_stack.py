@@ -41,6 +41,17 @@ Service in front of a production cluster: a client follows its shard assignments
 and with a single address it would lose them, and so every new leader, while that server is down.
 :func:`kill_service`, :func:`start_service`, :func:`restart_service`, :func:`pause_service` and
 :func:`resume_service` act on one process, for failure tests.
+
+Brokers (``llog stack up --broker``: one; ``--brokers N [--split-roles]``: N behind a balancer):
+``python -m broker_lite`` processes on the stack's settings file. One broker listens on the broker
+port (``--broker-port``, else ``LLOG_STACK_BROKER_PORT``, else :data:`DEFAULT_BROKER_PORT`); with
+``--brokers N`` the brokers get free ports and HAProxy (:data:`HAPROXY`, config written to
+``<stack_dir>/haproxy.cfg``) listens on the broker port, sending each request to the broker the
+consistent hash of its ``X-Llog-Partition: topic/partition`` header picks (docs/brokers.md).
+``stack.json`` keeps ``broker``, the address clients use (the balancer when there is one), and
+``brokers``, every broker process (``name``, ``pid``, ``port``, ``url``, ``role``, ``log``).
+:func:`kill_broker` and :func:`start_broker` act on one broker, :func:`haproxy_stats` reads the
+balancer's statistics.
 """
 
 from __future__ import annotations
@@ -169,9 +180,20 @@ _PORT_LABELS = {
     "s3": "S3",
 }
 
-#: Where ``llog stack up --broker`` serves the HTTP broker unless told otherwise.
+#: Where ``llog stack up --broker`` serves the HTTP broker unless told otherwise (with
+#: ``--brokers N``, where the balancer listens).
 DEFAULT_BROKER_PORT = 18090
 BROKER_PORT_ENV = "LLOG_STACK_BROKER_PORT"
+#: The load balancer in front of ``--brokers N``: Debian's HAProxy (``apt-get install haproxy``).
+HAPROXY = "/usr/sbin/haproxy"
+#: The request header whose value (``topic/partition``) the balancer hashes to pick a broker, so
+#: that one broker produces a partition and serves its consumes from its tail cache.
+PARTITION_HEADER = "X-Llog-Partition"
+#: The response header the balancer adds: the name of the broker that answered (``broker-0``..).
+BROKER_HEADER = "X-Llog-Broker"
+#: Seconds the balancer waits for a broker's answer: more than a long poll's longest wait
+#: (``LLOG_BROKER_MAX_WAIT_MS``, 30 s by default).
+_BALANCER_SERVER_TIMEOUT_S = 65
 
 _INSTALL_TIMEOUT_S = 30 * 60
 _STOP_TIMEOUT_S = 10
@@ -186,10 +208,12 @@ OXIA_CLUSTER_SERVERS = 3
 OXIA_CLUSTER_SHARDS = 2
 OXIA_COORDINATOR = "oxia-coordinator"
 OXIA_SERVERS = tuple(f"oxia-{i}" for i in range(OXIA_CLUSTER_SERVERS))
-#: Services ``stack.json`` may name, stopped in this order: an Oxia cluster's coordinator before
-#: its servers, so that it does not elect leaders among servers being stopped. ``seaweedfs``: the
+#: Services ``stack.json`` may name, stopped in this order: the broker clients use (the balancer,
+#: when there is one) before the broker processes (``brokers``, a list) so that no request is
+#: sent to a stopped broker; an Oxia cluster's coordinator before its servers, so that it does
+#: not elect leaders among servers being stopped. ``seaweedfs``: the
 #: S3 server of stacks started before versitygw replaced it, stopped so that its ports are freed.
-_RECORDED_SERVICES = ("broker", "s3", "seaweedfs", "oxia", OXIA_COORDINATOR, *OXIA_SERVERS)
+_RECORDED_SERVICES = ("broker", "brokers", "s3", "seaweedfs", "oxia", OXIA_COORDINATOR, *OXIA_SERVERS)
 
 
 @dataclass(frozen=True)
@@ -761,6 +785,7 @@ def status(stack_dir: Path | None = None) -> dict:
         },
         "settings_file": str(paths.settings),
         "broker": _broker_status(record.get("broker")),
+        "brokers": _brokers_status(record.get("brokers", [])),
     }
 
 
@@ -804,19 +829,37 @@ def _paused(pid: int | None) -> bool:
 
 
 def _broker_status(entry: dict | None) -> dict | None:
+    """The broker clients use (``record["broker"]``): one broker, or the balancer in front of
+    several (``balancer`` then names its config and its statistics page)."""
     if entry is None:
         return None
     alive = _alive(entry.get("pid"), entry.get("binary"))
     url = f"http://{HOST}:{entry['port']}"
-    return {"pid": entry["pid"] if alive else None, "url": url, "port": entry["port"],
-            "healthy": alive and _http_ok(f"{url}/health"), "log": entry.get("log")}
+    out = {"pid": entry["pid"] if alive else None, "url": url, "port": entry["port"],
+           "healthy": alive and _http_ok(f"{url}/health"), "log": entry.get("log")}
+    if "balancer" in entry:
+        out["balancer"] = entry["balancer"]
+    return out
+
+
+def _brokers_status(entries: Sequence[Mapping]) -> list[dict]:
+    """Each broker process (``record["brokers"]``): its name, role, address and health."""
+    out = []
+    for entry in entries:
+        alive = _alive(entry.get("pid"), entry.get("binary"))
+        out.append({"name": entry["name"], "role": entry["role"], "pid": entry["pid"] if alive else None,
+                    "url": entry["url"], "port": entry["port"], "paused": _paused(entry["pid"] if alive else None),
+                    "healthy": alive and _http_ok(f"{entry['url']}/health"), "log": entry["log"]})
+    return out
 
 
 def up(stack_dir: Path | None = None, ports: StackPorts | None = None, bucket: str = "llog",
        timeout_s: float = 90, broker_port: int | None = None, oxia_cluster: bool = False,
-       oxia_shards: int = OXIA_CLUSTER_SHARDS) -> dict:
+       oxia_shards: int = OXIA_CLUSTER_SHARDS, brokers: int | None = None, split_roles: bool = False) -> dict:
     """Install if needed, start Oxia and the S3 server, wait until healthy, write the settings file;
-    with ``broker_port``, also an HTTP broker (``python -m broker_lite``) on that port. With
+    with ``broker_port``, also an HTTP broker (``python -m broker_lite``) on that port; with
+    ``brokers`` as well, that many brokers on ports of their own behind HAProxy on ``broker_port``
+    (``split_roles``: write and read brokers; see :func:`_start_brokers`). With
     ``oxia_cluster``, Oxia is a coordinator and 3 servers, ``oxia_shards`` shards with
     replication factor 3 (module docstring); an existing cluster keeps the ports and shard count
     it was made with (its data names them; asking for another count is an error).
@@ -844,7 +887,15 @@ def up(stack_dir: Path | None = None, ports: StackPorts | None = None, bucket: s
                                             oxia_metrics=cluster.servers[0].metrics)
             _check_ports(ports, cluster)
             _start(paths, ports, bucket, binaries, timeout_s, cluster)
-        if broker_port is not None and not (current["broker"] or {}).get("healthy"):
+        if brokers is not None:
+            if broker_port is None:
+                raise ConfigError("brokers behind a balancer need the balancer's port (broker_port)")
+            layout = {"brokers": brokers, "split_roles": split_roles, "port": broker_port}
+            running = status(paths.root)
+            if not ((_read_record(paths) or {}).get("broker_layout") == layout and running["broker"]["healthy"]
+                    and all(b["healthy"] for b in running["brokers"])):
+                _start_brokers(paths, broker_port, brokers, split_roles, timeout_s)
+        elif broker_port is not None and not (current["broker"] or {}).get("healthy"):
             _start_broker(paths, broker_port, timeout_s)
     return status(paths.root)
 
@@ -881,26 +932,228 @@ def _oxia_cluster_config(cluster: OxiaCluster) -> str:
 
 def _start_broker(paths: _Paths, port: int, timeout_s: float) -> None:
     """The HTTP broker as a process of the stack: started by module name (the core does not
-    import it), with the stack's settings file, stopped by ``down``."""
+    import it), with the stack's settings file, stopped by ``down``. ``record["broker"]`` and
+    ``record["brokers"][0]`` both name it."""
     record = _read_record(paths) or {}
-    old = record.get("broker")
-    if old and _alive(old.get("pid"), old.get("binary")):
-        _stop(old["pid"], old["binary"])
+    _stop_recorded_brokers(record)
     if not _port_free(port):
         raise LlogError(f"the broker's port {port} is in use (--broker-port picks another)")
-    cmd = [sys.executable, "-m", "broker_lite", "--host", HOST, "--port", str(port), "--log-level", "warning"]
-    entry = _spawn(paths, "broker", cmd, {**os.environ, "LLOG_SETTINGS_FILE": str(paths.settings)})
-    record["broker"] = {**entry, "port": port, "log": str(paths.log("broker"))}
+    entry = _spawn_broker(paths, "broker", port, "both")
+    record.update(broker={k: entry[k] for k in ("pid", "binary", "port", "url", "log")}, brokers=[entry],
+                  broker_layout=None)
     _write_json(paths.record, record)
-    deadline = time.monotonic() + timeout_s
-    while not _http_ok(f"http://{HOST}:{port}/health"):
+    _wait_broker(paths, entry, time.monotonic() + timeout_s, timeout_s)
+
+
+def _stop_recorded_brokers(record: dict) -> None:
+    """Stop the brokers (and balancer) ``record`` names, and drop them from it."""
+    old = record.pop("broker", None)
+    if old and _alive(old.get("pid"), old.get("binary")):
+        _stop(old["pid"], old["binary"])
+    _stop_brokers(record.pop("brokers", []))
+    record.pop("broker_layout", None)
+
+
+def _broker_command(port: int, role: str) -> list[str]:
+    return [sys.executable, "-m", "broker_lite", "--host", HOST, "--port", str(port), "--role", role,
+            "--log-level", "warning"]
+
+
+def _spawn_broker(paths: _Paths, name: str, port: int, role: str, tail_cache_dir: Path | None = None) -> dict:
+    """Start one broker process; its ``record["brokers"]`` entry."""
+    env = {**os.environ, "LLOG_SETTINGS_FILE": str(paths.settings)}
+    if tail_cache_dir is not None:
+        env["LLOG_TAIL_CACHE_DIR"] = str(tail_cache_dir)
+    entry = _spawn(paths, name, _broker_command(port, role), env)
+    return {"name": name, **entry, "port": port, "url": f"http://{HOST}:{port}", "role": role,
+            "log": str(paths.log(name)),
+            **({"tail_cache_dir": str(tail_cache_dir)} if tail_cache_dir is not None else {})}
+
+
+def _wait_broker(paths: _Paths, entry: Mapping, deadline: float, timeout_s: float) -> None:
+    """Until ``deadline`` (``time.monotonic()``), wait for one broker's ``/health`` to answer 200."""
+    name = entry["name"]
+    while not _http_ok(f"{entry['url']}/health"):
         if not _alive(entry["pid"], entry["binary"]):
-            raise LlogError(f"the broker exited during startup; last lines of {paths.log('broker')}:\n"
-                            + _tail(paths.log("broker")))
+            raise LlogError(f"{name} exited during startup; last lines of {paths.log(name)}:\n"
+                            + _tail(paths.log(name)))
         if time.monotonic() > deadline:
-            raise LlogError(f"the broker did not answer /health within {timeout_s:.0f} s; last lines of "
-                            f"{paths.log('broker')}:\n" + _tail(paths.log("broker")))
+            raise LlogError(f"{name} did not answer /health within {timeout_s:.0f} s; last lines of "
+                            f"{paths.log(name)}:\n" + _tail(paths.log(name)))
         time.sleep(0.25)
+
+
+def _start_brokers(paths: _Paths, port: int, count: int, split_roles: bool, timeout_s: float) -> None:
+    """``count`` brokers on free ports and HAProxy on ``port`` in front of them (the balancer,
+    ``record["broker"]``; the brokers are ``record["brokers"]``), replacing any the record names.
+
+    The balancer sends a request to the broker the consistent hash of its ``X-Llog-Partition``
+    header picks (``topic/partition``; no header: round robin), so one broker produces a
+    partition and answers its consumes from its tail cache; a broker that fails its health check
+    (``GET /health``) loses its partitions to the others until it is back (docs/brokers.md).
+    ``split_roles``: the first half (rounded up) are ``--role write`` brokers, which get
+    ``/produce`` and ``/producers``, the rest ``--role read`` ones, which get ``/consume`` and
+    ``/groups/...``; they share the tail cache directory ``<stack_dir>/tail-cache``
+    (``LLOG_TAIL_CACHE_DIR``), where writers put what they commit and readers look first."""
+    if count < 1:
+        raise ConfigError(f"brokers={count}: at least 1 broker")
+    if split_roles and count < 2:
+        raise ConfigError(f"brokers={count} with split roles: at least 1 write and 1 read broker, so 2")
+    if not os.access(HAPROXY, os.X_OK):
+        raise ConfigError(f"the balancer in front of several brokers is HAProxy, not found at {HAPROXY}: "
+                          "install it (apt-get install haproxy)")
+    record = _read_record(paths) or {}
+    _stop_recorded_brokers(record)
+    _write_json(paths.record, record)
+    if not _port_free(port):
+        raise LlogError(f"the balancer's port {port} is in use (--broker-port picks another)")
+    writers = (count + 1) // 2 if split_roles else count
+    roles = ["write" if i < writers else "read" for i in range(count)] if split_roles else ["both"] * count
+    tail_cache_dir = paths.root / "tail-cache" if split_roles else None
+    *broker_ports, stats_port = _system_ports(count + 1, avoid=frozenset({port}))
+    deadline = time.monotonic() + timeout_s
+    try:
+        record["brokers"] = []
+        for i, (role, broker_port) in enumerate(zip(roles, broker_ports)):
+            record["brokers"].append(_spawn_broker(paths, f"broker-{i}", broker_port, role, tail_cache_dir))
+            _write_json(paths.record, record)
+        for entry in record["brokers"]:
+            _wait_broker(paths, entry, deadline, timeout_s)
+        config_path = paths.root / "haproxy.cfg"
+        config_path.write_text(haproxy_config(port, stats_port, record["brokers"], split_roles))
+        checked = subprocess.run([HAPROXY, "-c", "-q", "-f", str(config_path)], capture_output=True, text=True,
+                                 timeout=30)
+        if checked.returncode != 0:
+            raise LlogError(f"HAProxy refuses its config {config_path}: {(checked.stdout + checked.stderr).strip()}")
+        entry = _spawn(paths, "balancer", [HAPROXY, "-db", "-f", str(config_path)], dict(os.environ))
+        record["broker"] = {
+            **entry, "port": port, "url": f"http://{HOST}:{port}", "log": str(paths.log("balancer")),
+            "balancer": {"kind": "haproxy", "config": str(config_path), "stats_url": f"http://{HOST}:{stats_port}/stats",
+                         "route_header": PARTITION_HEADER, "split_roles": split_roles}}
+        record["broker_layout"] = {"brokers": count, "split_roles": split_roles, "port": port}
+        _write_json(paths.record, record)
+        balancer = {**record["broker"], "name": "balancer"}
+        _wait_broker(paths, balancer, deadline, timeout_s)
+        # Every broker up in HAProxy's eyes too, so that the first requests are spread as later ones.
+        _wait_balanced(paths, deadline, timeout_s)
+    except BaseException:
+        _stop_recorded_brokers(record)
+        _write_json(paths.record, record)
+        raise
+
+
+def _wait_balanced(paths: _Paths, deadline: float, timeout_s: float) -> None:
+    """Until ``deadline``, wait for the balancer to see every broker up (its health checks)."""
+    while True:
+        rows = haproxy_stats(paths.root)
+        down = sorted({r["svname"] for r in rows if r["svname"] not in ("FRONTEND", "BACKEND")
+                       and r["status"] not in ("UP", "no check")})
+        if rows and not down:
+            return
+        if time.monotonic() > deadline:
+            raise LlogError(f"HAProxy does not see {', '.join(down) or 'its brokers'} up within {timeout_s:.0f} s")
+        time.sleep(0.1)
+
+
+def haproxy_config(port: int, stats_port: int, brokers: Sequence[Mapping], split_roles: bool) -> str:
+    """HAProxy's config for the balancer on ``port`` (statistics on ``stats_port``, ``/stats``;
+    ``/stats;csv`` as CSV) in front of ``brokers`` (their ``record["brokers"]`` entries).
+
+    ``balance hdr(X-Llog-Partition)`` with ``hash-type consistent``: a key maps to one broker,
+    and a broker going down moves only its own keys (each to the next broker on the ring), back
+    once it is up; a request without the header goes round robin. ``retries`` with
+    ``option redispatch``: a connection refused (a broker just killed, not yet marked down) is
+    tried again on another broker; a request a broker accepted is never sent twice. One thread:
+    on a machine of 2 cores the brokers need the CPU more than HAProxy does."""
+    def servers(role: str | None) -> list[str]:
+        return [f"    server {b['name']} {HOST}:{b['port']} check" for b in brokers if role in (None, b["role"])]
+
+    def backend(name: str, role: str | None) -> list[str]:
+        return [f"backend {name}", f"    balance hdr({PARTITION_HEADER})", "    hash-type consistent",
+                "    option httpchk GET /health", "    http-check expect status 200",
+                "    default-server inter 500ms fall 2 rise 2", *servers(role), ""]
+
+    lines = [
+        f"# written by llog stack up: {len(brokers)} brokers{' (split roles)' if split_roles else ''}",
+        "global", "    nbthread 1", "    maxconn 4096", "    log stderr format raw local0 notice", "",
+        "defaults", "    mode http", "    log global", "    option httplog", "    option dontlog-normal",
+        "    option redispatch", "    retries 3", "    timeout connect 2s", "    timeout queue 10s",
+        "    timeout client 70s", f"    timeout server {_BALANCER_SERVER_TIMEOUT_S}s",
+        "    timeout http-keep-alive 30s", "",
+        "frontend brokers", f"    bind {HOST}:{port}", f"    http-response set-header {BROKER_HEADER} %s",
+    ]
+    if split_roles:
+        lines += ["    acl writes path /produce /producers", "    acl reads path /consume",
+                  "    acl reads path_beg /groups/", "    use_backend writers if writes",
+                  "    use_backend readers if reads"]
+    lines += ["    default_backend brokers", "", *backend("brokers", None)]
+    if split_roles:
+        lines += [*backend("writers", "write"), *backend("readers", "read")]
+    lines += ["listen stats", f"    bind {HOST}:{stats_port}", "    stats enable", "    stats uri /stats", ""]
+    return "\n".join(lines)
+
+
+def haproxy_stats(stack_dir: Path | None = None) -> list[dict[str, str]]:
+    """The balancer's statistics (HAProxy's ``/stats;csv``): one row per frontend, backend and
+    server, each a dict of its columns (``pxname``, ``svname``, ``status``, ``stot`` requests,
+    ``hrsp_5xx``, ``qtime``/``rtime`` ms, ...); empty without a balancer or an answer."""
+    record = _read_record(_Paths(stack_dir)) or {}
+    balancer = (record.get("broker") or {}).get("balancer")
+    return [] if balancer is None else read_haproxy_stats(balancer["stats_url"])
+
+
+def read_haproxy_stats(stats_url: str) -> list[dict[str, str]]:
+    """HAProxy's statistics at ``stats_url`` (its ``stats uri``) as :func:`haproxy_stats` gives them."""
+    text = _http_text(stats_url + ";csv")
+    if not text:
+        return []
+    header, *rows = text.lstrip("# ").splitlines()
+    names = header.split(",")
+    return [dict(zip(names, row.split(","))) for row in rows if row]
+
+
+def kill_broker(stack_dir: Path | None, name: str) -> dict:
+    """SIGKILL one broker process of the stack (``broker-0``.., or ``broker``) and wait until it
+    has exited; the record keeps it, for :func:`start_broker`. Returns ``name`` and ``pid``."""
+    paths = _Paths(stack_dir)
+    with _locked(paths.lock, 30, "`llog stack up` or `down`"):
+        record, entry = _broker_entry(paths, name)
+        if not _alive(entry["pid"], entry["binary"]):
+            raise LlogError(f"{name} of the stack in {paths.root} is not running")
+        _kill(name, entry)
+        return {"name": name, "pid": entry["pid"]}
+
+
+def start_broker(stack_dir: Path | None, name: str, timeout_s: float = 60) -> dict:
+    """Start a stopped broker of the stack again, on its port with its role; return once it
+    answers ``/health`` and the balancer, if any, sends it requests again (its health check
+    passes twice, 0.5 s apart). Returns ``name``, ``pid`` and ``healthy_after_s``."""
+    paths = _Paths(stack_dir)
+    with _locked(paths.lock, timeout_s + 30, "`llog stack up` or `down`"):
+        record, entry = _broker_entry(paths, name)
+        if _alive(entry["pid"], entry["binary"]):
+            raise LlogError(f"{name} of the stack in {paths.root} is running (pid {entry['pid']})")
+        started = time.monotonic()
+        tail_cache_dir = entry.get("tail_cache_dir")
+        new = _spawn_broker(paths, name, entry["port"], entry["role"], tail_cache_dir and Path(tail_cache_dir))
+        entry.update(new)
+        if record.get("broker", {}).get("port") == entry["port"]:  # the one broker clients use
+            record["broker"].update(pid=new["pid"], binary=new["binary"])
+        _write_json(paths.record, record)
+        _wait_broker(paths, entry, started + timeout_s, timeout_s)
+        if (record.get("broker") or {}).get("balancer"):
+            _wait_balanced(paths, started + timeout_s, timeout_s)
+        return {"name": name, "pid": entry["pid"], "healthy_after_s": time.monotonic() - started}
+
+
+def _broker_entry(paths: _Paths, name: str) -> tuple[dict, dict]:
+    record = _read_record(paths)
+    if record is None:
+        raise LlogError(f"no running stack in {paths.root} (`llog stack up` starts one)")
+    names = {b["name"]: b for b in record.get("brokers", [])}
+    if name not in names:
+        raise LlogError(f"the stack in {paths.root} has no broker {name!r}: it has {', '.join(names) or 'none'}")
+    return record, names[name]
 
 
 def _commands(paths: _Paths, ports: StackPorts, binaries: dict[str, Path],
@@ -1173,6 +1426,7 @@ def down(stack_dir: Path | None = None, purge: bool = False) -> list[str]:
         if purge:
             shutil.rmtree(paths.oxia_data, ignore_errors=True)
             shutil.rmtree(paths.s3_data, ignore_errors=True)
+            shutil.rmtree(paths.root / "tail-cache", ignore_errors=True)  # split-role brokers' shared tail cache
             shutil.rmtree(paths.root / "seaweedfs", ignore_errors=True)  # of a stack from before versitygw
     return stopped
 
@@ -1182,15 +1436,32 @@ def _stop_recorded(paths: _Paths) -> list[str]:
     record = _read_record(paths) or {}
     stopped = []
     for service in _RECORDED_SERVICES:
+        if service == "brokers":
+            stopped += _stop_brokers(record.get("brokers", []))
+            continue
         entry = record.get(service, {})
         if _alive(entry.get("pid"), entry.get("binary")):
             _stop(entry["pid"], entry["binary"])
-            stopped.append(f"{service} (pid {entry['pid']})")
+            stopped.append(f"{'balancer' if 'balancer' in entry else service} (pid {entry['pid']})")
     paths.record.unlink(missing_ok=True)
     for pid, child in list(_children.items()):  # reap children that exited on their own
         if child.poll() is not None:
             del _children[pid]
     return stopped
+
+
+def _stop_brokers(entries: Sequence[Mapping]) -> list[str]:
+    """Stop the live broker processes of ``entries`` (``record["brokers"]``) at once: SIGTERM to
+    each first, so that they drain their requests together, then :func:`_stop` each."""
+    live = [e for e in entries if _alive(e.get("pid"), e.get("binary"))]
+    for entry in live:
+        try:
+            os.kill(entry["pid"], signal.SIGTERM)
+        except ProcessLookupError:
+            pass
+    for entry in live:
+        _stop(entry["pid"], entry["binary"])
+    return [f"{entry['name']} (pid {entry['pid']})" for entry in live]
 
 
 def _stop(pid: int, binary: str) -> None:
@@ -1259,6 +1530,13 @@ def add_stack_command(subparsers) -> None:
                            help=f"also start an HTTP broker (python -m broker_lite) on 127.0.0.1 "
                                 f"(port: --broker-port, else ${BROKER_PORT_ENV} or {DEFAULT_BROKER_PORT})")
     up_parser.add_argument("--broker-port", type=int, metavar="PORT", default=None)
+    up_parser.add_argument("--brokers", type=int, metavar="N", default=None,
+                           help="start N brokers on ports of their own behind HAProxy, which listens on the broker "
+                                f"port and sends each topic-partition (header {PARTITION_HEADER}: topic/partition) "
+                                "to one broker (docs/brokers.md)")
+    up_parser.add_argument("--split-roles", action="store_true",
+                           help="with --brokers N: half (rounded up) write brokers, which get /produce, the rest read "
+                                "brokers, which get /consume, sharing one tail cache directory")
     up_parser.add_argument("--timeout", type=float, default=90, help="seconds to wait for health (default: 90)")
     up_parser.set_defaults(func=_cmd_up)
 
@@ -1285,17 +1563,34 @@ def _cmd_install(args: argparse.Namespace) -> int:
 def _cmd_up(args: argparse.Namespace) -> int:
     try:
         ports = resolve_ports({name: getattr(args, f"{name}_port") for name in _PORT_LABELS})
+        if args.brokers is not None and args.brokers < 1:
+            raise ConfigError(f"--brokers {args.brokers}: at least 1")
+        if args.split_roles and args.brokers is None:
+            raise ConfigError("--split-roles goes with --brokers N")
+        if args.broker and args.brokers is not None:
+            raise ConfigError("--broker is one broker without a balancer; --brokers N is N behind one: choose one")
         broker_port = None
-        if args.broker or args.broker_port:
-            broker_port = args.broker_port or int(os.environ.get(BROKER_PORT_ENV, DEFAULT_BROKER_PORT))
+        if args.broker or args.broker_port or args.brokers is not None:
+            broker_port = args.broker_port or _broker_port_from_env()
         info = up(args.stack_dir, ports=ports, bucket=args.bucket, timeout_s=args.timeout, broker_port=broker_port,
-                  oxia_cluster=args.oxia_cluster, oxia_shards=args.oxia_shards)
+                  oxia_cluster=args.oxia_cluster, oxia_shards=args.oxia_shards, brokers=args.brokers,
+                  split_roles=args.split_roles)
     except LlogError as e:
         print(f"llog stack up: {e}", file=sys.stderr)
         return 1
     _print_status(info)
     print("stop it with: llog stack down")
     return 0
+
+
+def _broker_port_from_env() -> int:
+    value = os.environ.get(BROKER_PORT_ENV)
+    if not value:
+        return DEFAULT_BROKER_PORT
+    try:
+        return int(value)
+    except ValueError:
+        raise ConfigError(f"{BROKER_PORT_ENV}={value!r} is not a port number") from None
 
 
 def _cmd_down(args: argparse.Namespace) -> int:
@@ -1347,7 +1642,14 @@ def _print_status(info: dict) -> None:
     print(f"  s3         {_health(s3)}  pid {s3['pid'] or '-'}  {s3['endpoint_url']}  bucket {s3['bucket']}"
           f"  ({s3['server']}, data in {s3['data']})")
     broker = info.get("broker")
-    if broker:
+    if broker and "balancer" in broker:
+        balancer = broker["balancer"]
+        print(f"  balancer   {_health(broker)}  pid {broker['pid'] or '-'}  {broker['url']}  (HAProxy, route by "
+              f"{balancer['route_header']}{', split roles' if balancer['split_roles'] else ''}; stats "
+              f"{balancer['stats_url']}, config {balancer['config']})")
+        for b in info.get("brokers", []):
+            print(f"    {b['name']:<17} {_health(b)}  pid {_pid(b)}  {b['url']}  role {b['role']}")
+    elif broker:
         print(f"  broker     {_health(broker)}  pid {broker['pid'] or '-'}  {broker['url']}")
     print(f"  settings   {info['settings_file']}")
 

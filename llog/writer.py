@@ -579,11 +579,15 @@ class LogWriter(ClientUser):
     def _reserve_round(self, slots: Sequence[_Slot], todo: list[int], out: list[_Outcome],
                        reserved: list[tuple[int, ControlState]], remembered: bool = False) -> tuple[list[int], bool]:
         """One round of section 4.3 for the slots in ``todo``; returns the slots for the next,
-        and whether a CAS on a remembered control (``remembered``: use them) lost."""
+        and whether a remembered control (``remembered``: use them) was stale: a CAS on one lost,
+        or a producer's group was refused on one (another writer, e.g. another broker the
+        producer's requests were routed to, may have moved that producer's sequence since: the
+        verdict stands only on a control read now)."""
         again: list[int] = []
         helping: list[tuple[int, ControlState]] = []
         cas: list[tuple[int, ControlState, ControlRecord]] = []
         keys = [slots[i].keys for i in todo]
+        rejected_stale = False
         states = self._recall(keys) if remembered else [None] * len(todo)
         used = {i for i, state in zip(todo, states) if state is not None}
         unknown = [j for j, state in enumerate(states) if state is None]
@@ -620,7 +624,14 @@ class LogWriter(ClientUser):
                     again.append(i)
                     continue
                 new = self._reservation(slot, state.record)
-            except LlogError as e:  # a _Rejected slot in doubt is not staged again either
+            except _Rejected as e:
+                if i in used:  # judged on a remembered control, which another writer may have moved: read it
+                    again.append(i)
+                    rejected_stale = True
+                else:  # a _Rejected slot in doubt is not staged again either
+                    out[i] = _unless_in_doubt(slot, e)
+                continue
+            except LlogError as e:
                 out[i] = _unless_in_doubt(slot, e)
                 continue
             if new is None:
@@ -643,7 +654,7 @@ class LogWriter(ClientUser):
                 outcomes = getattr(e, "outcomes", None) or [None] * len(cas)
                 results = [e if o is None else o if isinstance(o, (VersionConflict, BaseException))
                            else ControlState(new, o, sent_at) for (_, _, new), o in zip(cas, outcomes)]
-            stale = False
+            stale = rejected_stale
             for (i, state, new), result in zip(cas, results):
                 attempt = (new.pending.start_offset, state.version)
                 if isinstance(result, VersionConflict):
@@ -659,7 +670,7 @@ class LogWriter(ClientUser):
                 else:
                     reserved.append((i, result))
             return again, stale
-        return again, False
+        return again, rejected_stale
 
     def _initialize(self, slot: _Slot) -> None:
         """A partition with no ``meta/control``: initialize it when its topic's record, read

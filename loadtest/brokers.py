@@ -1,5 +1,7 @@
 """The brokers under test: ``python -m broker_lite`` processes (their output in the run
-directory), and a background thread sampling their ``GET /metrics`` into ``metrics.jsonl``.
+directory), HAProxy in front of them when asked (:class:`Balancer`, the config ``llog stack up
+--brokers N`` writes), and a background thread sampling their ``GET /metrics`` into
+``metrics.jsonl``.
 
 The counters the summary needs are read from ``/metrics`` by dotted path (:data:`COUNTERS`);
 a broker that did not answer yields ``None``.
@@ -19,6 +21,7 @@ from pathlib import Path
 
 import httpx
 
+from llog import local_stack
 from llog.config import Config
 from llog.errors import LlogError
 
@@ -114,6 +117,94 @@ class Broker:
             return response.json()
         except ValueError:
             return None
+
+
+@dataclass
+class Balancer:
+    """HAProxy (``llog.local_stack.HAPROXY``) in front of ``brokers``, configured as ``llog stack
+    up --brokers N`` does (:func:`llog.local_stack.haproxy_config`): a request with the header
+    ``X-Llog-Partition`` goes to the broker its consistent hash picks, one without it round robin."""
+
+    name: str
+    brokers: list[Broker]
+    log_dir: Path
+    port: int = 0
+    stats_port: int = 0
+    proc: subprocess.Popen | None = None
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    @property
+    def stats_url(self) -> str:
+        return f"http://127.0.0.1:{self.stats_port}/stats"
+
+    def start(self) -> "Balancer":
+        self.port, self.stats_port = free_port(), free_port()
+        config = self.log_dir / f"{self.name}.cfg"
+        config.write_text(local_stack.haproxy_config(self.port, self.stats_port, [
+            {"name": f"broker-{b.name}", "port": b.port, "role": "both"} for b in self.brokers], split_roles=False))
+        with open(self.log_dir / f"{self.name}.log", "ab") as log:
+            self.proc = subprocess.Popen([local_stack.HAPROXY, "-db", "-f", str(config)], stdin=subprocess.DEVNULL,
+                                         stdout=log, stderr=subprocess.STDOUT)
+        deadline = time.monotonic() + _START_TIMEOUT_S
+        while True:
+            if self.proc.poll() is not None:
+                raise LlogError(f"{self.name} (HAProxy) exited with {self.proc.returncode}; see "
+                                f"{self.log_dir / f'{self.name}.log'}")
+            servers = [r for r in self.stats() if r["svname"] not in ("FRONTEND", "BACKEND") and r["pxname"] == "brokers"]
+            if len(servers) == len(self.brokers) and all(r["status"] == "UP" for r in servers):
+                return self
+            if time.monotonic() > deadline:
+                self.stop()
+                raise LlogError(f"{self.name} does not see its brokers up within {_START_TIMEOUT_S} s")
+            time.sleep(0.1)
+
+    def stats(self) -> list[dict[str, str]]:
+        return local_stack.read_haproxy_stats(self.stats_url)
+
+    def server_requests(self) -> dict[str, int]:
+        """Requests sent to each broker so far (``stot``), and 5xx answers (``hrsp_5xx``) as ``<name>_5xx``."""
+        out = {}
+        for r in self.stats():
+            if r["pxname"] == "brokers" and r["svname"] not in ("FRONTEND", "BACKEND"):
+                out[r["svname"]] = int(r["stot"] or 0)
+                out[r["svname"] + "_5xx"] = int(r["hrsp_5xx"] or 0)
+        return out
+
+    def server_response_ms(self) -> dict[str, int]:
+        """Each broker's average response time (``rtime``, ms, over its last 1,024 requests),
+        as HAProxy measures it: time spent in the broker, not in the balancer's queue."""
+        return {r["svname"]: int(r["rtime"] or 0) for r in self.stats()
+                if r["pxname"] == "brokers" and r["svname"] not in ("FRONTEND", "BACKEND")}
+
+    def stop(self) -> int | None:
+        if self.proc is None:
+            return None
+        if self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(10)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait(10)
+        return self.proc.returncode
+
+
+_CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
+
+
+def cpu_seconds(pid: int | None) -> float | None:
+    """User + system CPU seconds of process ``pid`` (all its threads), from ``/proc``; None if gone."""
+    if not pid:
+        return None
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    fields = stat[stat.rindex(")") + 2:].split()
+    return (int(fields[11]) + int(fields[12])) / _CLOCK_TICKS  # utime, stime (fields 14 and 15)
 
 
 def counter(metrics: dict | None, name: str) -> float | None:

@@ -6,7 +6,10 @@ Run directory (``loadtest/results/<UTC timestamp>-<label>/``):
 - ``scenario.json``: the resolved scenarios, brokers, vegeta version, the machine;
 - ``targets/<phase>.json``: vegeta's targets (JSON format, bodies base64);
 - ``<phase>/results.bin`` (vegeta's gob results), ``report.json``, ``hist.txt``, ``hdrplot.txt``,
-  ``phase.json`` (the phase's summary plus every ``/metrics`` counter that moved);
+  ``phase.json`` (the phase's summary plus every ``/metrics`` counter that moved; ``cpu_cores``:
+  the cores each process kept busy over the attack, brokers, balancer, Oxia, S3 and vegeta;
+  behind a balancer, ``balancer_requests_per_broker`` and ``balancer_response_ms_per_broker``
+  from HAProxy's statistics);
   ``long-poll/probes.jsonl`` instead for the probe;
 - ``metrics.jsonl``: each broker's ``GET /metrics`` every second, labelled with the phase;
 - ``broker-<name>.log``: each broker's output;
@@ -41,7 +44,8 @@ from llog.errors import PartitionNotInitialized
 from llog.reader import LogReader
 from llog.topics import create_topic
 from loadtest import probe, vegeta
-from loadtest.brokers import Broker, MetricsSampler, counter_delta
+from llog.local_stack import PARTITION_HEADER
+from loadtest.brokers import Balancer, Broker, MetricsSampler, counter_delta, cpu_seconds
 from loadtest.scenarios import Scenario, consume_body, produce_body
 
 RESULTS_DIR = Path(__file__).resolve().parent / "results"
@@ -75,10 +79,42 @@ class Run:
     brokers: list[Broker] = field(default_factory=list)
     sampler: MetricsSampler | None = None
     preloaded: dict[int, int] | None = None
+    #: Brokers behind HAProxy (:class:`Balancer`, one per set of brokers), not addressed by hand.
+    balanced: bool = False
+    #: With ``balanced``: send the route key (``X-Llog-Partition: topic/partition``); without it
+    #: the balancer spreads requests round robin (the comparison without affinity).
+    route: bool = True
+    #: Per set of brokers (the first broker's name), its balancer.
+    balancers: dict[str, Balancer] = field(default_factory=dict)
+    #: Other processes whose CPU a phase reports (the stack's Oxia and S3 server): name to pid.
+    processes: dict[str, int] = field(default_factory=dict)
 
     def broker_for(self, partition: int, brokers: list[Broker] | None = None) -> Broker:
         brokers = brokers or self.brokers
         return brokers[partition % len(brokers)]
+
+    def balancer(self, brokers: list[Broker]) -> Balancer:
+        """The balancer in front of ``brokers``, started on first use."""
+        key = brokers[0].name
+        if key not in self.balancers:
+            self.balancers[key] = Balancer(f"balancer-{key}", brokers, self.dir).start()
+        return self.balancers[key]
+
+    def endpoint(self, path: str, topic: str, partition: int,
+                 brokers: list[Broker] | None = None) -> tuple[str, tuple[tuple[str, str], ...]]:
+        """Where a request for ``topic``/``partition`` goes: its URL and headers. By hand, to broker
+        ``partition % N``; balanced, to the balancer with the route key (unless ``route`` is off)."""
+        brokers = brokers or self.brokers
+        if not self.balanced:
+            return f"{self.broker_for(partition, brokers).url}{path}", ()
+        headers = ((PARTITION_HEADER, f"{topic}/{partition}"),) if self.route else ()
+        return f"{self.balancer(brokers).url}{path}", headers
+
+    def _cpu(self, brokers: list[Broker]) -> dict[str, float | None]:
+        pids = {f"broker-{b.name}": b.proc.pid if b.proc else None for b in brokers}
+        if self.balanced:
+            pids["balancer"] = self.balancer(brokers).proc.pid
+        return {name: cpu_seconds(pid) for name, pid in {**pids, **self.processes}.items()}
 
     def start_broker(self, name: str, **settings) -> Broker:
         return Broker(name, self.config, self.dir, {k: str(v) for k, v in settings.items()}).start()
@@ -97,6 +133,8 @@ class Run:
             try:
                 result = self._produce(scenario, out, [broker])
             finally:
+                if broker.name in self.balancers:
+                    self.balancers.pop(broker.name).stop()
                 exit_status = broker.stop()
             result["broker_exit_status"] = exit_status
             result["overload_non_503_errors"] = result["requests"] - result["ok_requests"] - result["retry_after_503"]
@@ -109,6 +147,8 @@ class Run:
             try:
                 return self._consume(scenario, out, brokers)
             finally:
+                if brokers[0].name in self.balancers:
+                    self.balancers.pop(brokers[0].name).stop()
                 for broker in brokers:
                     broker.stop()
         if scenario.kind == "long_poll":
@@ -136,16 +176,31 @@ class Run:
             warm.unlink()
         before = [b.metrics() for b in brokers]
         marked = mark() if mark else None
+        routed = self.balancer(brokers).server_requests() if self.balanced else None
+        cpu, children, started = self._cpu(brokers), os.times(), time.monotonic()
         command = vegeta.attack(self.vegeta, path, out / "results.bin", spec, name=scenario.name)
+        cpu_after, children_after, elapsed = self._cpu(brokers), os.times(), time.monotonic() - started
+        response_ms = None
+        if routed is not None:
+            routed = {k: v - routed.get(k, 0) for k, v in self.balancer(brokers).server_requests().items()}
+            response_ms = self.balancer(brokers).server_response_ms()
         if mark:
             marked = mark() - marked
         after = [b.metrics() for b in brokers]
+        # Cores each process kept busy over the attack; vegeta's own from this process's children.
+        cores = {name: round((cpu_after[name] - t) / elapsed, 2) for name, t in cpu.items()
+                 if t is not None and cpu_after.get(name) is not None}
+        cores["vegeta"] = round((children_after.children_user + children_after.children_system
+                                 - children.children_user - children.children_system) / elapsed, 2)
         stats = vegeta.analyse(self.vegeta, out / "results.bin", out, on_body)
         report = json.loads((out / "report.json").read_text())
         return stats, before, after, {
             # what vegeta sent per second while attacking, and answered 2xx per second overall
             "sent_per_s": round(report["rate"], 1), "vegeta_throughput_per_s": round(report["throughput"], 1),
-            "command": " ".join(command), "targets": len(targets), "marked": marked}
+            "command": " ".join(command), "targets": len(targets), "marked": marked, "cpu_cores": cores,
+            "cpu_cores_total": round(sum(cores.values()), 2), "load_average": list(os.getloadavg()),
+            **({"balancer_requests_per_broker": routed, "balancer_response_ms_per_broker": response_ms}
+               if routed is not None else {})}
 
     def _create_topic(self, scenario: Scenario) -> None:
         """The scenario's topic with its partitions (a produce to a partition past a topic's count
@@ -156,9 +211,11 @@ class Run:
     def _produce(self, scenario: Scenario, out: Path, brokers: list[Broker]) -> dict:
         self._create_topic(scenario)
         topic, n = scenario.topic, scenario.records_per_request
-        targets = [vegeta.Target(f"{self.broker_for(p, brokers).url}/produce",
-                                 produce_body(topic, p, v, n, scenario.record_bytes))
-                   for v in range(VARIANTS) for p in range(scenario.partitions)]
+        targets = []
+        for v in range(VARIANTS):
+            for p in range(scenario.partitions):
+                url, headers = self.endpoint("/produce", topic, p, brokers)
+                targets.append(vegeta.Target(url, produce_body(topic, p, v, n, scenario.record_bytes), headers=headers))
         wal_uris: set[bytes] = set()
 
         def on_body(code: int, body: bytes) -> None:
@@ -210,8 +267,9 @@ class Run:
         targets = []
         for k in range(max(1, min(self.preloaded.values()) // n)):
             for p in range(scenario.partitions):
-                targets.append(vegeta.Target(f"{self.broker_for(p, brokers).url}/consume",
-                                             consume_body(scenario.topic, p, 1 + k * n, n * size)))
+                url, headers = self.endpoint("/consume", scenario.topic, p, brokers)
+                targets.append(vegeta.Target(url, consume_body(scenario.topic, p, 1 + k * n, n * size),
+                                             headers=headers))
         counted = {"records": 0, "bodies": 0, "unparsed": 0}
 
         def on_body(code: int, body: bytes) -> None:
@@ -252,12 +310,13 @@ async def _preload(run: Run, scenario: Scenario) -> dict[int, int]:
     limits = httpx.Limits(max_connections=scenario.partitions)
     async with httpx.AsyncClient(timeout=120, limits=limits) as client:
         async def fill(p: int) -> int:
-            url, last, done = f"{run.broker_for(p).url}/produce", 0, 0
+            (url, headers), last, done = run.endpoint("/produce", scenario.topic, p), 0, 0
             while done < scenario.preload_records:
                 count = min(PRELOAD_BATCH, scenario.preload_records - done)
                 body = produce_body(scenario.topic, p, 0, count, scenario.record_bytes)
                 for _ in range(60):
-                    response = await client.post(url, content=body, headers={"content-type": "application/json"})
+                    response = await client.post(url, content=body,
+                                                 headers={"content-type": "application/json", **dict(headers)})
                     if response.status_code != 503:
                         break
                     await asyncio.sleep(float(response.headers.get("retry-after", 1)))
@@ -320,19 +379,22 @@ def _write_metrics_delta(out: Path, before: list[dict | None], after: list[dict 
 
 
 def run(config: Config, scenarios: list[Scenario], run_dir: Path, brokers: int = 1,
-        vegeta_binary: Path | None = None) -> dict:
-    """Start ``brokers`` brokers for ``config``, run ``scenarios`` in order, stop them, write
-    ``summary.json``; return the summary."""
+        vegeta_binary: Path | None = None, balanced: bool = False, route: bool = True,
+        processes: dict[str, int] | None = None) -> dict:
+    """Start ``brokers`` brokers for ``config`` (``balanced``: behind HAProxy, ``route``: with the
+    route key), run ``scenarios`` in order, stop them, write ``summary.json``; return the
+    summary. ``processes``: other pids (name to pid) whose CPU each phase reports."""
     binary = vegeta_binary or vegeta.install()
     (run_dir / "targets").mkdir(exist_ok=True)
     (run_dir / "scenario.json").write_text(json.dumps({
         "scenarios": [asdict(s) for s in scenarios], "brokers": brokers, "vegeta": vegeta.VERSION,
+        "balancer": "haproxy" if balanced else None, "route_key": PARTITION_HEADER if balanced and route else None,
         "root_prefix": config.root_prefix, "oxia": config.oxia_service_address, "s3": config.s3_endpoint_url,
         "batch_max_delay_ms": config.batch_max_delay_ms, "batch_max_bytes": config.batch_max_bytes,
         "cpus": os.cpu_count(), "load_average": os.getloadavg(), "python": platform.python_version(),
         "started_at": datetime.now(timezone.utc).isoformat(timespec="seconds"),
     }, indent=1) + "\n")
-    state = Run(run_dir, config, binary)
+    state = Run(run_dir, config, binary, balanced=balanced, route=route, processes=dict(processes or {}))
     state.sampler = MetricsSampler(run_dir / "metrics.jsonl")
     started = time.monotonic()
     phases: dict[str, dict] = {}
@@ -347,10 +409,14 @@ def run(config: Config, scenarios: list[Scenario], run_dir: Path, brokers: int =
             progress(f"{scenario.name}: {_headline(result)}")
     finally:
         state.sampler.stop()
+        for balancer in state.balancers.values():
+            exits[balancer.name] = balancer.stop()
         for broker in state.brokers:
             exits[broker.name] = broker.stop()
     summary = summarize(phases)
-    summary.update({"run_dir": str(run_dir), "brokers": brokers, "seconds": round(time.monotonic() - started, 1),
+    summary.update({"run_dir": str(run_dir), "brokers": brokers, "balancer": "haproxy" if balanced else None,
+                    "route_key": PARTITION_HEADER if balanced and route else None,
+                    "seconds": round(time.monotonic() - started, 1),
                     "broker_exit_status": exits, "metrics_samples": state.sampler.samples,
                     "broker_log_errors": _log_errors(run_dir)})
     (run_dir / "summary.json").write_text(json.dumps(summary) + "\n")

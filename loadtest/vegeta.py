@@ -81,10 +81,13 @@ class Target:
     url: str
     body: bytes
     method: str = "POST"
+    #: Headers besides ``Content-Type`` (e.g. the balancer's route key).
+    headers: tuple[tuple[str, str], ...] = ()
 
     def json_line(self) -> str:
+        header = {"Content-Type": ["application/json"], **{k: [v] for k, v in self.headers}}
         return json.dumps({"method": self.method, "url": self.url, "body": base64.b64encode(self.body).decode(),
-                           "header": {"Content-Type": ["application/json"]}})
+                           "header": header})
 
 
 def write_targets(path: Path, targets: Iterable[Target]) -> Path:
