@@ -232,8 +232,7 @@ def grow_topic(coordination: Coordination, root: str, topic: str, partitions: in
         if record.partitions >= partitions:
             return None
         if not record.auto_created:
-            raise UnknownPartition(topic, partition, record.partitions,
-                                   "the topic was created explicitly, so writes do not add partitions")
+            raise UnknownPartition(topic, partition, record.partitions, _EXPLICIT)
         if partitions > limit:
             raise UnknownPartition(topic, partition, record.partitions, _over_limit(limit))
         return record.with_changes(partitions=partitions, updated_at_ms=clock.now_ms())
@@ -241,6 +240,10 @@ def grow_topic(coordination: Coordination, root: str, topic: str, partitions: in
     record = _update(coordination, root, topic, change, "growing")
     log.info("grew topic %s to %d partition(s) on a write to %s[%d]", topic, record.partitions, topic, partition)
     return record
+
+
+#: Why a write does not grow a topic created explicitly (docs/protocol.md section 10.2).
+_EXPLICIT = "the topic was created explicitly, so writes do not add partitions"
 
 
 def _over_limit(limit: int) -> str:
@@ -465,7 +468,8 @@ class TopicCache:
             record = self.require(topic, fresh=True, highest=partition)
             if partition >= record.partitions:
                 if not (record.auto_created and self.auto_create):
-                    raise UnknownPartition(topic, partition, record.partitions)
+                    raise UnknownPartition(topic, partition, record.partitions,
+                                           None if record.auto_created else _EXPLICIT)
                 record = grow_topic(self.coordination, self.config.root_prefix, topic, partition + 1,
                                     self.auto_limit, self.clock)
                 self._remember(topic, record)
