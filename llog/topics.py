@@ -17,6 +17,7 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from llog import failpoints
 from llog.clock import SYSTEM, Clock
 from llog.config import COMPRESSION_TYPES, Config
 from llog.control import backoff, initialize_partition
@@ -227,18 +228,23 @@ def grow_topic(coordination: Coordination, root: str, topic: str, partitions: in
     explicitly, or when ``partitions`` is over ``limit`` (``LLOG_MAX_AUTO_PARTITIONS``);
     :class:`TopicNotFound`, :class:`TopicBeingDeleted`."""
     partition = partitions - 1
+    wrote = False
 
     def change(record: TopicRecord) -> TopicRecord | None:
+        nonlocal wrote
+        wrote = False
         if record.partitions >= partitions:
             return None
         if not record.auto_created:
             raise UnknownPartition(topic, partition, record.partitions, _EXPLICIT)
         if partitions > limit:
             raise UnknownPartition(topic, partition, record.partitions, _over_limit(limit))
+        wrote = True
         return record.with_changes(partitions=partitions, updated_at_ms=clock.now_ms())
 
     record = _update(coordination, root, topic, change, "growing")
-    log.info("grew topic %s to %d partition(s) on a write to %s[%d]", topic, record.partitions, topic, partition)
+    if wrote:
+        log.info("grew topic %s to %d partition(s) for a write to %s[%d]", topic, partitions, topic, partition)
     return record
 
 
@@ -267,6 +273,7 @@ def _update(coordination: Coordination, root: str, topic: str,
         new = change(record)
         if new is None:
             return record
+        failpoints.hit("topics.before_update_cas")
         try:
             coordination.put(topic_key(root, topic), new.to_json(), TOPICS_PARTITION_KEY, found.version)
         except VersionConflict:

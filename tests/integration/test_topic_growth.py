@@ -80,3 +80,23 @@ def test_a_record_without_auto_created_reads_as_explicit(config, writer, reader)
     with pytest.raises(UnknownPartition, match="created explicitly"):
         grow_topic(c, root, "old", 3, limit=10)
 
+
+
+@pytest.mark.parametrize("other,wanted,final", [(10, 6, 10), (4, 6, 6)])
+def test_a_growth_that_loses_its_cas_reads_again(config, writer, hooks, other, wanted, final):
+    """Another writer grows the topic to ``other`` between this one's read and its CAS: the CAS
+    conflicts, the record is read again, and it is the answer (it has enough) or is grown again."""
+    c, root = writer.coordination, config.root_prefix
+    create_topic(c, root, "g", 2, auto_created=True)
+
+    def meanwhile():
+        del hooks["topics.before_update_cas"]
+        grow_topic(c, root, "g", other, limit=100)
+
+    hooks["topics.before_update_cas"] = meanwhile
+    conflicts = c.stats["cas_conflict"]
+    assert grow_topic(c, root, "g", wanted, limit=100).partitions == final
+    assert c.stats["cas_conflict"] == conflicts + 1 and "topics.before_update_cas" not in hooks
+    record = read_topic(c, root, "g").record
+    assert record.partitions == final
+    assert {read_control(c, current_keys(c, root, "g", p)).record.topic_id for p in range(final)} == {record.topic_id}
