@@ -12,7 +12,11 @@ Routes (the reference broker's HTTP API, plus groups, topics and the OpenAPI doc
   topic or partition that does not exist (a partition past the topic's count, a topic not
   created automatically: docs/protocol.md section 10.2), 503 + ``Retry-After`` all refused for
   backpressure (nothing written). A topic without a record is created on its first produce
-  (``LLOG_AUTO_CREATE_TOPICS``, ``LLOG_DEFAULT_PARTITIONS``). With a ``producer_id`` and a
+  (``LLOG_AUTO_CREATE_TOPICS``) with ``LLOG_DEFAULT_PARTITIONS`` partitions or enough for the
+  partitions the produce names, and a topic so created grows when a produce names a higher
+  partition (up to ``LLOG_MAX_AUTO_PARTITIONS``), as the reference broker initializes any
+  partition on its first write; a topic created explicitly keeps its count (docs/protocol.md
+  section 10.2). With a ``producer_id`` and a
   ``sequence`` per group the produce is idempotent (Kafka's idempotent producer,
   :meth:`llog.writer.LogWriter.append_shared`): a group sent again, to any broker, is answered
   with the offsets of its first send (``duplicate``) and written once; an older sequence fails

@@ -72,6 +72,7 @@ ENV_NAMES: dict[str, str] = {
     "topic_config": "LLOG_TOPIC_CONFIG",
     "auto_create_topics": "LLOG_AUTO_CREATE_TOPICS",
     "default_partitions": "LLOG_DEFAULT_PARTITIONS",
+    "max_auto_partitions": "LLOG_MAX_AUTO_PARTITIONS",
     "retention_ms": "LLOG_RETENTION_MS",
     "retention_bytes": "LLOG_RETENTION_BYTES",
 }
@@ -211,10 +212,16 @@ class Config:
     #: a topic's setting wins over the one above, and its topic record's (docs/protocol.md section 10) over both.
     topic_config: str | None = None
     #: Writers (the sink, the broker) create a topic that has no record on first use, with
-    #: ``default_partitions`` partitions (Kafka's ``auto.create.topics.enable``, ``num.partitions``).
+    #: ``default_partitions`` partitions or enough for the partitions the write names, whichever
+    #: is more, and grow it when a later write names a higher partition (Kafka's
+    #: ``auto.create.topics.enable``, ``num.partitions``; docs/protocol.md section 10.2).
     auto_create_topics: bool = True
-    #: Partitions of a topic created on first use (above).
+    #: Partitions of a topic created on first use, at least (above).
     default_partitions: int = 1
+    #: The most partitions a write makes a topic created on first use have, by creating or growing
+    #: it: a wrong partition number must not make a million partitions (docs/protocol.md section 10.2).
+    #: More is for ``llog topics create`` or ``alter``.
+    max_auto_partitions: int = 1024
     #: Retention of a topic without its own ``retention.ms`` (Kafka's ``log.retention.ms``):
     #: records older than this are dropped; -1: no limit.
     retention_ms: int = 7 * 24 * 3600 * 1000
@@ -232,7 +239,8 @@ class Config:
         for name in ("oxia_request_timeout_ms", "s3_max_attempts", "batch_max_bytes", "batch_max_delay_ms",
                      "batch_max_buffer_bytes", "broker_max_request_bytes", "broker_max_wait_ms",
                      "cas_max_attempts", "gc_grace_ms",
-                     "sink_progress_retention_ms", "max_record_bytes", "default_partitions"):
+                     "sink_progress_retention_ms", "max_record_bytes", "default_partitions",
+                     "max_auto_partitions"):
             if getattr(self, name) < 1:
                 problems.append(f"{ENV_NAMES[name]}={getattr(self, name)} must be >= 1")
         for name in ("retention_ms", "retention_bytes"):

@@ -143,10 +143,11 @@ class TopicRecreated(LlogError):
 class UnknownPartition(LlogError, ValueError):
     """A partition at or past the topic's partition count."""
 
-    def __init__(self, topic: str, partition: int, partitions: int):
+    def __init__(self, topic: str, partition: int, partitions: int, why: str | None = None):
         self.topic, self.partition, self.partitions = topic, partition, partitions
-        super().__init__(f"{topic}[{partition}] does not exist: topic {topic!r} has {partitions} partition(s), "
-                         f"0..{partitions - 1} (add partitions with `llog topics alter {topic} --partitions N`)")
+        has = f"has {partitions} partition(s), 0..{partitions - 1}" if partitions else "does not exist yet"
+        super().__init__(f"{topic}[{partition}] does not exist: topic {topic!r} {has}" + (f"; {why}" if why else "")
+                         + (f" (add partitions with `llog topics alter {topic} --partitions N`)" if partitions else ""))
 
 
 class PartitionCountMismatch(LlogError, ValueError):

@@ -447,7 +447,9 @@ TOPIC_STATES = (ACTIVE, DELETING)
 
 @dataclass(frozen=True)
 class TopicRecord:
-    """``R/topics/{topic}`` (docs/protocol.md section 10.1): partition count, explicit config, state.
+    """``R/topics/{topic}`` (docs/protocol.md section 10.1): partition count, explicit config, state,
+    and whether a write created it on first use (``auto_created``: then later writes grow it,
+    10.2; written only when true, so a record without the field reads as created explicitly).
     Unknown fields are kept in ``extra`` and written back by every CAS."""
 
     topic: str
@@ -458,6 +460,7 @@ class TopicRecord:
     created_at_ms: int = 0
     updated_at_ms: int = 0
     extra: dict[str, Any] = field(default_factory=dict)
+    auto_created: bool = False
 
     @property
     def deleting(self) -> bool:
@@ -469,7 +472,7 @@ class TopicRecord:
     def to_json(self) -> bytes:
         return _dump({**self.extra, "topic": self.topic, "topic_id": self.topic_id, "state": self.state,
                       "partitions": self.partitions, "config": self.config, "created_at_ms": self.created_at_ms,
-                      "updated_at_ms": self.updated_at_ms})
+                      "updated_at_ms": self.updated_at_ms, **({"auto_created": True} if self.auto_created else {})})
 
     @classmethod
     def from_json(cls, raw: bytes | str, key: str = "topics/{topic}") -> "TopicRecord":
@@ -483,6 +486,7 @@ class TopicRecord:
             created_at_ms=_field(obj, "created_at_ms", int, key),
             updated_at_ms=_field(obj, "updated_at_ms", int, key, optional=True) or 0,
             extra={k: v for k, v in obj.items() if k not in _TOPIC_FIELDS},
+            auto_created=_field(obj, "auto_created", bool, key, optional=True) or False,
         )
         if record.state not in TOPIC_STATES:
             raise CorruptRecord(f"{key}: unknown topic state {record.state!r}")
@@ -491,4 +495,4 @@ class TopicRecord:
         return record
 
 
-_TOPIC_FIELDS = ("topic", "topic_id", "state", "partitions", "config", "created_at_ms", "updated_at_ms")
+_TOPIC_FIELDS = ("topic", "topic_id", "state", "partitions", "config", "created_at_ms", "updated_at_ms", "auto_created")

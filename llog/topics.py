@@ -13,10 +13,11 @@ import logging
 import threading
 import time
 import uuid
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from llog import failpoints
 from llog.clock import SYSTEM, Clock
 from llog.config import COMPRESSION_TYPES, Config
 from llog.control import backoff, initialize_partition
@@ -140,10 +141,11 @@ def list_topic_records(coordination: Coordination, root: str) -> list[TopicRecor
 
 def create_topic(coordination: Coordination, root: str, topic: str, partitions: int,
                  settings: Mapping[str, Any] | None = None, if_not_exists: bool = False,
-                 clock: Clock = SYSTEM) -> TopicRecord:
+                 clock: Clock = SYSTEM, auto_created: bool = False) -> TopicRecord:
     """docs/protocol.md section 10.2, create: the record only if absent, with a new ``topic_id``, then
     its partitions (keys of their own: docs/protocol.md section 12). With ``if_not_exists`` an
-    existing topic is returned as it is."""
+    existing topic is returned as it is. ``auto_created``: a write creates it on first use, and
+    later writes grow it (:func:`grow_topic`); otherwise its count changes only by an alter."""
     validate_topic(topic)
     if not isinstance(partitions, int) or isinstance(partitions, bool) or partitions < 1:
         raise InvalidTopicConfig(f"partitions must be an integer >= 1, got {partitions!r}")
@@ -152,7 +154,8 @@ def create_topic(coordination: Coordination, root: str, topic: str, partitions: 
     if existing is not None:
         return _existing(topic, existing.record, if_not_exists)
     now = clock.now_ms()
-    record = TopicRecord(topic, str(uuid.uuid4()), partitions, dict(settings), ACTIVE, now, now)
+    record = TopicRecord(topic, str(uuid.uuid4()), partitions, dict(settings), ACTIVE, now, now,
+                         auto_created=auto_created)
     try:
         coordination.put(topic_key(root, topic), record.to_json(), TOPICS_PARTITION_KEY,
                          EXPECTED_ABSENT)
@@ -165,7 +168,8 @@ def create_topic(coordination: Coordination, root: str, topic: str, partitions: 
         else:
             return _existing(topic, found.record, if_not_exists)
     initialize_partitions(coordination, root, record, range(partitions))
-    log.info("created topic %s (%d partition(s), id %s)", topic, partitions, record.topic_id)
+    log.info("created topic %s (%d partition(s), id %s%s)", topic, partitions, record.topic_id,
+             ", on first use" if auto_created else "")
     return record
 
 
@@ -193,19 +197,14 @@ def alter_topic(coordination: Coordination, root: str, topic: str, partitions: i
                 clock: Clock = SYSTEM) -> TopicRecord:
     """docs/protocol.md section 10.2, alter: CAS on the version read. ``partitions`` only grows (the
     new ones are initialized after the CAS); ``set_config`` is checked, ``delete_config`` names
-    settings to drop back to their defaults."""
+    settings to drop back to their defaults. Whether the topic was created on first use is kept."""
     set_config = parse_config(set_config or {})
     delete_config = list(delete_config)
     for name in delete_config:
         if name not in TOPIC_CONFIGS:
             raise InvalidTopicConfig(f"unknown topic setting {name!r}; known: {', '.join(TOPIC_CONFIGS)}")
-    for attempt in range(_MAX_ATTEMPTS):
-        found = read_topic(coordination, root, topic)
-        if found is None:
-            raise TopicNotFound(topic)
-        record = found.record
-        if record.deleting:
-            raise TopicBeingDeleted(topic)
+
+    def change(record: TopicRecord) -> TopicRecord | None:
         count = record.partitions
         if partitions is not None:
             if partitions < record.partitions:
@@ -214,17 +213,76 @@ def alter_topic(coordination: Coordination, root: str, topic: str, partitions: i
             count = partitions
         settings = {k: v for k, v in {**record.config, **set_config}.items() if k not in delete_config}
         if count == record.partitions and settings == record.config:
+            return None
+        return record.with_changes(partitions=count, config=settings, updated_at_ms=clock.now_ms())
+
+    return _update(coordination, root, topic, change, "altering")
+
+
+def grow_topic(coordination: Coordination, root: str, topic: str, partitions: int, limit: int,
+               clock: Clock = SYSTEM) -> TopicRecord:
+    """docs/protocol.md section 10.2, growth on first use: a topic created on first use gets at least
+    ``partitions`` partitions, by the alter's CAS (the new ones initialized after it). A record
+    that already has them is the answer as it is, so writers racing to grow it all succeed and
+    the count is the largest asked for. Raises :class:`UnknownPartition` for a topic created
+    explicitly, or when ``partitions`` is over ``limit`` (``LLOG_MAX_AUTO_PARTITIONS``);
+    :class:`TopicNotFound`, :class:`TopicBeingDeleted`."""
+    partition = partitions - 1
+    wrote = False
+
+    def change(record: TopicRecord) -> TopicRecord | None:
+        nonlocal wrote
+        wrote = False
+        if record.partitions >= partitions:
+            return None
+        if not record.auto_created:
+            raise UnknownPartition(topic, partition, record.partitions, _EXPLICIT)
+        if partitions > limit:
+            raise UnknownPartition(topic, partition, record.partitions, _over_limit(limit))
+        wrote = True
+        return record.with_changes(partitions=partitions, updated_at_ms=clock.now_ms())
+
+    record = _update(coordination, root, topic, change, "growing")
+    if wrote:
+        log.info("grew topic %s to %d partition(s) for a write to %s[%d]", topic, partitions, topic, partition)
+    return record
+
+
+#: Why a write does not grow a topic created explicitly (docs/protocol.md section 10.2).
+_EXPLICIT = "the topic was created explicitly, so writes do not add partitions"
+
+
+def _over_limit(limit: int) -> str:
+    return (f"a write makes a topic created on first use have at most {limit} partitions "
+            f"(LLOG_MAX_AUTO_PARTITIONS, or LLOG_DEFAULT_PARTITIONS if more): create the topic with "
+            f"`llog topics create`, or alter it, for more")
+
+
+def _update(coordination: Coordination, root: str, topic: str,
+            change: Callable[[TopicRecord], TopicRecord | None], doing: str) -> TopicRecord:
+    """The CAS loop of an alter (docs/protocol.md section 10.2): read the record, ``change`` it
+    (None: nothing to write, the record is the answer), CAS on the version read; a conflict reads
+    again. Partitions the change added are initialized after the CAS."""
+    for attempt in range(_MAX_ATTEMPTS):
+        found = read_topic(coordination, root, topic)
+        if found is None:
+            raise TopicNotFound(topic)
+        record = found.record
+        if record.deleting:
+            raise TopicBeingDeleted(topic)
+        new = change(record)
+        if new is None:
             return record
-        new = record.with_changes(partitions=count, config=settings, updated_at_ms=clock.now_ms())
+        failpoints.hit("topics.before_update_cas")
         try:
             coordination.put(topic_key(root, topic), new.to_json(), TOPICS_PARTITION_KEY, found.version)
         except VersionConflict:
             backoff(attempt)
             continue
-        if count > record.partitions:
-            initialize_partitions(coordination, root, new, range(record.partitions, count))
+        if new.partitions > record.partitions:
+            initialize_partitions(coordination, root, new, range(record.partitions, new.partitions))
         return new
-    raise MaxRetriesExceeded(f"altering topic {topic!r}", _MAX_ATTEMPTS)
+    raise MaxRetriesExceeded(f"{doing} topic {topic!r}", _MAX_ATTEMPTS)
 
 
 # --- delete ------------------------------------------------------------------------------------------
@@ -333,8 +391,9 @@ def _tombstone(coordination: Coordination, keys: PartitionKeys, clock: Clock) ->
 class TopicCache:
     """Topic records as a writer (or a Spark task placing keyed rows) needs them: cached for
     :data:`CACHE_TTL_S`, read again when they do not answer (a partition past the count, a
-    ``topic_id`` that differs), and created on first use when ``auto_create`` and
-    ``LLOG_AUTO_CREATE_TOPICS`` allow (docs/protocol.md section 10.2). Thread-safe."""
+    ``topic_id`` that differs), and created on first use, and grown by writes to higher
+    partitions, when ``auto_create`` and ``LLOG_AUTO_CREATE_TOPICS`` allow (docs/protocol.md
+    section 10.2). Thread-safe."""
 
     def __init__(self, coordination: Coordination, config: Config, clock: Clock = SYSTEM, auto_create: bool = True):
         self.coordination = coordination
@@ -343,6 +402,12 @@ class TopicCache:
         self.auto_create = auto_create and config.auto_create_topics
         self._records: dict[str, tuple[float, TopicRecord | None]] = {}
         self._lock = threading.Lock()
+
+    @property
+    def auto_limit(self) -> int:
+        """The most partitions a write makes a topic created on first use have (docs/protocol.md
+        section 10.2): ``LLOG_MAX_AUTO_PARTITIONS``, or ``LLOG_DEFAULT_PARTITIONS`` if more."""
+        return max(self.config.max_auto_partitions, self.config.default_partitions)
 
     def get(self, topic: str, fresh: bool = False) -> TopicRecord | None:
         """The topic's record (None: it has none), from the cache unless ``fresh`` or stale. An
@@ -359,41 +424,62 @@ class TopicCache:
             self._records[topic] = (now, record)
         return record
 
-    def require(self, topic: str, create_partitions: int | None = None, fresh: bool = False) -> TopicRecord:
-        """The topic's record for a write: created if missing and allowed (with
-        ``create_partitions``, default ``LLOG_DEFAULT_PARTITIONS``). Raises
-        :class:`TopicNotFound` when it has none and is not created, :class:`TopicBeingDeleted`."""
+    def require(self, topic: str, create_partitions: int | None = None, fresh: bool = False,
+                highest: int | None = None) -> TopicRecord:
+        """The topic's record for a write: created if missing and allowed (docs/protocol.md section
+        10.2). With ``create_partitions`` it is created explicitly with that count (the sink's
+        ``partitions`` option); otherwise on first use, with ``LLOG_DEFAULT_PARTITIONS``
+        partitions or ``highest + 1`` (the highest partition the write names), whichever is more.
+        Raises :class:`TopicNotFound` when it has none and is not created,
+        :class:`TopicBeingDeleted`, :class:`UnknownPartition` when ``highest`` is past
+        ``LLOG_MAX_AUTO_PARTITIONS`` (nothing is created)."""
         record = self.get(topic, fresh)
         if record is None and self.auto_create:
-            record = self._create(topic, create_partitions or self.config.default_partitions)
+            record = self._create(topic, create_partitions, highest)
         if record is not None and record.deleting:
             record = self.get(topic, fresh=True)  # the delete may be done
             if record is not None and record.deleting:
                 raise TopicBeingDeleted(topic)
             if record is None and self.auto_create:
-                record = self._create(topic, create_partitions or self.config.default_partitions)
+                record = self._create(topic, create_partitions, highest)
         if record is None:
             raise TopicNotFound(topic, "create it with `llog topics create`, or allow LLOG_AUTO_CREATE_TOPICS")
         return record
 
-    def _create(self, topic: str, partitions: int) -> TopicRecord:
+    def _create(self, topic: str, explicit: int | None, highest: int | None) -> TopicRecord:
+        if explicit is not None:
+            partitions = explicit
+        else:
+            partitions = max(self.config.default_partitions, (highest or 0) + 1)
+            if partitions > self.auto_limit:
+                raise UnknownPartition(topic, highest, 0, _over_limit(self.auto_limit))
         try:
             record = create_topic(self.coordination, self.config.root_prefix, topic, partitions, if_not_exists=True,
-                                  clock=self.clock)
+                                  clock=self.clock, auto_created=explicit is None)
         except TopicAlreadyExists:  # being deleted
             raise TopicBeingDeleted(topic) from None
-        with self._lock:
-            self._records[topic] = (time.monotonic(), record)
+        self._remember(topic, record)
         return record
 
-    def check(self, topic: str, partition: int, create_partitions: int | None = None) -> TopicRecord:
+    def _remember(self, topic: str, record: TopicRecord) -> None:
+        with self._lock:
+            self._records[topic] = (time.monotonic(), record)
+
+    def check(self, topic: str, partition: int, fresh: bool = False) -> TopicRecord:
         """The record of a topic a write goes to, after checking the partition exists (one fresh
-        read before :class:`UnknownPartition`: the count may have grown)."""
-        record = self.require(topic, create_partitions)
+        read before :class:`UnknownPartition`: the count may have grown). A topic created on first
+        use is created with, or grown to, enough partitions for ``partition`` (docs/protocol.md
+        section 10.2); so a write naming several partitions of a topic checks its highest first."""
+        record = self.require(topic, fresh=fresh, highest=partition)
         if partition >= record.partitions:
-            record = self.require(topic, create_partitions, fresh=True)
+            record = self.require(topic, fresh=True, highest=partition)
             if partition >= record.partitions:
-                raise UnknownPartition(topic, partition, record.partitions)
+                if not (record.auto_created and self.auto_create):
+                    raise UnknownPartition(topic, partition, record.partitions,
+                                           None if record.auto_created else _EXPLICIT)
+                record = grow_topic(self.coordination, self.config.root_prefix, topic, partition + 1,
+                                    self.auto_limit, self.clock)
+                self._remember(topic, record)
         return record
 
     def keys(self, topic: str, partition: int, fresh: bool = False) -> PartitionKeys:

@@ -290,9 +290,11 @@ class LogWriter(ClientUser):
     Before offsets are reserved, each topic's record is checked (docs/protocol.md section 10.2,
     :class:`llog.topics.TopicCache`): the partition must be below the topic's count
     (:class:`UnknownPartition`) and the topic not being deleted. With ``auto_initialize`` a topic
-    without a record is created on its first append (``LLOG_AUTO_CREATE_TOPICS``, with
-    ``LLOG_DEFAULT_PARTITIONS`` partitions, as Kafka creates topics on first use); without it, a
-    topic without a record is refused (:class:`TopicNotFound`).
+    without a record is created on its first append (``LLOG_AUTO_CREATE_TOPICS``, as Kafka creates
+    topics on first use, with ``LLOG_DEFAULT_PARTITIONS`` partitions or enough for the partitions
+    the append names), and a topic so created grows when an append names a higher partition (up
+    to ``LLOG_MAX_AUTO_PARTITIONS``); without it, a topic without a record is refused
+    (:class:`TopicNotFound`).
     """
 
     def __init__(self, config: Config, coordination: Coordination | None = None,
@@ -314,16 +316,16 @@ class LogWriter(ClientUser):
         """Section 4.1 in the topic's current incarnation (created first if this writer
         auto-initializes). Returns True if this call created the partition."""
         tp = TopicPartition(topic, partition)  # both checked before anything is read or created
-        record = self.topics.require(topic, fresh=True)
-        if partition >= record.partitions:
-            raise UnknownPartition(topic, partition, record.partitions)
+        record = self.topics.check(topic, partition, fresh=True)
         return initialize_partition(self.coordination, PartitionKeys(self.config.root_prefix, tp, record.topic_id))
 
     def check_partitions(self, partitions: Sequence[TopicPartition]) -> dict[TopicPartition, LlogError]:
-        """docs/protocol.md section 10.2: each partition's topic exists (created first if this writer
-        auto-initializes) and has it; the ones that fail, with their errors."""
+        """docs/protocol.md section 10.2: each partition's topic exists and has it (if this writer
+        auto-initializes, a topic is created on first use, or grown, to have them); the ones that
+        fail, with their errors. Each topic's highest partition goes first, so a topic created
+        here gets enough partitions for all of them at once."""
         refused: dict[TopicPartition, LlogError] = {}
-        for tp in partitions:
+        for tp in sorted(partitions, key=lambda tp: (tp.topic, -tp.partition)):
             try:
                 self.topics.check(tp.topic, tp.partition)
             except LlogError as e:
@@ -693,12 +695,12 @@ class LogWriter(ClientUser):
         :class:`TopicNotFound` or :class:`TopicBeingDeleted` when there is none yet (a writer that
         auto-initializes creates it), :class:`UnknownPartition` when it has fewer partitions."""
         tp = slot.keys.tp
-        record = self.topics.require(tp.topic, fresh=True)
+        record = self.topics.require(tp.topic, fresh=True, highest=tp.partition)
         if record.topic_id == slot.keys.topic_id:  # not deleted after all: the record and control disagree
             raise TopicRecreated(f"{tp}: meta/control of topic id {record.topic_id} is a tombstone, but the topic "
                                  f"record names that id as live; nothing was reserved")
         if tp.partition >= record.partitions:
-            raise UnknownPartition(tp.topic, tp.partition, record.partitions)
+            record = self.topics.check(tp.topic, tp.partition)  # grown if created on first use
         log.info("%s: topic id %s was deleted; appending to the topic's current id %s", tp, slot.keys.topic_id,
                  record.topic_id)
         slot.keys = PartitionKeys(slot.keys.root, tp, record.topic_id)

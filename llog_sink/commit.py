@@ -60,8 +60,8 @@ class BatchCommit:
 def sink_partition_count(record: TopicRecord | None, topic: str, partitions: int | None, default: int) -> int:
     """The partition count a sink places ``topic``'s rows by: its record's; for a topic without
     one, the ``partitions`` option, else ``LLOG_DEFAULT_PARTITIONS`` (it is created with that
-    count when the first batch commits). A ``partitions`` option that disagrees with the topic
-    is refused (:class:`PartitionCountMismatch`): its keyed rows would land elsewhere than other
+    count when the first batch commits, or more on first use for rows naming higher partitions).
+    A ``partitions`` option that disagrees with the topic is refused (:class:`PartitionCountMismatch`): its keyed rows would land elsewhere than other
     writers' (docs/protocol.md section 10.2)."""
     if record is None:
         return partitions or default
@@ -74,25 +74,48 @@ def sink_partition_count(record: TopicRecord | None, topic: str, partitions: int
     return record.partitions
 
 
-def check_partition_count(topics: TopicCache, topic: str, partitions: int) -> None:
-    """At commit: ``topic`` (created with ``partitions`` if missing and allowed) has the count the
-    batch's rows were placed by; else :class:`PartitionCountMismatch` (the topic was created with
-    another count meanwhile, or grew: restart the query to place rows by the new count)."""
+def check_partition_count(topics: TopicCache, topic: str, partitions: int, explicit: bool = True) -> None:
+    """At commit: ``topic`` has the count the batch's rows were placed by; else
+    :class:`PartitionCountMismatch` (the topic was created with another count meanwhile, or grew:
+    write the batch again, or restart the query, to place rows by the new count). A missing topic
+    is created, if allowed, with that count: ``explicit`` (the ``partitions`` option), or on first
+    use (docs/protocol.md section 10.2)."""
     # Fresh: a record cached in this (reused) worker would hide the very change this checks.
-    record = topics.require(topic, create_partitions=partitions, fresh=True)
-    if record is not None and record.partitions != partitions:
+    record = topics.require(topic, create_partitions=partitions if explicit else None, fresh=True,
+                            highest=partitions - 1)
+    if record.partitions != partitions:
         raise PartitionCountMismatch(
             f"this batch placed the rows of topic {topic!r} by {partitions} partition(s), but the topic now has "
-            f"{record.partitions} (created by another writer meanwhile, or altered): nothing of the batch is "
-            f"committed; restart the query to place rows by the topic's count")
+            f"{record.partitions} (created by another writer meanwhile, or grown): nothing of the batch is "
+            f"committed; write it again (a streaming query: restart it) to place rows by the topic's count")
+
+
+def placed_by(messages: Sequence[SinkCommitMessage]) -> dict[str, int]:
+    """By topic, the one partition count the batch's tasks placed its rows by (docs/protocol.md
+    section 11.6); tasks that read different counts (the topic grew while the batch ran) are
+    refused (:class:`PartitionCountMismatch`): keyed rows of one batch go by one count."""
+    counts: dict[str, set[int]] = {}
+    for m in messages:
+        for topic, count in m.placed_by.items():
+            counts.setdefault(topic, set()).add(count)
+    for topic, seen in counts.items():
+        if len(seen) > 1:
+            raise PartitionCountMismatch(
+                f"the tasks of this batch placed the rows of topic {topic!r} by {sorted(seen)} partition(s): the "
+                f"topic grew while they ran; nothing of the batch is committed: write it again (a streaming "
+                f"query: restart it)")
+    return {topic: seen.pop() for topic, seen in counts.items()}
 
 
 def commit_batch(config: Config, messages: Sequence[SinkCommitMessage | None], batch_id: int,
                  partitions: int | None = None) -> BatchCommit:
     """Commit the slices of ``messages`` (see module doc) and report what was done. With
-    ``partitions`` (the count the rows were placed by), every topic written must have that many
-    partitions, and is created with them if missing (:func:`check_partition_count`), checked
-    before anything is committed."""
+    ``partitions`` (the ``partitions`` option), every topic written must have that many
+    partitions, and is created with them if missing (:func:`check_partition_count`); without,
+    every topic whose rows the tasks placed by a count (:func:`placed_by`) must have that count,
+    and is created on first use with it if missing. Both are checked before anything is
+    committed; a topic that rows name partitions of is created on first use, or grown, by the
+    commit itself (docs/protocol.md section 10.2)."""
     started = time.perf_counter()
     ordered = sorted((m for m in messages if m is not None), key=lambda m: m.task_id)
     slices = [s for m in ordered for s in m.slices]
@@ -104,6 +127,8 @@ def commit_batch(config: Config, messages: Sequence[SinkCommitMessage | None], b
     if partitions is not None:
         for topic in sorted({s.topic for s in slices}):
             check_partition_count(writer.topics, topic, partitions)
+    for topic, count in sorted(placed_by(ordered).items()):
+        check_partition_count(writer.topics, topic, count, explicit=False)
     conflicts_before = writer.coordination.stats["cas_conflict"]
     failpoints.hit("sink.before_commit")
     if sink_id:  # a replay commits the cut its first attempt pinned, whatever its own tasks did

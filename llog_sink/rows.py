@@ -12,7 +12,9 @@ Spark's Kafka sink, plus Kafka's record timestamp.
   and every other row of a task goes to one partition per topic, chosen from the task's partition
   id, the batch id and the topic (sticky by task, and the same again when a batch is replayed).
   The partition count is the topic record's (docs/protocol.md section 10), which the ``partitions`` option
-  must match when given; a missing topic is created with it (or ``LLOG_DEFAULT_PARTITIONS``).
+  must match when given; a missing topic is created with it, else on first use with
+  ``LLOG_DEFAULT_PARTITIONS`` partitions or enough for the ``partition`` column, whichever is
+  more (and grown when a later batch names a higher partition: docs/protocol.md section 10.2).
 - Other columns are ignored, with one warning.
 
 Records that are a value alone are written as bytes-batch-v1; keys, headers, timestamps,

@@ -6,9 +6,11 @@ restarts from the same checkpoint), so replayed batches commit nothing twice. A 
 not replayed by Spark and commits without sink progress, unless the caller names a sink and a
 batch (``llog.sink.id`` / ``llog.sink.batch.id`` options, as ``foreach_batch.write_batch`` does).
 
-Options: ``topic``, ``partitions`` (default: the topic's partition count; a missing topic is
-created with it, else with ``LLOG_DEFAULT_PARTITIONS``, when the first batch commits; given for an
-existing topic, it must be the topic's count: docs/protocol.md section 10), ``compression`` (``zstd``, ``lz4`` or ``none``; default: the
+Options: ``topic``, ``partitions`` (default: the topic's partition count, read by each task; a
+missing topic is created with the option's count, explicitly, else on first use with
+``LLOG_DEFAULT_PARTITIONS`` or enough for the ``partition`` column's highest value, and grown by
+later batches naming higher ones; given for an existing topic, it must be the topic's count:
+docs/protocol.md section 10.2), ``compression`` (``zstd``, ``lz4`` or ``none``; default: the
 topic's ``compression.type``), and any ``llog.*`` setting (``llog.s3.bucket``,
 ``llog.oxia.service.address``, ...; see ``llog/config.py``).
 
@@ -21,7 +23,6 @@ costs CPU in the Python workers. ``LlogStreamWriter`` is the writer this pyspark
 
 from __future__ import annotations
 
-import dataclasses
 from collections.abc import Iterator, Mapping
 
 import pyarrow as pa
@@ -61,8 +62,11 @@ class _SinkSettings:
             "oxia_service_address", "s3_bucket")
         option = _int_option(options, "partitions", None)
         layout = SinkLayout.from_schema(schema, options.get("topic") or None, option)
-        #: The partition count every topic written must have when a batch commits (a missing topic
-        #: is created with it then): the count rows were placed by (docs/protocol.md section 10.2).
+        #: The ``partitions`` option: the count every topic written must have when a batch commits
+        #: (a missing topic is created with it then, explicitly), and rows are placed by. Without
+        #: it each task reads the count afresh and the commit checks the batch used one count
+        #: (``commit.placed_by``): so a streaming query follows a topic created on first use as
+        #: it grows (docs/protocol.md section 10.2).
         self.partitions = option
         self.sink_id = options.get(SINK_ID_OPTION) or None
         self.batch_id = _int_option(options, BATCH_ID_OPTION, 0)
@@ -70,14 +74,13 @@ class _SinkSettings:
         if self.compression is not None and self.compression not in COMPRESSION_TYPES:
             raise InvalidSinkInput(f"option 'compression' must be one of {', '.join(COMPRESSION_TYPES)}, got "
                                    f"{self.compression!r}")
-        if not layout.has_topic_column:  # one topic: its record decides, here on the driver, once
+        if not layout.has_topic_column:  # one topic: the option is checked against it here, once
             topics = log_writer(self.config).topics
             # Read, not created: a write that fails on its input creates nothing. Fresh, once per
             # write: this process (a Python worker Spark reuses) may have looked the topic up
             # before an earlier write's commit, in another worker, created or grew it.
-            self.partitions = sink_partition_count(topics.get(layout.topic_option, fresh=True), layout.topic_option,
-                                                   option, self.config.default_partitions)
-            layout = dataclasses.replace(layout, partitions=self.partitions)
+            sink_partition_count(topics.get(layout.topic_option, fresh=True), layout.topic_option, option,
+                                 self.config.default_partitions)
             self.compression = self.compression or topics.compression(layout.topic_option)
         self.layout = layout
 

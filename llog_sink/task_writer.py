@@ -39,6 +39,9 @@ class SinkCommitMessage(WriterCommitMessage):
     task_id: int
     sink_id: str | None
     slices: list[StagedSlice] = field(default_factory=list)
+    #: By topic, the partition count this task placed rows by (keyed, or sticky without a key),
+    #: when the layout had none: the commit checks that every task of the batch used one count.
+    placed_by: dict[str, int] = field(default_factory=dict)
     records: int = 0
     bytes: int = 0
     blobs: int = 0
@@ -54,15 +57,21 @@ def write_task(batches: Iterable[pa.RecordBatch], layout: SinkLayout, config: Co
     Slices are listed in the order their blobs were cut, whatever order the PUTs finish in.
     ``compression``: of every body, instead of each topic's ``compression.type``. When the
     layout has no partition count, or rows name their topic and no compression is given, the
-    task reads the topics' records from Oxia (cached per process; docs/protocol.md section 10).
+    task reads the topics' records from Oxia (docs/protocol.md section 10): a count afresh, once
+    per topic and task, recorded in the commit message (``placed_by``).
     """
     started = time.perf_counter()
     topics = topic_cache(config) if layout.partitions is None or (compression is None and layout.has_topic_column) \
         else None
-    partition_count = (lambda topic: _partition_count(topics, topic)) if topics is not None else None
     if compression is None and topics is not None:
         compression = topics.compression
     message = SinkCommitMessage(task_id, sink_id)
+
+    def partition_count(topic: str) -> int:
+        if topic not in message.placed_by:
+            message.placed_by[topic] = _partition_count(topics, topic)
+        return message.placed_by[topic]
+
     buffered: list[pa.RecordBatch] = []  # Spark's batches as they came, split at the flush
     buffered_bytes = 0
     uploads: collections.deque[Future] = collections.deque()
@@ -72,7 +81,8 @@ def write_task(batches: Iterable[pa.RecordBatch], layout: SinkLayout, config: Co
         if not buffered:
             return
         rows = buffered[0] if len(buffered) == 1 else pa.Table.from_batches(buffered).combine_chunks().to_batches()[0]
-        groups = [_group(tp, records) for tp, records in layout.split(rows, task_id, batch_id, partition_count)
+        groups = [_group(tp, records) for tp, records
+                  in layout.split(rows, task_id, batch_id, partition_count if topics is not None else None)
                   if records.num_rows]
         while len(uploads) >= UPLOADS_IN_FLIGHT:
             message.slices.extend(uploads.popleft().result())
@@ -102,9 +112,11 @@ def write_task(batches: Iterable[pa.RecordBatch], layout: SinkLayout, config: Co
 
 
 def _partition_count(topics: TopicCache, topic: str) -> int:
-    """The topic's partition count (created first if missing and allowed); a topic written
-    before topic records, without one, counts as ``LLOG_DEFAULT_PARTITIONS``."""
-    record = topics.require(topic)
+    """The count to place the topic's rows by: its record's, read afresh (the topic may have been
+    created, or grown, since this reused worker last looked); a topic without one counts as
+    ``LLOG_DEFAULT_PARTITIONS``, the count it is created with on first use when the batch
+    commits (nothing is created here: a batch that fails creates nothing)."""
+    record = topics.get(topic, fresh=True)
     return record.partitions if record is not None else topics.config.default_partitions
 
 

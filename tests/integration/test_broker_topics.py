@@ -1,7 +1,8 @@
 """The HTTP broker and topics as objects (docs/protocol.md section 10) on the real stack, through a real broker
 process: a produce past a topic's partition count or to a topic being deleted answers each group
 with its own error and the status that says whose mistake it is; a produce to a new topic creates
-it with ``LLOG_DEFAULT_PARTITIONS`` partitions (without auto-creation: 404 ``TopicNotFound``); a
+it with ``LLOG_DEFAULT_PARTITIONS`` partitions or enough for the produce, and a later produce to a
+higher partition grows it (without auto-creation: 404 ``TopicNotFound``); a
 consume below the log start after a retention pass answers ``OffsetOutOfRange`` with the log
 start, or reads from it (``auto_offset_reset``), also where the tail cache still holds the removed
 records; ``GET /topics`` and ``GET /topics/{topic}`` show the records, their config and each
@@ -106,16 +107,31 @@ def test_a_produce_to_a_topic_being_deleted_is_409_naming_it(module_config, coor
     assert high_watermark(module_config, "going", 0) == 0
 
 
-def test_a_produce_to_a_new_topic_creates_it_with_the_default_partition_count(module_config, coordination, broker):
+def test_a_produce_to_a_new_topic_creates_it_on_first_use_and_grows_it(module_config, coordination, broker):
+    """docs/protocol.md section 10.2: created with max(LLOG_DEFAULT_PARTITIONS, highest named + 1), grown
+    by a produce to a higher partition, up to LLOG_MAX_AUTO_PARTITIONS (1024 by default)."""
     root = module_config.root_prefix
     assert read_topic(coordination, root, "fresh") is None
     assert produce(broker, [("fresh", 0, ["a"])]).status_code == 200
     record = read_topic(coordination, root, "fresh").record
-    assert (record.partitions, record.state, record.config) == (DEFAULT_PARTITIONS, ACTIVE, {})
+    assert (record.partitions, record.state, record.config, record.auto_created) == (DEFAULT_PARTITIONS, ACTIVE, {},
+                                                                                      True)
     last = produce(broker, [("fresh", DEFAULT_PARTITIONS - 1, ["b"])])
     assert last.status_code == 200 and last.json()["results"][0]["start_offset"] == 1
     past = produce(broker, [("fresh", DEFAULT_PARTITIONS, ["c"])])
-    assert past.status_code == 404 and past.json()["results"][0]["error_type"] == "UnknownPartition"
+    assert past.status_code == 200 and past.json()["results"][0]["start_offset"] == 1, past.text
+    assert read_topic(coordination, root, "fresh").record.partitions == DEFAULT_PARTITIONS + 1
+
+    # One request naming 0 and 4 of a new topic: created with 5 at once (never altered after).
+    both = produce(broker, [("wide", 0, ["x"]), ("wide", DEFAULT_PARTITIONS + 1, ["y"])])
+    assert both.status_code == 200, both.text
+    wide = read_topic(coordination, root, "wide").record
+    assert (wide.partitions, wide.updated_at_ms) == (DEFAULT_PARTITIONS + 2, wide.created_at_ms)
+
+    over = produce(broker, [("fresh", 1024, ["z"])])
+    assert over.status_code == 404 and over.json()["results"][0]["error_type"] == "UnknownPartition", over.text
+    assert "at most 1024 partitions" in over.json()["results"][0]["error"]
+    assert read_topic(coordination, root, "fresh").record.partitions == DEFAULT_PARTITIONS + 1
 
 
 def test_without_auto_creation_a_produce_to_a_missing_topic_is_404_topic_not_found(module_config, coordination):

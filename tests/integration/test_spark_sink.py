@@ -133,7 +133,7 @@ def test_a_topic_column_places_each_topics_rows_by_its_own_count(spark, config, 
     rows = [(t, f"k{i}", f"v{i}") for t in ("two", "new") for i in range(100)]
     spark.createDataFrame(rows, "topic string, key string, value string").coalesce(2).write.format("llog") \
         .options(**_options(config)).mode("append").save()
-    with Coordination(config) as coordination:  # "new" was created by a task, with the default count
+    with Coordination(config) as coordination:  # "new" was created on first use when the batch committed
         assert read_topic(coordination, config.root_prefix, "new").record.partitions == config.default_partitions
     assert sum(map(len, _placed_by(reader, "two", 2).values())) == 100
     assert sum(map(len, _placed_by(reader, "new", config.default_partitions).values())) == 100

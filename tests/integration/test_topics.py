@@ -144,33 +144,65 @@ def test_bad_config_pairs_partition_counts_and_deleted_names_are_refused(config,
 # --- writers: auto-creation, the partition count --------------------------------------------------------
 
 
-def test_a_writer_creates_a_missing_topic_with_the_default_partition_count(config, reader):
-    with LogWriter(config.replace(default_partitions=3), auto_initialize=True) as writer:
+def test_a_writer_creates_a_missing_topic_on_first_use_and_grows_it(config, reader):
+    """docs/protocol.md section 10.2: created with max(LLOG_DEFAULT_PARTITIONS, highest named + 1), marked
+    auto_created, grown by a write to a higher partition; past LLOG_MAX_AUTO_PARTITIONS refused."""
+    with LogWriter(config.replace(default_partitions=3, max_auto_partitions=8), auto_initialize=True) as writer:
         c, root = writer.coordination, config.root_prefix
         result = writer.append("fresh", 0, [b"a", b"b"])
         assert (result.start_offset, result.end_offset) == (1, 2)
-        record = read_topic(c, root, "fresh").record
-        assert (record.partitions, record.config, record.state) == (3, {}, ACTIVE)
-        assert [r.topic_id for r in _controls(writer, config, "fresh", range(3))] == [record.topic_id] * 3
-        before = {p: keys_left(c, current_keys(c, root, "fresh", p)) for p in range(3)}
+        created = read_topic(c, root, "fresh").record
+        assert (created.partitions, created.config, created.state, created.auto_created) == (3, {}, ACTIVE, True)
+        assert [r.topic_id for r in _controls(writer, config, "fresh", range(3))] == [created.topic_id] * 3
 
-        unknown = r"fresh\[3\] does not exist: topic 'fresh' has 3 partition\(s\), 0\.\.2"
-        with pytest.raises(UnknownPartition, match=unknown) as e:
-            writer.append("fresh", 3, [b"nope"])
-        assert (e.value.partition, e.value.partitions) == (3, 3)
-        # Nothing reserved: partition 3 has no key at all, the others are as they were.
-        assert keys_left(c, current_keys(c, root, "fresh", 3)) == []
-        assert {p: keys_left(c, current_keys(c, root, "fresh", p)) for p in range(3)} == before
-        assert reader.offsets("fresh", 0) == (1, 2)
+        assert writer.append("fresh", 3, [b"grown"]).start_offset == 1  # one past the count: grown to 4
+        grown = read_topic(c, root, "fresh").record
+        assert (grown.partitions, grown.topic_id, grown.auto_created) == (4, created.topic_id, True)
+        assert grown.updated_at_ms >= created.updated_at_ms
 
-        # In a shared append only the unknown partition fails; the others commit.
+        # A shared append naming 1 and 5: grown to 6 once, both commit; 4 is initialized too.
+        writer.append_shared([AppendGroup("fresh", 1, [b"c"]), AppendGroup("fresh", 5, [b"x"])])
+        assert read_topic(c, root, "fresh").record.partitions == 6
+        assert [r.topic_id for r in _controls(writer, config, "fresh", range(6))] == [created.topic_id] * 6
+
+        # The bound: 8 partitions at most; partition 8 is refused, nothing created or grown for it,
+        # and in a shared append the others commit.
+        before = {p: keys_left(c, current_keys(c, root, "fresh", p)) for p in range(6)}
+        limit = r"fresh\[8\] does not exist: topic 'fresh' has 6 partition\(s\), 0\.\.5; .* at most 8 partitions"
+        with pytest.raises(UnknownPartition, match=limit) as e:
+            writer.append("fresh", 8, [b"nope"])
+        assert (e.value.partition, e.value.partitions) == (8, 6)
+        assert read_topic(c, root, "fresh").record.partitions == 6
+        assert keys_left(c, current_keys(c, root, "fresh", 8)) == []
+        assert {p: keys_left(c, current_keys(c, root, "fresh", p)) for p in range(6)} == before
         with pytest.raises(AppendFailed) as failed:
-            writer.append_shared([AppendGroup("fresh", 1, [b"c"]), AppendGroup("fresh", 5, [b"x"])])
-        assert [(r.partition, r.start_offset) for r in failed.value.results] == [(1, 1)]
-        assert isinstance(failed.value.errors[("fresh", 5)], UnknownPartition)
-        assert keys_left(c, current_keys(c, root, "fresh", 5)) == []
-        assert read_topic(c, root, "fresh").record.partitions == 3
+            writer.append_shared([AppendGroup("fresh", 7, [b"last"]), AppendGroup("fresh", 9, [b"past"])])
+        assert [(r.partition, r.start_offset) for r in failed.value.results] == [(7, 1)]
+        assert isinstance(failed.value.errors[("fresh", 9)], UnknownPartition)
+        assert read_topic(c, root, "fresh").record.partitions == 8
+        with pytest.raises(UnknownPartition, match=r"topic 'new' does not exist yet; .* at most 8 partitions"):
+            writer.append("new", 8, [b"x"])  # a create past the bound creates nothing
+        assert read_topic(c, root, "new") is None
     assert _values(reader, "fresh", 0) == [b"a", b"b"] and _values(reader, "fresh", 1) == [b"c"]
+    assert [_values(reader, "fresh", p) for p in (3, 5, 7)] == [[b"grown"], [b"x"], [b"last"]]
+
+
+def test_a_topic_created_explicitly_is_not_grown_by_writes(config, reader):
+    with LogWriter(config.replace(default_partitions=1), auto_initialize=True) as writer:
+        c, root = writer.coordination, config.root_prefix
+        made = create_topic(c, root, "fixed", 2)
+        assert not made.auto_created and b"auto_created" not in c.get(f"{root}/topics/fixed", "topics").value
+        unknown = r"fixed\[2\] does not exist: topic 'fixed' has 2 partition\(s\), 0\.\.1; the topic was created explicitly"
+        with pytest.raises(UnknownPartition, match=unknown):
+            writer.append("fixed", 2, [b"nope"])
+        assert read_topic(c, root, "fixed").record.partitions == 2
+        assert keys_left(c, current_keys(c, root, "fixed", 2)) == []
+        assert writer.append("fixed", 1, [b"ok"]).start_offset == 1
+        # An alter keeps what the record says: explicit stays explicit, auto stays auto.
+        assert not alter_topic(c, root, "fixed", partitions=3).auto_created
+        writer.append("auto", 0, [b"a"])
+        assert alter_topic(c, root, "auto", set_config={"retention.ms": 5}).auto_created
+    assert _values(reader, "fixed", 1) == [b"ok"]
 
 
 def test_without_auto_creation_a_missing_topic_is_not_found_and_not_created(config):

@@ -22,7 +22,18 @@ def test_topic_record_round_trips_and_keeps_unknown_fields():
     assert json.loads(record.to_json()) == json.loads(raw)
 
 
+def test_auto_created_is_written_only_when_true_and_absent_reads_as_explicit():
+    # docs/protocol.md section 10.1: a record without the field (one written before it existed) is explicit.
+    raw = {"topic": "t", "topic_id": "i", "state": "ACTIVE", "partitions": 1, "config": {}, "created_at_ms": 1,
+           "updated_at_ms": 1}
+    assert TopicRecord.from_json(json.dumps(raw)).auto_created is False
+    auto = TopicRecord.from_json(json.dumps({**raw, "auto_created": True}))
+    assert auto.auto_created and json.loads(auto.to_json()) == {**raw, "auto_created": True}
+    assert json.loads(auto.with_changes(auto_created=False).to_json()) == raw
+
+
 @pytest.mark.parametrize("change,problem", [
+    ({"auto_created": "yes"}, "field 'auto_created' must be bool"),
     ({"partitions": 0}, "partitions must be >= 1"),
     ({"state": "GONE"}, "unknown topic state"),
     ({"partitions": "3"}, "field 'partitions' must be int"),
