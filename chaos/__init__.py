@@ -5,10 +5,14 @@ admin, consumers committing group offsets, and a broker (``python -m broker_lite
 (idempotent and plain) and a consumer through it, each its own process, work on a real local
 stack (its S3 server, and Oxia as a replicated cluster: a coordinator and 3 servers, 3 shards,
 replication factor 3; ``--oxia-standalone``: one server of the run's own with 3 shards) for a set
-time, with the grace period ``G`` small so that pauses matter. Two topics: the main one, and one
+time, with the grace period ``G`` small so that pauses matter. Three topics: the main one, one
 the admin deletes and creates again every few seconds while writers append to it (a writer
 whose append meets the tombstone moves it to the current incarnation; each ack records the
-``topic_id`` it landed in). Both have ``retention.ms`` a little above ``G``. Writers and
+``topic_id`` it landed in), both with ``retention.ms`` a little above ``G``, and one no one
+creates: writers create it on first use and grow it, racing, by writing to ever higher
+partitions, up to twice ``--partitions`` (docs/protocol.md section 10.2; at the end it must be
+marked created on first use, have grown past ``--partitions`` and no further than a write named:
+``grown_partitions``). Writers and
 compactors lose the reply of an Oxia Write now and then, after the server applied it (failpoint
 ``coordination.after_write``). The controller, from a seed, pauses processes with SIGSTOP (up to
 a few seconds past the materialization budget ``G/4`` and the compactors' Oxia session), kills

@@ -1,8 +1,9 @@
 """The processes of a chaos run: ``python -m chaos.actors ROLE --dir D --name N ...``.
 
 Settings come from ``LLOG_*`` environment variables (the controller passes its config). Each
-actor works until SIGTERM. A writer (``append_shared`` to the main topic and to the topic the
-admin deletes and re-creates) and a producer (``POST /produce`` to the broker, idempotent or
+actor works until SIGTERM. A writer (``append_shared`` to the main topic, to the topic the
+admin deletes and re-creates, and to one that writers create on first use and grow by writing
+to ever higher partitions: docs/protocol.md section 10.2) and a producer (``POST /produce`` to the broker, idempotent or
 not) append one JSON line per acknowledged group to ``D/acks/N.jsonl``, only after the
 acknowledgement, with the incarnation (``topic_id``) the ack says the records landed in.
 Readers (direct, and consumers through the broker) write what they read of the re-created topic,
@@ -136,6 +137,10 @@ def writer(args, config: Config) -> None:
                 p = rng.randrange(args.partitions)
                 groups.append(AppendGroup(args.recreated, p, [record_value(args.name, seq, args.recreated, p, i)
                                                               for i in range(rng.randint(1, 10))]))
+            if args.grown and rng.random() < 0.3:  # created on first use, grown as higher partitions come up
+                p = rng.randrange(min(_grown_partitions(args), args.partitions + seq // 25))
+                groups.append(AppendGroup(args.grown, p, [record_value(args.name, seq, args.grown, p, i)
+                                                          for i in range(rng.randint(1, 10))]))
             # The operation ends once its acks are recorded: a kill before that was mid-append.
             with activity.operation("append", seq=seq) as did:
                 try:
@@ -156,14 +161,28 @@ def writer(args, config: Config) -> None:
             time.sleep(rng.uniform(0, 0.05))
 
 
+def _grown_partitions(args) -> int:
+    """The partitions writers grow the topic created on first use to, at most."""
+    return 2 * args.partitions
+
+
+def _partitions(args) -> dict[str, range]:
+    """The topics an actor follows, and the partitions of each it tries."""
+    topics = {args.topic: range(args.partitions)}
+    if args.recreated:
+        topics[args.recreated] = range(args.partitions)
+    if args.grown:
+        topics[args.grown] = range(_grown_partitions(args))
+    return topics
+
+
 def compactor(args, config: Config) -> None:
     rng, activity = random.Random(args.seed), _activity(args)
     _lose_replies(args, activity)
-    topics = [args.topic] + ([args.recreated] if args.recreated else [])
     with Compactor(config, max_offsets=args.max_offsets) as c:
         while not _stopping:
-            for topic in topics:
-                for p in range(args.partitions):
+            for topic, partitions in _partitions(args).items():
+                for p in partitions:
                     retention = rng.random() < 0.3  # a pass that also applies the topic's retention.ms
                     try:
                         with activity.operation("compact", topic=topic, partition=p, retention=retention) as did:
@@ -207,13 +226,14 @@ def _check_read(violations: "_Lines", name: str, topic: str, p: int, start: int,
 
 
 def reader(args, config: Config) -> None:
-    """Follows every partition of both topics from its log start; a topic re-created (another
-    ``topic_id``) is followed from its start again. What it reads of the re-created topic goes to
-    its reads file with the incarnation it read it in."""
+    """Follows every partition of the three topics from its log start (one not there yet is
+    tried again); a topic re-created (another ``topic_id``) is followed from its start again. What
+    it reads of the topics other than the main one goes to its reads file with the incarnation it
+    read it in."""
     violations, activity = _Lines(args.dir / "violations" / f"{args.name}.jsonl"), _activity(args)
     reads = _Lines(args.dir / "reads" / f"{args.name}.jsonl")
-    topics = [args.topic] + ([args.recreated] if args.recreated else [])
-    following = {(t, p): (None, 1) for t in topics for p in range(args.partitions)}  # -> (topic_id, next offset)
+    following = {(t, p): (None, 1) for t, partitions in _partitions(args).items()
+                 for p in partitions}  # -> (topic_id, next offset)
     with LogReader(config) as log:
         while not _stopping:
             for (topic, p), (topic_id, start) in following.items():
@@ -429,6 +449,7 @@ def main() -> None:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--max-offsets", type=int, default=200)
     parser.add_argument("--recreated", default="", help="the topic the admin deletes and re-creates")
+    parser.add_argument("--grown", default="", help="the topic writers create on first use and grow")
     parser.add_argument("--topic-settings", type=json.loads, default={}, help="the re-created topic's settings (JSON)")
     parser.add_argument("--lose-replies", type=float, default=0.0)
     parser.add_argument("--broker", default="", help="the broker's base URL")

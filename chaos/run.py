@@ -39,6 +39,9 @@ REPO = Path(__file__).resolve().parents[1]
 TOPIC = "chaos"
 #: The topic the admin actor deletes and creates again while writers append to it.
 RECREATED = "chaos-re"
+#: The topic no one creates: writers create it on first use and grow it, to twice ``--partitions``
+#: partitions, by writing to ever higher partitions (docs/protocol.md section 10.2).
+GROWN = "chaos-grow"
 #: Oxia's shards in a run (its own server; the local stack's has one).
 _OXIA_SHARDS = 3
 #: How long actors get to stop after SIGTERM, and the bound on every other wait here.
@@ -101,7 +104,7 @@ class Run:
         if actor.role == "broker":  # its early ack and tail cache on, as by default
             return [sys.executable, "-m", "broker_lite", "--port", str(self.broker_port), "--log-level", "warning"]
         command = [sys.executable, "-m", "chaos.actors", actor.role, "--dir", str(self.dir), "--name", actor.label,
-                   "--topic", TOPIC, "--recreated", RECREATED, "--partitions", str(self.args.partitions),
+                   "--topic", TOPIC, "--recreated", RECREATED, "--grown", GROWN, "--partitions", str(self.args.partitions),
                    "--seed", str(self.rng.randrange(2**32)), "--broker", self.broker_url,
                    "--topic-settings", json.dumps(topic_settings(self.args)), "--group", f"group-{actor.name}"]
         if actor.role in ("writer", "compactor"):
@@ -501,13 +504,14 @@ def _at_rest(run: Run, reader: LogReader, topic: str, problems: list[str]) -> st
     """Finish what the actors left of ``topic`` (a delete the admin was killed in; per partition
     a compactor's recovery step) and check its invariants at rest; its live incarnation's id, or
     None when the run ended with it deleted."""
-    root, partitions = run.config.root_prefix, range(run.args.partitions)
+    root = run.config.root_prefix
     found = read_topic(reader.coordination, root, topic)
     if found is not None and found.record.state == DELETING:
         delete_topic(reader.coordination, reader.objects, root, topic, config=run.config)
         found = None
     if found is None:
         return None
+    partitions = range(found.record.partitions)
     try:
         run.counts["final_recoveries"] += finish_interrupted(
             run.config, topic, partitions, run.config.oxia_session_timeout_ms / 1000 + _STOP_S)
@@ -517,15 +521,30 @@ def _at_rest(run: Run, reader: LogReader, topic: str, problems: list[str]) -> st
     return found.record.topic_id
 
 
+def _check_grown(run: Run, reader: LogReader, result: dict) -> list[str]:
+    """The topic writers created on first use: marked so, and grown to no more partitions than a
+    write named (``result["grown_partitions"]``: its count). A write acknowledged in a partition
+    past the count reads back as lost."""
+    found = read_topic(reader.coordination, run.config.root_prefix, GROWN)
+    if found is None:
+        return [f"{GROWN}: no topic record, though writers wrote to it"]
+    record = found.record
+    result["grown_partitions"] = record.partitions
+    problems = [] if record.auto_created else [f"{GROWN}: created on first use but not marked so: {record}"]
+    if record.partitions > 2 * run.args.partitions:
+        problems.append(f"{GROWN}: {record.partitions} partitions, more than any write named "
+                        f"({2 * run.args.partitions})")
+    return problems
+
+
 def _verify(run: Run) -> dict:
     """Finish what the actors left unfinished, check the invariants at rest, a last GC pass dated
     ``G`` ahead, then read everything back against the acknowledgements."""
-    result = {"invariant_violations": 0, "final_gc": "ok", "final_gc_deleted_blobs": 0}
+    result = {"invariant_violations": 0, "final_gc": "ok", "final_gc_deleted_blobs": 0, "grown_partitions": 0}
     problems: list[str] = []
-    partitions = range(run.args.partitions)
     with LogReader(run.config) as reader:
         live = {}
-        for topic in (TOPIC, RECREATED):
+        for topic in (TOPIC, RECREATED, GROWN):
             try:
                 topic_id = _at_rest(run, reader, topic, problems)
             except Exception as e:  # noqa: BLE001 - reported
@@ -533,10 +552,12 @@ def _verify(run: Run) -> dict:
                 continue
             if topic_id is not None:
                 live[topic] = topic_id
+        problems += _check_grown(run, reader, result)
 
         def read_all() -> tuple[dict, dict]:
             logs, starts = {}, {}
             for topic, topic_id in live.items():
+                partitions = range(topic_records(reader.coordination, run.config.root_prefix, [topic])[0].partitions)
                 got, at = _read_log(reader, topic, topic_id, partitions, problems)
                 logs.update(got)
                 starts.update(at)
@@ -591,6 +612,8 @@ def not_exercised(run: Run, result: dict) -> list[str]:
     missing = ["nothing acknowledged"] if not result["records_acked"] else []
     missing += [f"{what} is 0" for what in (*_EXERCISED, "records_acked_idempotent", "records_acked_plain",
                                             "group_commits_via_broker") if not result[what]]
+    if result["grown_partitions"] <= run.args.partitions:
+        missing.append(f"{GROWN} did not grow past {run.args.partitions} partitions")
     missing += [f"no {role} killed mid-operation" for role in _MUST_KILL if not run.killed_mid_operation[role]]
     if not run.kills["broker"]:
         missing.append("broker_kills is 0")
@@ -683,7 +706,8 @@ def main(argv: list[str] | None = None) -> int:
                 "chaos": "ok" if ok else "failed", "seed": seed, "seconds": seconds, "appends_acked": appends,
                 "records_acked": result["records_acked"], "compactions_completed": result["compactions_completed"],
                 "gc_deleted_blobs": result["gc_deleted_blobs"], "topic_recreations": result["topic_recreations"],
-                "incarnations_acked": result["incarnations_acked"], "retention_passes": result["retention_passes"],
+                "incarnations_acked": result["incarnations_acked"], "grown_partitions": result["grown_partitions"],
+                "retention_passes": result["retention_passes"],
                 "group_commits": result["group_commits"], "group_commits_via_broker": result["group_commits_via_broker"],
                 "records_acked_via_broker": result["records_acked_via_broker"],
                 "records_acked_idempotent": result["records_acked_idempotent"],

@@ -1,5 +1,6 @@
 """A short chaos run (``python -m chaos``, see :mod:`chaos`): writers, compactors (with retention
-passes), GC, readers, a topic deleted and re-created, consumer groups committing, a broker with its
+passes), GC, readers, a topic deleted and re-created, a topic created on first use and grown by
+writers, consumer groups committing, a broker with its
 producers and consumer, paused, killed and restarted, lost Oxia replies, Oxia (several shards)
 and the S3 server restarted, on a private stack; every acknowledged record of a live incarnation
 at or above its log start reads back exactly once, none is read in another incarnation, and the
@@ -38,6 +39,7 @@ def test_a_short_chaos_run_loses_and_duplicates_nothing():
     assert summary["killed_mid_operation"]["writer"] > 0 and summary["killed_mid_operation"]["compactor"] > 0, summary
     assert summary["server_restarts"] == 2 and summary["final_gc"] == "ok" and summary["not_exercised"] == [], summary
     assert summary["mixed_incarnations"] == 0 and summary["oxia_shards"] > 1, summary
+    assert 4 < summary["grown_partitions"] <= 8, summary  # created on first use by writers, grown past --partitions
     for counter in ("topic_recreations", "retention_passes", "group_commits", "group_commits_via_broker",
                     "records_acked_via_broker", "records_acked_idempotent", "records_acked_plain",
                     "broker_kills", "lost_responses", "gone_by_retention"):
