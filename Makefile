@@ -44,7 +44,7 @@ compat: install
 
 # Writers, compactors, GC, readers, topic deletes, consumer groups and a broker paused, killed and
 # restarted, Oxia (a replicated cluster) and the S3 server restarted; prints one JSON line. CHAOS_ARGS="--seconds 300 --seed N" for a longer run or a replay.
-chaos: install
+chaos: install debian-packages
 	$(PY) -m chaos $(CHAOS_ARGS)
 
 # The HTTP broker under load from vegeta (go install'ed into .cache/bin): a run directory under

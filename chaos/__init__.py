@@ -1,8 +1,10 @@
 """The chaos run: ``python -m chaos`` (``make chaos``).
 
 Writers, compactors (a share of their passes also retention passes), a GC loop, readers, a topic
-admin, consumers committing group offsets, and a broker (``python -m broker_lite``) with producers
-(idempotent and plain) and a consumer through it, each its own process, work on a real local
+admin, consumers committing group offsets, and two brokers (``python -m broker_lite``) behind
+HAProxy (as ``llog stack up --brokers 2`` runs them: a partition's requests go to one broker, to
+the other while that one is paused or killed) with producers (idempotent and plain) and a
+consumer through it, each its own process, work on a real local
 stack (its S3 server, and Oxia as a replicated cluster: a coordinator and 3 servers, 3 shards,
 replication factor 3; ``--oxia-standalone``: one server of the run's own with 3 shards) for a set
 time, with the grace period ``G`` small so that pauses matter. Three topics: the main one, one
@@ -16,7 +18,7 @@ marked created on first use, have grown past ``--partitions`` and no further tha
 compactors lose the reply of an Oxia Write now and then, after the server applied it (failpoint
 ``coordination.after_write``). The controller, from a seed, pauses processes with SIGSTOP (up to
 a few seconds past the materialization budget ``G/4`` and the compactors' Oxia session), kills
-them with SIGKILL and starts them again (the broker too), and restarts Oxia and the S3 server
+them with SIGKILL and starts them again (the brokers too), and restarts Oxia and the S3 server
 once each (in a cluster, the Oxia server leading the most shards is SIGKILLed under load and
 started again with its data). Every producer records each append it was acknowledged (a 200 with offsets, through
 the broker), after the acknowledgement.

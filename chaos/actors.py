@@ -44,6 +44,7 @@ from llog.errors import (
 )
 from llog.gc import gc_pass
 from llog.keys import TopicPartition
+from llog.local_stack import PARTITION_HEADER
 from llog.reader import LogReader, ReadRequest
 from llog.topics import create_topic, delete_topic, read_topic
 from llog.writer import AppendGroup, LogWriter
@@ -338,8 +339,11 @@ def consumer(args, config: Config) -> None:
             time.sleep(rng.uniform(0.05, 0.3))
 
 
-def _post(url: str, body: dict, timeout: float = 5.0) -> httpx.Response:
-    return httpx.post(url, json=body, timeout=timeout)
+def _post(url: str, body: dict, timeout: float = 5.0, route: tuple[str, int] | None = None) -> httpx.Response:
+    """``body`` to ``url``; ``route``: the topic-partition the balancer routes it by (its
+    ``X-Llog-Partition`` header), as a client of ``llog stack up --brokers N`` sends it."""
+    headers = {PARTITION_HEADER: f"{route[0]}/{route[1]}"} if route is not None else None
+    return httpx.post(url, json=body, timeout=timeout, headers=headers)
 
 
 def producer(args, config: Config) -> None:
@@ -370,7 +374,7 @@ def producer(args, config: Config) -> None:
                         body["producer_id"] = producer_id
                         for g in groups:
                             g["sequence"] = sequences.get(g["partition"], 0)
-                    answer = _post(f"{args.broker}/produce", body)
+                    answer = _post(f"{args.broker}/produce", body, route=(args.topic, groups[0]["partition"]))
                 except httpx.HTTPError as e:
                     _log(args.name, f"produce {seq} attempt {attempt}: {type(e).__name__}: {e}")
                     if not args.idempotent:
@@ -410,7 +414,7 @@ def broker_consumer(args, config: Config) -> None:
             with activity.operation("consume", partition=p, start=position[p]) as did:
                 answer = _post(f"{args.broker}/consume", {"topic_partitions": [
                     {"topic": args.topic, "partition": p, "fetch_offset": position[p], "partition_max_bytes": 16384}],
-                    "auto_offset_reset": "earliest"})
+                    "auto_offset_reset": "earliest"}, route=(args.topic, p))
                 result = answer.json()["results"][0] if answer.status_code == 200 else {}
                 if result.get("ok") and result.get("record_count"):
                     records = result["records"]
@@ -422,7 +426,7 @@ def broker_consumer(args, config: Config) -> None:
                         position[p] = start + good
                         committed = _post(f"{args.broker}/groups/{group}/commit", {"offsets": [
                             {"topic": args.topic, "partition": p, "offset": position[p],
-                             "topic_id": result["topic_id"]}]})
+                             "topic_id": result["topic_id"]}]}, route=(args.topic, p))
                         did.update(commits=int(committed.status_code == 200), records=good)
                         described = httpx.get(f"{args.broker}/groups/{group}", timeout=5)
                         if described.status_code == 200:

@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import random
 import signal
+import socket
 import subprocess
 import sys
 import tempfile
@@ -55,7 +57,7 @@ _MUST_KILL = ("writer", "compactor")
 _FINAL_GC_MARGIN_S = 30
 #: The processes of a run beyond the writers, compactors and readers: one each.
 _ONE_EACH = (("gc", "gc"), ("admin", "admin"), ("consumer", "cg"), ("producer", "pi"), ("producer", "pp"),
-             ("broker_consumer", "bc"), ("broker", "broker"))
+             ("broker_consumer", "bc"), ("broker", "b0"), ("broker", "b1"))
 #: The names of the actors that go through the broker: its producers (idempotent, plain) and consumer.
 _BROKER_PRODUCERS, _BROKER_CONSUMER = ("pi", "pp"), "bc"
 
@@ -87,7 +89,9 @@ class Run:
     kills: Counter = field(default_factory=Counter)
     killed_mid_operation: Counter = field(default_factory=Counter)
     oxia: "OxiaServer | None" = None
+    #: The balancer's port (what producers and consumers use), and each broker's own by name.
     broker_port: int = 0
+    broker_ports: dict[str, int] = field(default_factory=dict)
 
     @property
     def broker_url(self) -> str:
@@ -102,7 +106,8 @@ class Run:
 
     def command(self, actor: Actor) -> list[str]:
         if actor.role == "broker":  # its early ack and tail cache on, as by default
-            return [sys.executable, "-m", "broker_lite", "--port", str(self.broker_port), "--log-level", "warning"]
+            return [sys.executable, "-m", "broker_lite", "--port", str(self.broker_ports[actor.name]),
+                    "--log-level", "warning"]
         command = [sys.executable, "-m", "chaos.actors", actor.role, "--dir", str(self.dir), "--name", actor.label,
                    "--topic", TOPIC, "--recreated", RECREATED, "--grown", GROWN, "--partitions", str(self.args.partitions),
                    "--seed", str(self.rng.randrange(2**32)), "--broker", self.broker_url,
@@ -198,6 +203,49 @@ class OxiaServer:
         self.start()
 
 
+class Balancer:
+    """HAProxy in front of the run's brokers, configured as ``llog stack up --brokers N`` does
+    (:func:`llog.local_stack.haproxy_config`: a partition's requests go to one broker, by the
+    consistent hash of ``X-Llog-Partition``, and to another while that one is down)."""
+
+    def __init__(self, directory: Path, port: int, stats_port: int, brokers: dict[str, int]):
+        directory.mkdir(parents=True)
+        self.config = directory / "haproxy.cfg"
+        self.config.write_text(local_stack.haproxy_config(port, stats_port, [
+            {"name": name, "port": p, "role": "both"} for name, p in brokers.items()], split_roles=False))
+        self.log = directory / "haproxy.log"
+        self.stats_url = f"http://127.0.0.1:{stats_port}/stats"
+        self.proc: subprocess.Popen | None = None
+
+    def start(self) -> None:
+        with open(self.log, "ab") as log:
+            self.proc = subprocess.Popen([local_stack.HAPROXY, "-db", "-f", str(self.config)], stdin=subprocess.DEVNULL,
+                                         stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+
+    def requests(self) -> dict[str, int]:
+        """The requests it sent each broker (HAProxy's statistics)."""
+        return {row["svname"]: int(row["stot"] or 0) for row in local_stack.read_haproxy_stats(self.stats_url)
+                if row.get("svname") not in ("FRONTEND", "BACKEND") and row.get("pxname") == "brokers"}
+
+    def stop(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(_STOP_S)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait(_STOP_S)
+
+
+def _free_ports(count: int) -> list[int]:
+    """``count`` distinct ports free now, chosen by the system."""
+    with contextlib.ExitStack() as held:
+        socks = [held.enter_context(socket.socket()) for _ in range(count)]
+        for sock in socks:
+            sock.bind(("127.0.0.1", 0))
+        return [sock.getsockname()[1] for sock in socks]
+
+
 def _wait_for_broker(run: Run, timeout_s: float = 60) -> None:
     deadline = time.monotonic() + timeout_s
     while True:
@@ -207,7 +255,7 @@ def _wait_for_broker(run: Run, timeout_s: float = 60) -> None:
         except httpx.TransportError:
             pass
         if time.monotonic() > deadline:
-            raise RuntimeError(f"the broker did not answer /health within {timeout_s:g} s")
+            raise RuntimeError(f"no broker answered /health through the balancer within {timeout_s:g} s")
         time.sleep(0.1)
 
 
@@ -673,9 +721,12 @@ def main(argv: list[str] | None = None) -> int:
             with Coordination(config) as coordination:  # the actors write to every partition of them
                 for topic in (TOPIC, RECREATED):
                     create_topic(coordination, config.root_prefix, topic, args.partitions, settings=topic_settings(args))
+            balancer_port, stats_port, *broker_ports = _free_ports(4)
             run = Run(args, config, stack_dir, Path(tmp) / "run", random.Random(seed), oxia=oxia,
-                      broker_port=local_stack.free_ports().s3)
+                      broker_port=balancer_port, broker_ports={"b0": broker_ports[0], "b1": broker_ports[1]})
             (run.dir / "logs").mkdir(parents=True)
+            balancer = Balancer(Path(tmp) / "balancer", balancer_port, stats_port, run.broker_ports)
+            balancer.start()
             roles = ([("writer", f"w{i}") for i in range(args.writers)]
                      + [("compactor", f"c{i}") for i in range(args.compactors)]
                      + [("reader", f"r{i}") for i in range(args.readers)] + list(_ONE_EACH))
@@ -688,6 +739,8 @@ def main(argv: list[str] | None = None) -> int:
                 _disturb(run)
             finally:
                 run.stop_all()
+                run.counts.update({f"balancer_requests_{name}": n for name, n in balancer.requests().items()})
+                balancer.stop()
             seconds = round(time.monotonic() - started, 1)
             _progress(f"chaos over after {seconds} s; checking")
             result = _verify(run)
@@ -711,7 +764,9 @@ def main(argv: list[str] | None = None) -> int:
                 "group_commits": result["group_commits"], "group_commits_via_broker": result["group_commits_via_broker"],
                 "records_acked_via_broker": result["records_acked_via_broker"],
                 "records_acked_idempotent": result["records_acked_idempotent"],
-                "records_acked_plain": result["records_acked_plain"], "broker_kills": run.kills["broker"],
+                "records_acked_plain": result["records_acked_plain"], "brokers": len(run.broker_ports),
+                "balancer_requests": {name: run.counts[f"balancer_requests_{name}"] for name in run.broker_ports},
+                "broker_kills": run.kills["broker"],
                 "lost_responses": result["lost_responses"], "pauses": run.counts["pauses"],
                 "kills": {role: run.kills[role] for role in (*ROLES, "broker")},
                 "killed_mid_operation": {role: run.killed_mid_operation[role] for role in ROLES},

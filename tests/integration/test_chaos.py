@@ -1,6 +1,6 @@
 """A short chaos run (``python -m chaos``, see :mod:`chaos`): writers, compactors (with retention
 passes), GC, readers, a topic deleted and re-created, a topic created on first use and grown by
-writers, consumer groups committing, a broker with its
+writers, consumer groups committing, two brokers behind HAProxy with their
 producers and consumer, paused, killed and restarted, lost Oxia replies, Oxia (several shards)
 and the S3 server restarted, on a private stack; every acknowledged record of a live incarnation
 at or above its log start reads back exactly once, none is read in another incarnation, and the
@@ -40,6 +40,7 @@ def test_a_short_chaos_run_loses_and_duplicates_nothing():
     assert summary["server_restarts"] == 2 and summary["final_gc"] == "ok" and summary["not_exercised"] == [], summary
     assert summary["mixed_incarnations"] == 0 and summary["oxia_shards"] > 1, summary
     assert 4 < summary["grown_partitions"] <= 8, summary  # created on first use by writers, grown past --partitions
+    assert summary["brokers"] == 2 and all(summary["balancer_requests"].values()), summary  # both behind HAProxy
     for counter in ("topic_recreations", "retention_passes", "group_commits", "group_commits_via_broker",
                     "records_acked_via_broker", "records_acked_idempotent", "records_acked_plain",
                     "broker_kills", "lost_responses", "gone_by_retention"):
