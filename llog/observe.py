@@ -65,9 +65,11 @@ class Paths:
 
 def broker_targets(stack_record: Mapping) -> list[str]:
     """``host:port`` of every broker in a stack state record: the entries of ``brokers`` (each
-    with a ``url`` or a ``port``) and the single ``broker``, without repeats."""
+    with a ``url`` or a ``port``) and the single ``broker``, without repeats. A ``broker`` that is
+    the balancer in front of the others (``llog stack up --brokers N``) is not one: scraped
+    through it, some broker's figures would come back a second time under another instance."""
     entries = list(stack_record.get("brokers") or [])
-    if stack_record.get("broker"):
+    if stack_record.get("broker") and not stack_record["broker"].get("balancer"):
         entries.append(stack_record["broker"])
     targets: list[str] = []
     for entry in entries:

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import base64
 import json
-import shutil
 import subprocess
 
 import pytest
@@ -91,7 +90,6 @@ def record_bytes(record: dict) -> bytes:
     return base64.b64decode(record["base64"]) if "base64" in record else record["payload"].encode()
 
 
-@pytest.mark.skipif(shutil.which("curl") is None, reason="needs the curl command")
 def test_the_readme_produce_and_consume_examples_work_on_a_fresh_stack(module_config, broker, tmp_path):
     status, produced = curl(PRODUCE, broker, tmp_path)
     assert status == 200, produced

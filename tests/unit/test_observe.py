@@ -16,6 +16,15 @@ def test_brokers_of_both_record_shapes_without_repeats():
     assert broker_targets({}) == []
 
 
+def test_the_balancer_in_front_of_the_brokers_is_not_scraped():
+    # As `llog stack up --brokers 2` records them: scraped through HAProxy, one broker's figures
+    # would come back again under the balancer's address.
+    record = {"broker": {"pid": 1, "port": 8080, "url": "http://127.0.0.1:8080", "balancer": {"kind": "haproxy"}},
+              "brokers": [{"name": "broker-0", "pid": 2, "port": 8081, "url": "http://127.0.0.1:8081"},
+                          {"name": "broker-1", "pid": 3, "port": 8082, "url": "http://127.0.0.1:8082"}]}
+    assert broker_targets(record) == ["127.0.0.1:8081", "127.0.0.1:8082"]
+
+
 def test_a_broker_without_an_address_is_named():
     with pytest.raises(LlogError, match="neither url nor port"):
         broker_targets({"brokers": [{"pid": 4}]})
