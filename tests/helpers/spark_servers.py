@@ -1,0 +1,231 @@
+"""Spark server processes for tests, from the installed pyspark (its ``bin`` and ``jars``): a
+Spark Connect server (local mode) and a standalone cluster (a master and its workers).
+
+Each is a session leader, so stopping it (or a failpoint with ``LLOG_FAILPOINT_SCOPE=session``)
+takes its JVM and every Python process it started. Their logs go to files a test can read.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from llog.config import Config
+from jobs.local_spark import CHECKOUT, spark_home_without_zip
+
+LOOPBACK = "127.0.0.1"
+#: Spark's logging config for the servers: warnings and errors only.
+LOG4J = CHECKOUT / "conf" / "log4j2.properties"
+#: How long a server may take to start on a loaded machine.
+START_TIMEOUT_S = 180
+
+
+def spark_home() -> Path:
+    """The installed pyspark as a ``SPARK_HOME`` (jobs.local_spark.spark_home_without_zip)."""
+    import pyspark
+
+    return spark_home_without_zip() or Path(pyspark.__file__).resolve().parent
+
+
+def _one_free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind((LOOPBACK, 0))
+        return sock.getsockname()[1]
+
+
+def spark_env(config: Config | None = None, extra: Mapping[str, str] | None = None) -> dict[str, str]:
+    """The environment of a Spark JVM and its Python processes: this Python, the checkout
+    importable, loopback only, ``config``'s LLOG_* settings (no settings file)."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("LLOG_", "SPARK_", "PYSPARK_"))}
+    env.update(SPARK_HOME=str(spark_home()), PYSPARK_PYTHON=sys.executable, PYSPARK_DRIVER_PYTHON=sys.executable,
+               SPARK_LOCAL_IP=LOOPBACK, LLOG_SETTINGS_FILE="/nonexistent",
+               PYTHONPATH=os.pathsep.join(p for p in (str(CHECKOUT), os.environ.get("PYTHONPATH")) if p))
+    if config is not None:
+        env.update(config.to_options())
+    env.update(extra or {})
+    return env
+
+
+def wait_for_port(port: int, proc: subprocess.Popen, log: Path, timeout_s: float = START_TIMEOUT_S) -> None:
+    """Until something accepts connections on ``port``; fails if ``proc`` exits first."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise RuntimeError(f"exited with {proc.returncode} before listening on {port}:\n{_tail(log)}")
+        with contextlib.suppress(OSError), socket.create_connection((LOOPBACK, port), timeout=1):
+            return
+        time.sleep(0.3)
+    raise TimeoutError(f"nothing listens on {port} after {timeout_s} s:\n{_tail(log)}")
+
+
+def stop(proc: subprocess.Popen, timeout_s: float = 30) -> None:
+    """SIGTERM to the process group of ``proc`` (a session leader), SIGKILL if still there after
+    ``timeout_s``."""
+    if proc.poll() is None:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGTERM)
+        try:
+            proc.wait(timeout_s)
+        except subprocess.TimeoutExpired:
+            pass
+    # The group too: Python workers outlive a JVM killed by SIGTERM for a moment.
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(proc.pid, signal.SIGKILL)
+    with contextlib.suppress(subprocess.TimeoutExpired):
+        proc.wait(10)
+
+
+def _tail(log: Path, chars: int = 4000) -> str:
+    try:
+        return log.read_text(errors="replace")[-chars:]
+    except OSError:
+        return "(no log)"
+
+
+def _start(argv: list[str], env: Mapping[str, str], log: Path) -> subprocess.Popen:
+    log.parent.mkdir(parents=True, exist_ok=True)
+    with open(log, "ab") as out:
+        return subprocess.Popen(argv, cwd=CHECKOUT, env=dict(env), stdout=out, stderr=subprocess.STDOUT,
+                                stdin=subprocess.DEVNULL, start_new_session=True)
+
+
+@dataclass
+class ConnectServer:
+    """A Spark Connect server (``sc://127.0.0.1:port``) in local mode, started and restarted
+    on the same port with the same settings."""
+
+    config: Config
+    log: Path
+    cores: int = 2
+    port: int = field(default_factory=_one_free_port)
+    proc: subprocess.Popen | None = None
+
+    @property
+    def url(self) -> str:
+        return f"sc://{LOOPBACK}:{self.port}"
+
+    def start(self, extra_env: Mapping[str, str] | None = None, pythonpath: str | None = None) -> None:
+        """Start it and wait until it serves. ``extra_env`` adds to :func:`spark_env` (a
+        failpoint, say) for this start only; ``pythonpath`` replaces the checkout on the server's
+        ``PYTHONPATH`` (where its Python processes find llog)."""
+        env = spark_env(self.config, extra_env)
+        if pythonpath is not None:
+            env["PYTHONPATH"] = pythonpath
+        home = Path(env["SPARK_HOME"])
+        argv = [str(home / "bin" / "spark-submit"), "--class", "org.apache.spark.sql.connect.service.SparkConnectServer",
+                "--master", f"local[{self.cores},1]", "--name", "llog-connect-test",
+                "--conf", f"spark.connect.grpc.binding.address={LOOPBACK}",
+                "--conf", f"spark.connect.grpc.binding.port={self.port}",
+                "--conf", "spark.ui.enabled=false", "--conf", f"spark.sql.shuffle.partitions={self.cores}",
+                "--conf", "spark.driver.memory=1g", "--conf", "spark.sql.streaming.stopTimeout=30s",
+                "--conf", f"spark.driver.extraJavaOptions=-Dlog4j2.configurationFile={LOG4J}",
+                "spark-internal"]
+        self.proc = _start(argv, env, self.log)
+        try:
+            wait_for_port(self.port, self.proc, self.log)
+        except BaseException:
+            self.stop()
+            raise
+
+    def wait_exit(self, timeout_s: float) -> int:
+        """Its exit status once it has exited (a failpoint kills it), within ``timeout_s``."""
+        return self.proc.wait(timeout_s)
+
+    def stop(self) -> None:
+        if self.proc is not None:
+            stop(self.proc)
+
+    def log_text(self) -> str:
+        return self.log.read_text(errors="replace")
+
+
+@contextlib.contextmanager
+def connect_server(config: Config, log: Path, **start) -> Iterator[ConnectServer]:
+    server = ConnectServer(config, log)
+    server.start(**start)
+    try:
+        yield server
+    finally:
+        server.stop()
+
+
+@dataclass
+class StandaloneCluster:
+    """A standalone master and its workers (``spark://127.0.0.1:port``)."""
+
+    master_url: str
+    web_port: int
+    procs: list[subprocess.Popen]
+    logs: list[Path]
+
+    def alive_workers(self) -> int:
+        with urllib.request.urlopen(f"http://{LOOPBACK}:{self.web_port}/json/", timeout=5) as reply:
+            return sum(1 for w in json.load(reply)["workers"] if w["state"] == "ALIVE")
+
+    def logs_text(self) -> str:
+        return "\n".join(f"--- {log.name}\n{_tail(log)}" for log in self.logs)
+
+
+@contextlib.contextmanager
+def standalone_cluster(log_dir: Path, workers: int = 2, cores: int = 1, memory: str = "1g"
+                       ) -> Iterator[StandaloneCluster]:
+    """A master and ``workers`` workers (``cores`` cores, ``memory`` for executors each), each
+    on free ports, running until the block ends. Executors run this Python with the checkout
+    importable."""
+    env = {**spark_env(), "SPARK_DAEMON_MEMORY": "256m"}  # the master's and workers' own JVMs
+    spark_class = str(Path(env["SPARK_HOME"]) / "bin" / "spark-class")
+    port, web_port = _one_free_port(), _one_free_port()
+    master_url = f"spark://{LOOPBACK}:{port}"
+    cluster = StandaloneCluster(master_url, web_port, [], [])
+    try:
+        log = log_dir / "master.log"
+        cluster.logs.append(log)
+        cluster.procs.append(_start([spark_class, "org.apache.spark.deploy.master.Master", "--host", LOOPBACK,
+                                     "--port", str(port), "--webui-port", str(web_port)], env, log))
+        wait_for_port(web_port, cluster.procs[0], log)
+        for n in range(workers):
+            log = log_dir / f"worker-{n}.log"
+            cluster.logs.append(log)
+            work_dir = log_dir / f"worker-{n}"
+            work_dir.mkdir(parents=True, exist_ok=True)
+            cluster.procs.append(_start([spark_class, "org.apache.spark.deploy.worker.Worker", "--host", LOOPBACK,
+                                         "--port", str(_one_free_port()), "--webui-port", str(_one_free_port()),
+                                         "--cores", str(cores), "--memory", memory, "--work-dir", str(work_dir),
+                                         master_url], env, log))
+        deadline = time.monotonic() + START_TIMEOUT_S
+        while cluster.alive_workers() < workers:
+            if time.monotonic() > deadline or any(p.poll() is not None for p in cluster.procs):
+                raise RuntimeError(f"{cluster.alive_workers()} of {workers} workers registered:\n{cluster.logs_text()}")
+            time.sleep(0.5)
+        yield cluster
+    finally:
+        for proc in reversed(cluster.procs):
+            stop(proc)
+
+
+def driver_argv(where: list[str], step: str, *args: str) -> list[str]:
+    """``python -m tests.helpers.llog_driver`` with ``where`` (``--remote URL`` or ``--master
+    URL``, ``--register``) and the step's arguments."""
+    return [sys.executable, "-m", "tests.helpers.llog_driver", *where, step, *args]
+
+
+def driver_env(config: Config, extra: Mapping[str, str] | None = None) -> dict[str, str]:
+    return {**os.environ, "LLOG_SETTINGS_FILE": "/nonexistent", **config.to_options(), **(extra or {})}
+
+
+def run_driver(config: Config, where: list[str], step: str, *args: str, timeout_s: float = 300) -> dict:
+    """Run a step of tests.helpers.llog_driver to its end; its result. Fails with its stderr."""
+    done = subprocess.run(driver_argv(where, step, *args), cwd=CHECKOUT, env=driver_env(config),
+                          capture_output=True, text=True, timeout=timeout_s, start_new_session=True)
+    assert done.returncode == 0, f"{step} exited with {done.returncode}:\n{done.stderr[-4000:]}"
+    return json.loads(done.stdout.strip().splitlines()[-1])
