@@ -1,9 +1,10 @@
 """llog through a Spark session that is not local mode, run as its own process: a Spark Connect
 client (``--remote sc://...``) or a driver of a standalone cluster (``--master spark://...``).
 
-Steps (the last line of stdout is the result, as JSON):
+Steps, run in the order given in one session (the last line of stdout is their results, as
+JSON, by step):
 
-``write-read``  a batch write of ``--rows`` rows (value ``i``, partition ``i % 3``), then a
+``write-read``  a batch write of ``--rows`` rows (value ``i``, partition ``i % 3`` of 3), then a
                 batch read of the topic: ``{"values": [...]}``.
 ``group-read``  an ``availableNow`` stream of the topic with consumer group ``--group`` into
                 a memory table: ``{"values": [...]}`` (the group's offsets are committed).
@@ -38,7 +39,7 @@ def session(args):
 
     # The driver's JVM and Python processes, and (through spark.executorEnv) the executors'.
     os.environ.update({k: v for k, v in spark_env().items() if k.startswith(("SPARK_", "PYSPARK_", "PYTHONPATH"))})
-    return (SparkSession.builder.master(args.master).appName(f"llog-{args.step}")
+    return (SparkSession.builder.master(args.master).appName(f"llog-{'-'.join(args.steps)}")
             .config("spark.ui.enabled", "false").config("spark.driver.host", "127.0.0.1")
             .config("spark.driver.bindAddress", "127.0.0.1").config("spark.executor.memory", "512m")
             .config("spark.driver.memory", "1g").config("spark.cores.max", "2")
@@ -54,7 +55,7 @@ def write_read(spark, options, args) -> dict:
 
     rows = (spark.range(args.rows).select(F.col("id").cast("string").alias("value"),
                                           (F.col("id") % 3).cast("int").alias("partition")))
-    rows.write.format("llog").options(**options).option("topic", args.topic).mode("append").save()
+    rows.write.format("llog").options(**options).option("topic", args.topic).option("partitions", "3").mode("append").save()
     read = spark.read.format("llog").options(**options).option("topics", args.topic).load()
     return {"values": sorted(int(r.value) for r in read.select(F.col("value").cast("string")).collect())}
 
@@ -109,7 +110,7 @@ def main() -> None:
     where.add_argument("--remote", help="a Spark Connect server, sc://host:port")
     where.add_argument("--master", help="a standalone master, spark://host:port")
     parser.add_argument("--register", action="store_true", help="pyspark_llog.register(spark) first")
-    parser.add_argument("step", choices=sorted(STEPS))
+    parser.add_argument("steps", nargs="+", choices=sorted(STEPS))
     parser.add_argument("--topic", required=True)
     parser.add_argument("--rows", type=int, default=100)
     parser.add_argument("--batches", type=int, default=3)
@@ -123,10 +124,10 @@ def main() -> None:
 
             pyspark_llog.register(spark)
         options = {k.lower(): v for k, v in Config.load().to_options().items()}
-        result = STEPS[args.step](spark, options, args)
+        results = {step: STEPS[step](spark, options, args) for step in args.steps}
     finally:
         spark.stop()
-    print(json.dumps(result))
+    print(json.dumps(results))
 
 
 if __name__ == "__main__":

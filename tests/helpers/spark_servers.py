@@ -7,9 +7,11 @@ takes its JVM and every Python process it started. Their logs go to files a test
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import json
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -21,6 +23,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from llog.config import Config
+from llog.coordination import Coordination
+from llog.discovery import topic_partitions
+from llog.reader import ReadRequest
+from tests.helpers.invariants import check_partition
 from jobs.local_spark import CHECKOUT, spark_home_without_zip
 
 LOOPBACK = "127.0.0.1"
@@ -213,19 +219,47 @@ def standalone_cluster(log_dir: Path, workers: int = 2, cores: int = 1, memory: 
             stop(proc)
 
 
-def driver_argv(where: list[str], step: str, *args: str) -> list[str]:
+def driver_argv(where: list[str], steps: str, *args: str) -> list[str]:
     """``python -m tests.helpers.llog_driver`` with ``where`` (``--remote URL`` or ``--master
-    URL``, ``--register``) and the step's arguments."""
-    return [sys.executable, "-m", "tests.helpers.llog_driver", *where, step, *args]
+    URL``, ``--register``), its steps (space-separated) and their arguments."""
+    return [sys.executable, "-m", "tests.helpers.llog_driver", *where, *steps.split(), *args]
 
 
 def driver_env(config: Config, extra: Mapping[str, str] | None = None) -> dict[str, str]:
     return {**os.environ, "LLOG_SETTINGS_FILE": "/nonexistent", **config.to_options(), **(extra or {})}
 
 
-def run_driver(config: Config, where: list[str], step: str, *args: str, timeout_s: float = 300) -> dict:
-    """Run a step of tests.helpers.llog_driver to its end; its result. Fails with its stderr."""
-    done = subprocess.run(driver_argv(where, step, *args), cwd=CHECKOUT, env=driver_env(config),
+def run_driver(config: Config, where: list[str], steps: str, *args: str, timeout_s: float = 300) -> dict:
+    """Run steps of tests.helpers.llog_driver to their end; their results by step (the one
+    step's result if one). Fails with its stderr."""
+    done = subprocess.run(driver_argv(where, steps, *args), cwd=CHECKOUT, env=driver_env(config),
                           capture_output=True, text=True, timeout=timeout_s, start_new_session=True)
-    assert done.returncode == 0, f"{step} exited with {done.returncode}:\n{done.stderr[-4000:]}"
-    return json.loads(done.stdout.strip().splitlines()[-1])
+    assert done.returncode == 0, f"{steps} exited with {done.returncode}:\n{done.stderr[-4000:]}"
+    results = json.loads(done.stdout.strip().splitlines()[-1])
+    return results if len(results) > 1 else results[steps]
+
+
+# --- What a sink query (tests.helpers.llog_driver's sink step) wrote ------------------------------
+
+#: The sink's line for a batch whose commit found slices committed by an attempt before it.
+REPLAYED = re.compile(r"llog sink: batch \d+ committed .* [1-9]\d* slice\(s\) were already committed")
+
+
+def topic_values(config, reader, topic: str) -> list[int]:
+    """The values of ``topic`` (as ints), every partition from offset 1."""
+    values = []
+    with Coordination(config) as coordination:
+        for p in topic_partitions(coordination, config.root_prefix, topic):
+            if check_partition(coordination, config.root_prefix, topic, p).high_watermark:
+                batches = reader.read_batches([ReadRequest(topic, p, 1)])[0]
+                values += [int(v) for v in batches.table().column("value").to_pylist()]
+    return values
+
+
+def assert_every_row_once(values: list[int], rows: int, batches: int) -> None:
+    """``values`` hold ``0 .. n*rows-1`` once each, ``n >= batches`` (a sink query's input)."""
+    twice = sorted(v for v, c in collections.Counter(values).items() if c > 1)
+    assert not twice, f"{len(twice)} row(s) written twice, first {twice[:10]}"
+    missing = sorted(set(range(max(values) + 1)) - set(values))
+    assert not missing, f"{len(missing)} row(s) missing, first {missing[:10]}"
+    assert len(values) % rows == 0 and len(values) >= batches * rows
