@@ -107,8 +107,8 @@ def _start(argv: list[str], env: Mapping[str, str], log: Path) -> subprocess.Pop
 
 @dataclass
 class ConnectServer:
-    """A Spark Connect server (``sc://127.0.0.1:port``) in local mode, started and restarted
-    on the same port with the same settings."""
+    """A Spark Connect server (``sc://127.0.0.1:port``) in local mode, which a test can stop
+    and start again (on the same port unless it was taken meanwhile: :attr:`url` follows)."""
 
     config: Config
     log: Path
@@ -120,28 +120,38 @@ class ConnectServer:
     def url(self) -> str:
         return f"sc://{LOOPBACK}:{self.port}"
 
-    def start(self, extra_env: Mapping[str, str] | None = None, pythonpath: str | None = None) -> None:
+    def start(self, extra_env: Mapping[str, str] | None = None, pythonpath: str | None = None,
+              attempts: int = 3) -> None:
         """Start it and wait until it serves. ``extra_env`` adds to :func:`spark_env` (a
         failpoint, say) for this start only; ``pythonpath`` replaces the checkout on the server's
-        ``PYTHONPATH`` (where its Python processes find llog)."""
+        ``PYTHONPATH`` (where its Python processes find llog). A server whose port was taken
+        meanwhile exits (no other port is tried) and is started again on another."""
         env = spark_env(self.config, extra_env)
         if pythonpath is not None:
             env["PYTHONPATH"] = pythonpath
         home = Path(env["SPARK_HOME"])
-        argv = [str(home / "bin" / "spark-submit"), "--class", "org.apache.spark.sql.connect.service.SparkConnectServer",
-                "--master", f"local[{self.cores},1]", "--name", "llog-connect-test",
-                "--conf", f"spark.connect.grpc.binding.address={LOOPBACK}",
-                "--conf", f"spark.connect.grpc.binding.port={self.port}",
-                "--conf", "spark.ui.enabled=false", "--conf", f"spark.sql.shuffle.partitions={self.cores}",
-                "--conf", "spark.driver.memory=1g", "--conf", "spark.sql.streaming.stopTimeout=30s",
-                "--conf", f"spark.driver.extraJavaOptions=-Dlog4j2.configurationFile={LOG4J}",
-                "spark-internal"]
-        self.proc = _start(argv, env, self.log)
-        try:
-            wait_for_port(self.port, self.proc, self.log)
-        except BaseException:
-            self.stop()
-            raise
+        for attempt in range(attempts):
+            if attempt:
+                self.port = _one_free_port()
+            argv = [str(home / "bin" / "spark-submit"),
+                    "--class", "org.apache.spark.sql.connect.service.SparkConnectServer",
+                    "--master", f"local[{self.cores},1]", "--name", "llog-connect-test",
+                    "--conf", f"spark.connect.grpc.binding.address={LOOPBACK}",
+                    "--conf", f"spark.connect.grpc.binding.port={self.port}", "--conf", "spark.connect.grpc.port.maxRetries=0",
+                    "--conf", "spark.ui.enabled=false", "--conf", f"spark.sql.shuffle.partitions={self.cores}",
+                    "--conf", "spark.driver.memory=1g", "--conf", "spark.sql.streaming.stopTimeout=30s",
+                    "--conf", f"spark.driver.extraJavaOptions=-Dlog4j2.configurationFile={LOG4J}",
+                    "spark-internal"]
+            self.proc = _start(argv, env, self.log)
+            try:
+                wait_for_port(self.port, self.proc, self.log)
+                return
+            except RuntimeError:  # it exited
+                if attempt == attempts - 1:
+                    raise
+            except BaseException:
+                self.stop()
+                raise
 
     def wait_exit(self, timeout_s: float) -> int:
         """Its exit status once it has exited (a failpoint kills it), within ``timeout_s``."""
@@ -174,12 +184,44 @@ class StandaloneCluster:
     procs: list[subprocess.Popen]
     logs: list[Path]
 
+    def state(self) -> dict | None:
+        """The master's JSON state, or None if what answers on its web port is not this master
+        (yet)."""
+        try:
+            with urllib.request.urlopen(f"http://{LOOPBACK}:{self.web_port}/json/", timeout=5) as reply:
+                found = json.load(reply)
+        except (OSError, ValueError):
+            return None
+        return found if isinstance(found, dict) and found.get("url") == self.master_url else None
+
     def alive_workers(self) -> int:
-        with urllib.request.urlopen(f"http://{LOOPBACK}:{self.web_port}/json/", timeout=5) as reply:
-            return sum(1 for w in json.load(reply)["workers"] if w["state"] == "ALIVE")
+        return sum(1 for w in (self.state() or {}).get("workers", ()) if w["state"] == "ALIVE")
 
     def logs_text(self) -> str:
         return "\n".join(f"--- {log.name}\n{_tail(log)}" for log in self.logs)
+
+
+#: No port but the one given: a master or worker whose port was taken meanwhile exits, and is
+#: started again on other ports, rather than listening on the next port where none looks.
+_EXACT_PORTS = "-Dspark.port.maxRetries=0"
+
+
+def _start_master(log_dir: Path, env: Mapping[str, str], spark_class: str, attempts: int = 3
+                  ) -> StandaloneCluster:
+    """A master on free ports, serving; started again on other ports if its ports were taken."""
+    for attempt in range(attempts):
+        port, web_port = _one_free_port(), _one_free_port()
+        log = log_dir / f"master-{attempt}.log"
+        proc = _start([spark_class, "org.apache.spark.deploy.master.Master", "--host", LOOPBACK, "--port", str(port),
+                       "--webui-port", str(web_port)], {**env, "SPARK_MASTER_OPTS": _EXACT_PORTS}, log)
+        cluster = StandaloneCluster(f"spark://{LOOPBACK}:{port}", web_port, [proc], [log])
+        deadline = time.monotonic() + START_TIMEOUT_S
+        while proc.poll() is None and cluster.state() is None and time.monotonic() < deadline:
+            time.sleep(0.3)
+        if proc.poll() is None and cluster.state() is not None:
+            return cluster
+        stop(proc)
+    raise RuntimeError(f"no master started in {attempts} attempts:\n{cluster.logs_text()}")
 
 
 @contextlib.contextmanager
@@ -190,15 +232,8 @@ def standalone_cluster(log_dir: Path, workers: int = 2, cores: int = 1, memory: 
     importable."""
     env = {**spark_env(), "SPARK_DAEMON_MEMORY": "256m"}  # the master's and workers' own JVMs
     spark_class = str(Path(env["SPARK_HOME"]) / "bin" / "spark-class")
-    port, web_port = _one_free_port(), _one_free_port()
-    master_url = f"spark://{LOOPBACK}:{port}"
-    cluster = StandaloneCluster(master_url, web_port, [], [])
+    cluster = _start_master(log_dir, env, spark_class)
     try:
-        log = log_dir / "master.log"
-        cluster.logs.append(log)
-        cluster.procs.append(_start([spark_class, "org.apache.spark.deploy.master.Master", "--host", LOOPBACK,
-                                     "--port", str(port), "--webui-port", str(web_port)], env, log))
-        wait_for_port(web_port, cluster.procs[0], log)
         for n in range(workers):
             log = log_dir / f"worker-{n}.log"
             cluster.logs.append(log)
@@ -207,7 +242,7 @@ def standalone_cluster(log_dir: Path, workers: int = 2, cores: int = 1, memory: 
             cluster.procs.append(_start([spark_class, "org.apache.spark.deploy.worker.Worker", "--host", LOOPBACK,
                                          "--port", str(_one_free_port()), "--webui-port", str(_one_free_port()),
                                          "--cores", str(cores), "--memory", memory, "--work-dir", str(work_dir),
-                                         master_url], env, log))
+                                         cluster.master_url], env, log))
         deadline = time.monotonic() + START_TIMEOUT_S
         while cluster.alive_workers() < workers:
             if time.monotonic() > deadline or any(p.poll() is not None for p in cluster.procs):
