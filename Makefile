@@ -11,7 +11,7 @@ STAMP  := $(VENV)/.installed-$(shell sha1sum setup.py | cut -c1-12)
 $(STAMP): setup.py
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
-	$(PY) -m pip install -q -e '.[spark,quality,dev]'
+	$(PY) -m pip install -q -e '.[spark,quality,dev,connect]'
 	@rm -f $(VENV)/.installed-* && touch $@
 
 install: $(STAMP)

@@ -40,6 +40,11 @@ setup(
     extras_require={
         # Spark and Delta for the connectors and jobs where the machine has none (a laptop, CI).
         "spark": ["pyspark==4.2.0", "delta-spark==4.4.1"],
+        # A Spark Connect client (`SparkSession.builder.remote("sc://...")`, docs/spark-connect.md):
+        # what pyspark.sql.connect checks for at import beyond llog's own pandas, pyarrow and
+        # numpy, at the versions of pyspark 4.2's own [connect] extra (a client on a pip
+        # pyspark without that extra fails on the first missing one, grpcio-status first).
+        "connect": ["grpcio>=1.76.0", "grpcio-status>=1.76.0", "googleapis-common-protos>=1.71.0", "zstandard>=0.25.0"],
         # The data-quality gate of jobs/llog_to_delta.py (--expectations); plain, as its [spark]
         # extra pins an older pyspark.
         "quality": ["great-expectations==1.24.1"],

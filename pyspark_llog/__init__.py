@@ -1,11 +1,33 @@
 """``format("llog")`` with no registration: Spark imports every installed ``pyspark_*`` module
-and registers its ``DefaultSource`` under the source's ``name()``."""
+and registers its ``DefaultSource`` under the source's ``name()``.
+
+That lookup runs once per Spark driver JVM, at its first Python data source call, in the
+driver's Python (``PYSPARK_PYTHON``), and it lists packages with :func:`pkgutil.iter_modules`:
+a driver whose lookup ran before llog was installed, whose Python is not the one llog is in, or
+that has llog as an editable install (``pip install -e``: an import hook, which that listing
+does not show) fails ``format("llog")`` with ``DATA_SOURCE_NOT_FOUND``. Through Spark Connect
+the driver is the Connect server, so installing llog beside the client changes nothing there.
+:func:`register` then makes ``format("llog")`` work in the session (docs/spark-connect.md).
+"""
 
 from __future__ import annotations
 
 # First: on a pyspark without Python data sources (< 4.0) the import fails saying so.
 from pyspark_llog.compat import PYSPARK_VERSION  # noqa: F401
 from pyspark.sql.datasource import DataSource
+
+
+def register(spark) -> str:
+    """Register llog as ``format("llog")`` in ``spark`` (a classic or a Spark Connect session);
+    its name. Needed where Spark's own lookup misses llog (module doc); harmless elsewhere.
+
+    The Spark driver's Python workers (the Connect server's) import ``pyspark_llog`` and
+    ``llog`` when a query runs: llog must be installed there too."""
+    data_sources = getattr(spark, "dataSource", None)
+    if data_sources is None:
+        raise TypeError(f"pyspark_llog.register needs a SparkSession of pyspark >= 4.0, not {type(spark).__name__}")
+    data_sources.register(DefaultSource)
+    return DefaultSource.name()
 
 
 class DefaultSource(DataSource):
