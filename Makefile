@@ -12,6 +12,10 @@ $(STAMP): setup.py
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
 	$(PY) -m pip install -q -e '.[spark,quality,dev,connect]'
+	@# Spark finds format("llog") by listing the driver Python's path (pkgutil.iter_modules), which
+	@# does not see the import hook of an editable install: the checkout goes on the venv's path too,
+	@# so that a Spark Connect server started from this venv needs no register call (docs/spark-connect.md).
+	$(PY) -c 'import os, sysconfig; open(os.path.join(sysconfig.get_paths()["purelib"], "llog-checkout.pth"), "w").write(os.getcwd() + "\n")'
 	@rm -f $(VENV)/.installed-* && touch $@
 
 install: $(STAMP)

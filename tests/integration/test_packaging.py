@@ -31,7 +31,7 @@ from tests.compat.wheel import build_wheel
 #: The top-level packages setup.py ships; compaction_job too, as its Spark tasks import it.
 PACKAGES = ("llog", "llog_sink", "llog_source", "pyspark_llog", "compaction_job", "broker_lite")
 #: Distributions a cluster brings (or ``llog[spark]`` / ``llog[quality]`` do), and their extra.
-EXTRAS_ONLY = {"pyspark": "spark", "delta-spark": "spark", "great-expectations": "quality"}
+EXTRAS_ONLY = {"pyspark": "spark", "delta-spark": "spark", "great-expectations": "quality", "grpcio-status": "connect"}
 #: Python packages the borrowed dependencies must not provide in the install check.
 SPARK_MODULES = ("pyspark", "delta", "great_expectations", "py4j")
 

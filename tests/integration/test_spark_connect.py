@@ -43,7 +43,16 @@ def test_format_llog_writes_and_reads_with_no_registration(server, config):
     assert out["values"] == list(range(500))
 
 
-# An editable install of the checkout, as `make install` makes: an import hook, which Python
+def test_the_venvs_python_lists_llog_as_sparks_lookup_does(tmp_path):
+    """`make install` puts the checkout on the venv's path beside pip's editable install, so a
+    Connect server started from the venv (no PYTHONPATH) finds format("llog") by itself."""
+    listed = subprocess.run([sys.executable, "-c", "import pkgutil; "
+                             "print(any(m.name == 'pyspark_llog' for m in pkgutil.iter_modules()))"],
+                            env={"PATH": "/usr/bin:/bin"}, cwd=tmp_path, capture_output=True, text=True, timeout=60)
+    assert listed.stdout.strip() == "True", f"Spark's lookup would miss llog: {listed.stdout}{listed.stderr}"
+
+
+# An editable install of the checkout as pip makes it by default: an import hook, which Python
 # finds packages through but pkgutil.iter_modules (Spark's lookup) does not list.
 _EDITABLE_HOOK = f'''
 import importlib.machinery, sys
