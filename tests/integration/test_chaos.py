@@ -30,8 +30,12 @@ T = "chaos"
 def test_a_short_chaos_run_loses_and_duplicates_nothing():
     run = subprocess.run([sys.executable, "-m", "chaos", "--seconds", "40", "--seed", "11"], cwd=REPO,
                          capture_output=True, text=True, timeout=300)
-    assert run.returncode == 0, run.stderr[-6000:]
+    # What went wrong comes first in the controller's lines (then the actors' log tails).
+    said = "\n".join(line for line in run.stderr.splitlines() if line.startswith("chaos:") and not any(
+        word in line for word in ("pausing", "killing", "restarting", "starting it again", "killed and restarted")))
+    assert run.stdout.strip(), run.stderr[-6000:]
     summary = json.loads(run.stdout.strip().splitlines()[-1])
+    assert run.returncode == 0, f"{summary}\n{said[-6000:]}"
     assert (summary["lost"], summary["duplicated"], summary["double_acked"], summary["invariant_violations"]) \
         == (0, 0, 0, 0), summary
     assert summary["appends_acked"] > 50 and summary["pauses"] > 5, summary
