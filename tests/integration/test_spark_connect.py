@@ -53,9 +53,11 @@ def test_the_venvs_python_lists_llog_as_sparks_lookup_does(tmp_path):
 
 
 # An editable install of the checkout as pip makes it by default: an import hook, which Python
-# finds packages through but pkgutil.iter_modules (Spark's lookup) does not list.
+# finds packages through but pkgutil.iter_modules (Spark's lookup) does not list. The checkout
+# leaves the path (`make install` puts it there too: test above).
 _EDITABLE_HOOK = f'''
-import importlib.machinery, sys
+import importlib.machinery, os, sys
+sys.path[:] = [p for p in sys.path if os.path.realpath(p or ".") != {str(CHECKOUT.resolve())!r}]
 class _Checkout:
     @classmethod
     def find_spec(cls, name, path=None, target=None):
