@@ -14,7 +14,7 @@ already written). The default is the streaming query's id, which Spark keeps in 
 (Delta's documentation suggests it); ``--app-id`` sets one explicitly.
 
 Data-quality gate (``--expectations SUITE.json``, :mod:`jobs.quality_gate`): each micro-batch is
-validated by great-expectations (its Spark execution engine) before it is written. Rows that
+checked against a great-expectations suite (translated to Spark SQL) as it is written. Rows that
 pass go to the table; rows that fail go, in the same batch, to the quarantine table
 (``--quarantine PATH``) with the names of the expectations they failed; the batch's result (one
 row per expectation: success, rows checked, unexpected rows) is logged and appended to the
@@ -168,22 +168,34 @@ class DeltaAppend:
             _hit("llog_to_delta.after_append", batch_id)
             return
         from pyspark import StorageLevel
+        from pyspark.sql import functions as F
 
         from jobs.quality_gate import BATCH_TIMESTAMP, RESULT_SCHEMA
 
-        batch = batch.persist(StorageLevel.MEMORY_AND_DISK)  # GX reads it once per metric, the split once more
+        gate = self.gate
+        # Every expectation evaluated once a row, read by the table's append, the counts and the quarantine's.
+        marked = gate.marked(batch).persist(StorageLevel.MEMORY_AND_DISK)
         try:
-            passed, quarantined, results = self.gate.split(batch, batch_id)
+            also = (F.max(BATCH_TIMESTAMP),)
+            # --on-failure fail: the counts before anything is written. Else the table's rows
+            # first (what a reader waits for), then the counts, the quarantine, the results.
+            checked = gate.counts(marked, *also) if gate.on_failure == "fail" else None
+            if checked is not None:
+                gate.report(batch_id, checked[0])
+            passed, quarantined = gate.split(marked, batch_id)
             self._append(passed.drop(BATCH_TIMESTAMP), self.table, batch_id)
             _hit("llog_to_delta.after_append", batch_id)
-            if self.quarantine is not None:
+            results, (stamp,) = checked or gate.counts(marked, *also)
+            if checked is None:
+                gate.report(batch_id, results)
+            # No row failed: nothing to quarantine (a replay of the batch finds none either).
+            if self.quarantine is not None and any(r.unexpected_count for r in results):
                 self._append(quarantined, self.quarantine, batch_id)
             _hit("llog_to_delta.after_quarantine", batch_id)
-            stamp = batch.select(BATCH_TIMESTAMP).first()
-            rows = self.gate.result_rows(batch_id, stamp[0] if stamp else None, results)
+            rows = gate.result_rows(batch_id, stamp, results)
             self._append(batch.sparkSession.createDataFrame(rows, RESULT_SCHEMA), self.results, batch_id)
         finally:
-            batch.unpersist()
+            marked.unpersist()
 
     def _append(self, frame, table: str, batch_id: int) -> None:
         """Append ``frame`` to ``table`` unless this app id's ``batch_id`` is already in it."""
