@@ -1,8 +1,8 @@
 """``python -m bench latency``: how long a user waits from a produce to the record being visible.
 
 A broker process (``python -m broker_lite``) takes JSON events over HTTP at a steady rate
-(``BENCH_LATENCY_RATE`` records/s, ``BENCH_LATENCY_RECORDS`` of them per phase, round robin over
-PARTITIONS partitions), each carrying the wall-clock time its produce request was sent. Two
+(``BENCH_LATENCY_RATE`` records/s, default 10; ``BENCH_LATENCY_RECORDS`` of them per phase,
+default 300; round robin over ``BENCH_LATENCY_PARTITIONS`` partitions, default 3), each carrying the wall-clock time its produce request was sent. Two
 phases, one after the other, each after a few seconds of untimed warm-up records:
 
 - ``query``: a running ``spark.readStream.format("llog")`` query (the default trigger: a
@@ -16,12 +16,14 @@ phases, one after the other, each after a few seconds of untimed warm-up records
 Every phase also reports where a micro-batch's time went: the medians of Spark's
 ``durationMs`` per batch that read records (``latestOffset``, ``queryPlanning``, ``addBatch``
 (the read and the ``foreachBatch`` function), ``walCommit``, ``commitOffsets``,
-``triggerExecution``), and the records per batch. A record seen twice or never fails the bench.
+``triggerExecution``), and the records per batch. The produce requests' times to their answers (``produce_ack``) are the broker's part of the
+wait. A record seen twice or never fails the bench.
 """
 
 from __future__ import annotations
 
 import json
+import os
 import statistics
 import tempfile
 import threading
@@ -39,7 +41,8 @@ from llog.writer import LogWriter
 from loadtest.brokers import Broker
 
 SUITE = Path(__file__).resolve().parents[1] / "conf" / "expectations" / "events.json"
-TOPIC, PARTITIONS = "latency", 3
+TOPIC = "latency"
+PARTITIONS = int(os.environ.get("BENCH_LATENCY_PARTITIONS", 3))
 WARMUP_S = 5.0
 #: How long after the last produce a phase waits for the records still on their way.
 DRAIN_TIMEOUT_S = 60.0
@@ -55,6 +58,7 @@ class Producer(threading.Thread):
         super().__init__(name=f"latency-producer-{phase}", daemon=True)
         self.url, self.phase, self.count, self.rate, self.first_seq = url, phase, count, rate, first_seq
         self.error: BaseException | None = None
+        self.ack_s: list[float] = []  # each request's time to its answer: the broker's part
 
     def run(self) -> None:
         try:
@@ -65,10 +69,11 @@ class Producer(threading.Thread):
                     if delay > 0:
                         time.sleep(delay)
                     seq = self.first_seq + i
-                    value = json.dumps({"seq": seq, "ts": "2026-01-01 00:00:00", "phase": self.phase,
-                                        "sent": time.time()})
+                    sent = time.time()
+                    value = json.dumps({"seq": seq, "ts": "2026-01-01 00:00:00", "phase": self.phase, "sent": sent})
                     body = {"topic_partitions": [{"topic": TOPIC, "partition": seq % PARTITIONS, "records": [value]}]}
                     response = client.post(f"{self.url}/produce", json=body)
+                    self.ack_s.append(time.time() - sent)
                     if response.status_code != 200 or response.json().get("error_count"):
                         raise RuntimeError(f"produce {seq}: HTTP {response.status_code} {response.text[:300]}")
         except BaseException as e:  # noqa: BLE001 - reported by the phase
@@ -100,9 +105,11 @@ class Seen:
             return sum(1 for s in self.latency_s if first <= s < first + count)
 
 
-def _produce_and_wait(url: str, phase: str, seen: Seen, records: int, rate: float, query) -> list[float]:
+def _produce_and_wait(url: str, phase: str, seen: Seen, records: int, rate: float, query
+                      ) -> tuple[list[float], list[float]]:
     """Once the query has planned its first batch (it starts at ``latest``), warm-up events
-    (untimed), then ``records`` timed ones; their latencies once all are seen."""
+    (untimed), then ``records`` timed ones; their latencies once all are seen, and the timed
+    produce requests' times to their answers."""
     deadline = time.monotonic() + DRAIN_TIMEOUT_S
     while query.lastProgress is None:
         if query.exception() is not None or time.monotonic() > deadline:
@@ -126,7 +133,7 @@ def _produce_and_wait(url: str, phase: str, seen: Seen, records: int, rate: floa
             time.sleep(0.05)
     if seen.duplicates:
         raise RuntimeError(f"latency bench ({phase}): {seen.duplicates} record(s) seen more than once")
-    return [seen.latency_s[s] for s in range(warmup, warmup + records)]
+    return [seen.latency_s[s] for s in range(warmup, warmup + records)], producer.ack_s
 
 
 def _quantile(values: list[float], q: float) -> float:
@@ -147,9 +154,12 @@ def _batches(query, since_batch: int) -> dict:
     return out
 
 
-def _summary(phase: str, latencies: list[float], quantiles: tuple[float, ...]) -> dict:
-    return {f"{phase}_p{round(q * 100)}_ms": round(_quantile(latencies, q) * 1000, 1) for q in quantiles} | {
-        f"{phase}_max_ms": round(max(latencies) * 1000, 1)}
+def _summary(phase: str, latencies: tuple[list[float], list[float]], quantiles: tuple[float, ...]) -> dict:
+    seen, acks = latencies
+    return {f"{phase}_p{round(q * 100)}_ms": round(_quantile(seen, q) * 1000, 1) for q in quantiles} | {
+        f"{phase}_max_ms": round(max(seen) * 1000, 1),
+        f"{phase}_produce_ack_p50_ms": round(_quantile(acks, 0.5) * 1000, 1),
+        f"{phase}_produce_ack_p99_ms": round(_quantile(acks, 0.99) * 1000, 1)}
 
 
 def _query_phase(spark, config: Config, url: str, records: int, rate: float, tmp: Path) -> dict:
