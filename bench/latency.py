@@ -44,8 +44,9 @@ SUITE = Path(__file__).resolve().parents[1] / "conf" / "expectations" / "events.
 TOPIC = "latency"
 PARTITIONS = int(os.environ.get("BENCH_LATENCY_PARTITIONS", 3))
 WARMUP_S = 5.0
-#: How long after the last produce a phase waits for the records still on their way.
-DRAIN_TIMEOUT_S = 60.0
+#: How long after the last produce a phase waits for the records still on their way; for the
+#: warm-up ones (a query's first batches start Python workers) and for the query to start, longer.
+DRAIN_TIMEOUT_S, START_TIMEOUT_S = 60.0, 300.0
 #: ``durationMs`` parts reported per phase (Spark's names).
 PARTS = ("latestOffset", "queryPlanning", "getBatch", "addBatch", "walCommit", "commitOffsets", "triggerExecution")
 
@@ -110,7 +111,7 @@ def _produce_and_wait(url: str, phase: str, seen: Seen, records: int, rate: floa
     """Once the query has planned its first batch (it starts at ``latest``), warm-up events
     (untimed), then ``records`` timed ones; their latencies once all are seen, and the timed
     produce requests' times to their answers."""
-    deadline = time.monotonic() + DRAIN_TIMEOUT_S
+    deadline = time.monotonic() + START_TIMEOUT_S
     while query.lastProgress is None:
         if query.exception() is not None or time.monotonic() > deadline:
             raise RuntimeError(f"latency bench ({phase}): the query did not start: {query.exception()}")
@@ -123,13 +124,14 @@ def _produce_and_wait(url: str, phase: str, seen: Seen, records: int, rate: floa
             producer.join(count / rate + 60)
         if producer.error is not None:
             raise RuntimeError(f"latency bench ({phase}): producing failed: {producer.error}") from producer.error
-        deadline = time.monotonic() + DRAIN_TIMEOUT_S
+        wait_s = START_TIMEOUT_S if name == "warm-up" else DRAIN_TIMEOUT_S
+        deadline = time.monotonic() + wait_s
         while seen.count(first, count) < count:
             if query.exception() is not None:
                 raise RuntimeError(f"latency bench ({phase}): the query failed: {query.exception()}")
             if time.monotonic() > deadline:
                 raise RuntimeError(f"latency bench ({phase}): {seen.count(first, count)} of {count} {name} records "
-                                   f"seen {DRAIN_TIMEOUT_S:g} s after the last produce")
+                                   f"seen {wait_s:g} s after the last produce")
             time.sleep(0.05)
     if seen.duplicates:
         raise RuntimeError(f"latency bench ({phase}): {seen.duplicates} record(s) seen more than once")
