@@ -18,8 +18,9 @@ checked against a great-expectations suite (translated to Spark SQL) as it is wr
 pass go to the table; rows that fail go, in the same batch, to the quarantine table
 (``--quarantine PATH``) with the names of the expectations they failed; the batch's result (one
 row per expectation: success, rows checked, unexpected rows) is logged and appended to the
-results table (``--results PATH``, default ``<quarantine>_results``). Each of the three appends
-is idempotent the same way (``txnAppId``, ``txnVersion = batch id``), and a replayed batch splits
+results table (``--results PATH``, default ``<quarantine>_results``), in that order: the table
+first, as readers wait for it; a batch no row of which failed appends nothing to the quarantine.
+Each of the three appends is idempotent the same way (``txnAppId``, ``txnVersion = batch id``), and a replayed batch splits
 the same way (the same rows, the same ``batch_timestamp``), so every record lands exactly once,
 in the table or in the quarantine. ``--on-failure fail`` stops the query instead, naming the
 expectation, before anything of the failing batch is written.
