@@ -1,4 +1,4 @@
-"""``python -m bench [core] [sink] [source] [compaction] [broker] [records] [gate] [kafka]``: run benchmark cases against a private local stack.
+"""``python -m bench [core] [sink] [source] [compaction] [broker] [records] [gate] [latency] [kafka]``: run benchmark cases against a private local stack.
 
 Results are JSON lines on stdout; what the run is doing goes to stderr, as lines, and as
 progress bars over the cases and their steps while stderr is a terminal (:mod:`llog.progress`).
@@ -17,7 +17,7 @@ from llog.config import Config
 
 CASES = {"core": "bench.core", "sink": "bench.sink", "source": "bench.source",
          "compaction": "bench.compaction", "broker": "bench.broker", "records": "bench.records",
-         "gate": "bench.gate", "kafka": "bench.kafka"}
+         "gate": "bench.gate", "latency": "bench.latency", "kafka": "bench.kafka"}
 #: What runs when no case is named: all but ``kafka`` (llog against a Kafka broker it starts,
 #: the longest by far), which runs only when named.
 DEFAULT_CASES = [case for case in CASES if case != "kafka"]

@@ -14,12 +14,14 @@ already written). The default is the streaming query's id, which Spark keeps in 
 (Delta's documentation suggests it); ``--app-id`` sets one explicitly.
 
 Data-quality gate (``--expectations SUITE.json``, :mod:`jobs.quality_gate`): each micro-batch is
-validated by great-expectations (its Spark execution engine) before it is written. Rows that
+checked against a great-expectations suite (translated to Spark SQL) as it is written. Rows that
 pass go to the table; rows that fail go, in the same batch, to the quarantine table
 (``--quarantine PATH``) with the names of the expectations they failed; the batch's result (one
 row per expectation: success, rows checked, unexpected rows) is logged and appended to the
-results table (``--results PATH``, default ``<quarantine>_results``). Each of the three appends
-is idempotent the same way (``txnAppId``, ``txnVersion = batch id``), and a replayed batch splits
+results table (``--results PATH``, default ``<quarantine>_results``): the table first, as readers
+wait for it, then the quarantine and the results at once (two commits in parallel); a batch no row
+of which failed appends nothing to the quarantine.
+Each of the three appends is idempotent the same way (``txnAppId``, ``txnVersion = batch id``), and a replayed batch splits
 the same way (the same rows, the same ``batch_timestamp``), so every record lands exactly once,
 in the table or in the quarantine. ``--on-failure fail`` stops the query instead, naming the
 expectation, before anything of the failing batch is written.
@@ -35,7 +37,7 @@ batch only, so ``llog_to_delta.after_append.2`` dies in the middle of a run:
 
   llog_to_delta.before_append   a batch is planned (in Spark's offset log), its Delta append not begun
   llog_to_delta.after_append    the batch is committed to the Delta table, Spark has not recorded it as done
-  llog_to_delta.after_quarantine  (with a gate) its failing rows are committed to the quarantine, its results not
+  llog_to_delta.after_quarantine  (with a gate) its failing rows are committed to the quarantine (its results may be)
 
 Run as ``python -m jobs.llog_to_delta`` (a local Spark with Delta), or as a script by
 ``spark-submit`` or a Databricks task (the cluster's session; Delta must be on it).
@@ -66,7 +68,7 @@ from llog.config import Config
 FAILPOINTS = {
     "llog_to_delta.before_append": "a batch is planned (in Spark's offset log), its Delta append not begun",
     "llog_to_delta.after_append": "the batch is committed to the Delta table, Spark has not recorded it as done",
-    "llog_to_delta.after_quarantine": "(with a gate) its failing rows are in the quarantine table, its results not",
+    "llog_to_delta.after_quarantine": "(with a gate) its failing rows are in the quarantine table (its results may be)",
 }
 AVAILABLE_NOW = "available-now"
 _PROCESSING_TIME = "processing-time="
@@ -168,28 +170,64 @@ class DeltaAppend:
             _hit("llog_to_delta.after_append", batch_id)
             return
         from pyspark import StorageLevel
+        from pyspark.sql import functions as F
 
         from jobs.quality_gate import BATCH_TIMESTAMP, RESULT_SCHEMA
 
-        batch = batch.persist(StorageLevel.MEMORY_AND_DISK)  # GX reads it once per metric, the split once more
+        gate = self.gate
+        # Every expectation evaluated once a row, read by the table's append, the counts and the quarantine's.
+        marked = gate.marked(batch).persist(StorageLevel.MEMORY_AND_DISK)
         try:
-            passed, quarantined, results = self.gate.split(batch, batch_id)
+            also = (F.max(BATCH_TIMESTAMP),)
+            # --on-failure fail: the counts before anything is written. Else the table's rows
+            # first (what a reader waits for), then the counts, the quarantine, the results.
+            checked = gate.counts(marked, *also) if gate.on_failure == "fail" else None
+            if checked is not None:
+                gate.report(batch_id, checked[0])
+            passed, quarantined = gate.split(marked, batch_id)
             self._append(passed.drop(BATCH_TIMESTAMP), self.table, batch_id)
             _hit("llog_to_delta.after_append", batch_id)
-            if self.quarantine is not None:
-                self._append(quarantined, self.quarantine, batch_id)
-            _hit("llog_to_delta.after_quarantine", batch_id)
-            stamp = batch.select(BATCH_TIMESTAMP).first()
-            rows = self.gate.result_rows(batch_id, stamp[0] if stamp else None, results)
-            self._append(batch.sparkSession.createDataFrame(rows, RESULT_SCHEMA), self.results, batch_id)
+            results, (stamp,) = checked or gate.counts(marked, *also)
+            if checked is None:
+                gate.report(batch_id, results)
+            rows = gate.result_rows(batch_id, stamp, results)
+
+            def quarantine() -> None:
+                # No row failed: nothing to quarantine (a replay of the batch finds none either).
+                if self.quarantine is not None and any(r.unexpected_count for r in results):
+                    self._append(quarantined, self.quarantine, batch_id)
+                _hit("llog_to_delta.after_quarantine", batch_id)
+
+            def record_results() -> None:
+                self._append(batch.sparkSession.createDataFrame(rows, RESULT_SCHEMA), self.results, batch_id)
+
+            # Two tables, two commits at once: each append is idempotent on its own (txnAppId,
+            # txnVersion), so whichever a crash left out is made by the batch's replay.
+            _all_at_once(batch.sparkSession, quarantine, record_results)
         finally:
-            batch.unpersist()
+            marked.unpersist()
 
     def _append(self, frame, table: str, batch_id: int) -> None:
         """Append ``frame`` to ``table`` unless this app id's ``batch_id`` is already in it."""
         (frame.write.format("delta").mode("append").option("mergeSchema", "true")
          .option("txnAppId", self.app_id).option("txnVersion", batch_id)
          .save(table))
+
+
+def _all_at_once(spark, *steps) -> None:
+    """Run ``steps`` in threads of their own, each with the calling thread's Spark local
+    properties (the streaming query's job group among them), and wait for all; the first error
+    is raised once all have ended."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from pyspark.sql import SparkSession
+    from pyspark.util import inheritable_thread_target
+
+    wrap = inheritable_thread_target if isinstance(spark, SparkSession) else inheritable_thread_target(spark)
+    with ThreadPoolExecutor(len(steps), thread_name_prefix="llog_to_delta") as pool:
+        futures = [pool.submit(wrap(step)) for step in steps]
+    for future in futures:
+        future.result()
 
 
 def _hit(name: str, batch_id: int) -> None:

@@ -43,6 +43,46 @@ class LlogSplit(InputPartition):
         return self.end - self.start + 1
 
 
+@dataclass(frozen=True)
+class LlogSplits(InputPartition):
+    """Small splits one Spark task reads one after the other (:func:`pack`)."""
+
+    splits: tuple[LlogSplit, ...]
+
+    @property
+    def count(self) -> int:
+        return sum(split.count for split in self.splits)
+
+
+#: A micro-batch's splits smaller than this are read together, up to this many records a Spark
+#: task (:func:`pack`).
+PACK_RECORDS = 10_000
+
+
+def pack(splits: list[LlogSplit], limit: int = PACK_RECORDS) -> list[LlogSplit | LlogSplits]:
+    """``splits`` with the small ones (fewer than ``limit`` records) grouped, in order, into
+    tasks of at most ``limit`` records. A task has a fixed cost (scheduling, a Python worker's
+    round trip, a wave on a busy executor) that a few records do not repay: a micro-batch of a
+    few records over many partitions is then one task, not one per partition."""
+    out: list[LlogSplit | LlogSplits] = []
+    group: list[LlogSplit] = []
+
+    def close() -> None:
+        if group:
+            out.append(group[0] if len(group) == 1 else LlogSplits(tuple(group)))
+            group.clear()
+    for split in splits:
+        if split.count >= limit:
+            close()
+            out.append(split)
+            continue
+        if sum(s.count for s in group) + split.count > limit:
+            close()
+        group.append(split)
+    close()
+    return out
+
+
 class PartitionOffsets(NamedTuple):
     """What a partition's ``meta/control`` says about its readable offsets now: ``log_start_offset
     ..high_watermark`` (docs/protocol.md section 10.3)."""

@@ -38,8 +38,8 @@ from llog.process_clients import coordination, freeze_kept_objects
 from llog_source.lag import report_batch
 from llog_source.options import InvalidSourceOption, SourceOptions
 from llog_source.planning import (
-    LlogSplit, PartitionOffsets, Positions, advance, check_subscription, data_loss, from_spark, partition_offsets,
-    plan_splits, rate_limit, resolve_positions, subscription_offsets, to_spark,
+    LlogSplit, LlogSplits, PartitionOffsets, Positions, advance, check_subscription, data_loss, from_spark, partition_offsets,
+    pack, plan_splits, rate_limit, resolve_positions, subscription_offsets, to_spark,
 )
 from llog_source.schema import source_schema
 from pyspark_llog.compat import (
@@ -76,13 +76,15 @@ class _Planner:
         return plan_splits(coordination(config), config.root_prefix, start, end,
                            self.options.min_partitions, self.options.max_records_per_partition)
 
-    def read(self, split: LlogSplit) -> Iterator[pa.RecordBatch]:
-        if not isinstance(split, LlogSplit):  # Spark's stand-in when nothing was planned
+    def read(self, split: LlogSplit | LlogSplits) -> Iterator[pa.RecordBatch]:
+        if not isinstance(split, (LlogSplit, LlogSplits)):  # Spark's stand-in when nothing was planned
             return iter(())
         from llog_source.partition_reader import read_split
 
-        return _then_freeze(read_split(split, self.options.config, self.options.fail_on_data_loss,
-                                       self.options.include_headers))
+        options = self.options
+        return _then_freeze(batch for one in (split.splits if isinstance(split, LlogSplits) else (split,))
+                            for batch in read_split(one, options.config, options.fail_on_data_loss,
+                                                    options.include_headers))
 
 
 def _then_freeze(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
@@ -142,7 +144,7 @@ class LlogStreamReader(_Planner, DataSourceStreamReader, *_AVAILABLE_NOW):
     def reportLatestOffset(self) -> dict | None:  # noqa: N802
         return to_spark(self._latest) if self._latest is not None else None
 
-    def partitions(self, start: dict, end: dict) -> list[LlogSplit]:
+    def partitions(self, start: dict, end: dict) -> list[LlogSplit | LlogSplits]:
         """Splits for ``start..end``. Spark's ``start`` is the previous batch's end: a partition
         discovered since starts at its log start offset, as does one whose end moved back (read
         again, failOnDataLoss=false); both as :func:`advance` planned them when the batch's end
@@ -158,7 +160,9 @@ class LlogStreamReader(_Planner, DataSourceStreamReader, *_AVAILABLE_NOW):
             records = sum(max(0, n - begin[tp]) for tp, n in finish.items())
             if records:
                 report_batch(self._name, finish, self._latest or finish, records)
-        return self.splits(begin, finish)
+        splits = self.splits(begin, finish)
+        # Small splits share a task, unless minPartitions asks for tasks (planning.pack).
+        return splits if self.options.min_partitions else pack(splits)
 
     def commit(self, end: dict) -> None:
         self._commit_group(from_spark(end))

@@ -1,5 +1,5 @@
-"""The llog -> Delta job's data-quality gate (jobs/quality_gate.py, a great-expectations suite run
-by GX's Spark engine) on real Spark, Delta, Oxia and the S3 server: rows that pass reach the table,
+"""The llog -> Delta job's data-quality gate (jobs/quality_gate.py, a great-expectations suite
+translated to Spark SQL) on real Spark, Delta, Oxia and the S3 server: rows that pass reach the table,
 rows that fail reach the quarantine with the expectations they failed, each exactly once, also
 when the driver is killed between the two appends and the job restarted."""
 
