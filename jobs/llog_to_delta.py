@@ -18,9 +18,9 @@ checked against a great-expectations suite (translated to Spark SQL) as it is wr
 pass go to the table; rows that fail go, in the same batch, to the quarantine table
 (``--quarantine PATH``) with the names of the expectations they failed; the batch's result (one
 row per expectation: success, rows checked, unexpected rows) is logged and appended to the
-results table (``--results PATH``, default ``<quarantine>_results``): the table first, as readers
-wait for it, then the quarantine and the results at once (two commits in parallel); a batch no row
-of which failed appends nothing to the quarantine.
+results table (``--results PATH``, default ``<quarantine>_results``). The counts come first
+(every expectation evaluated once a row, cached for the appends), then the three appends at once
+(three Delta commits in parallel); a batch no row of which failed appends nothing to the quarantine.
 Each of the three appends is idempotent the same way (``txnAppId``, ``txnVersion = batch id``), and a replayed batch splits
 the same way (the same rows, the same ``batch_timestamp``), so every record lands exactly once,
 in the table or in the quarantine. ``--on-failure fail`` stops the query instead, naming the
@@ -175,22 +175,19 @@ class DeltaAppend:
         from jobs.quality_gate import BATCH_TIMESTAMP, RESULT_SCHEMA
 
         gate = self.gate
-        # Every expectation evaluated once a row, read by the table's append, the counts and the quarantine's.
+        # Every expectation evaluated once a row (by the counts, which cache it), read by the
+        # table's append, the counts and the quarantine's.
         marked = gate.marked(batch).persist(StorageLevel.MEMORY_AND_DISK)
         try:
-            also = (F.max(BATCH_TIMESTAMP),)
-            # --on-failure fail: the counts before anything is written. Else the table's rows
-            # first (what a reader waits for), then the counts, the quarantine, the results.
-            checked = gate.counts(marked, *also) if gate.on_failure == "fail" else None
-            if checked is not None:
-                gate.report(batch_id, checked[0])
+            # The counts first: --on-failure fail stops here, before anything is written.
+            results, (stamp,) = gate.counts(marked, F.max(BATCH_TIMESTAMP))
+            gate.report(batch_id, results)
             passed, quarantined = gate.split(marked, batch_id)
-            self._append(passed.drop(BATCH_TIMESTAMP), self.table, batch_id)
-            _hit("llog_to_delta.after_append", batch_id)
-            results, (stamp,) = checked or gate.counts(marked, *also)
-            if checked is None:
-                gate.report(batch_id, results)
             rows = gate.result_rows(batch_id, stamp, results)
+
+            def table() -> None:
+                self._append(passed.drop(BATCH_TIMESTAMP), self.table, batch_id)
+                _hit("llog_to_delta.after_append", batch_id)
 
             def quarantine() -> None:
                 # No row failed: nothing to quarantine (a replay of the batch finds none either).
@@ -201,9 +198,9 @@ class DeltaAppend:
             def record_results() -> None:
                 self._append(batch.sparkSession.createDataFrame(rows, RESULT_SCHEMA), self.results, batch_id)
 
-            # Two tables, two commits at once: each append is idempotent on its own (txnAppId,
-            # txnVersion), so whichever a crash left out is made by the batch's replay.
-            _all_at_once(batch.sparkSession, quarantine, record_results)
+            # Three tables, three commits at once: each append is idempotent on its own
+            # (txnAppId, txnVersion), so whichever a crash left out is made by the batch's replay.
+            _all_at_once(batch.sparkSession, table, quarantine, record_results)
         finally:
             marked.unpersist()
 
