@@ -217,10 +217,9 @@ def _all_at_once(spark, *steps) -> None:
     is raised once all have ended."""
     from concurrent.futures import ThreadPoolExecutor
 
-    from pyspark.sql import SparkSession
     from pyspark.util import inheritable_thread_target
 
-    wrap = inheritable_thread_target if isinstance(spark, SparkSession) else inheritable_thread_target(spark)
+    wrap = inheritable_thread_target(spark)  # the local properties, and the session's tags
     with ThreadPoolExecutor(len(steps), thread_name_prefix="llog_to_delta") as pool:
         futures = [pool.submit(wrap(step)) for step in steps]
     for future in futures:
