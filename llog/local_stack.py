@@ -1365,15 +1365,40 @@ def _running(paths: _Paths, service: str) -> tuple[str, dict]:
 
 
 def _spawn(paths: _Paths, service: str, cmd: list[str], env: Mapping[str, str]) -> dict:
-    with open(paths.log(service), "ab") as log:
-        log.write(f"--- llog stack up {datetime.now(timezone.utc).isoformat()}: {' '.join(cmd)}\n".encode())
+    return start_process(cmd, paths.log(service), paths.root, env)
+
+
+def start_process(cmd: list[str], log_path: Path, cwd: Path, env: Mapping[str, str]) -> dict:
+    """``cmd`` as a process of its own session, its output appended to ``log_path``; its record
+    entry ``{"pid", "binary"}``, for :func:`process_alive` and :func:`stop_process` (also from
+    another process later: ``llog observe`` keeps its servers so)."""
+    log_path.parent.mkdir(parents=True, exist_ok=True)
+    with open(log_path, "ab") as log:
+        log.write(f"--- llog {datetime.now(timezone.utc).isoformat()}: {' '.join(cmd)}\n".encode())
         log.flush()
         proc = subprocess.Popen(
-            cmd, cwd=paths.root, env=dict(env), stdin=subprocess.DEVNULL, stdout=log,
+            cmd, cwd=cwd, env=dict(env), stdin=subprocess.DEVNULL, stdout=log,
             stderr=subprocess.STDOUT, start_new_session=True,
         )
     _children[proc.pid] = proc
     return {"pid": proc.pid, "binary": cmd[0]}
+
+
+def process_alive(entry: Mapping | None) -> bool:
+    """Whether the process of a :func:`start_process` entry still runs its binary (a recycled
+    pid does not count)."""
+    return bool(entry) and _alive(entry.get("pid"), entry.get("binary"))
+
+
+def stop_process(entry: Mapping | None) -> None:
+    """Stop the process of a :func:`start_process` entry if it runs: SIGTERM, then SIGKILL."""
+    if process_alive(entry):
+        _stop(entry["pid"], entry["binary"])
+
+
+def write_json(path: Path, value: object) -> None:
+    """``value`` as ``path``, replaced at once (a reader sees the old file or the new one)."""
+    _write_json(path, value)
 
 
 def _wait_healthy(paths: _Paths, record: dict, ports: StackPorts, bucket: str, deadline: float,

@@ -24,8 +24,6 @@ import argparse
 import json
 import os
 import shutil
-import signal
-import subprocess
 import sys
 import time
 import urllib.error
@@ -35,6 +33,7 @@ from pathlib import Path
 
 from llog import config as llog_config
 from llog.errors import LlogError
+from llog.local_stack import process_alive, start_process, stop_process, write_json
 
 HOST = "127.0.0.1"
 PROMETHEUS = "/usr/bin/prometheus"
@@ -42,10 +41,6 @@ NODE_EXPORTER = "/usr/bin/prometheus-node-exporter"
 DEFAULT_PROMETHEUS_PORT = 9090
 DEFAULT_EXPORTER_PORT = 9100
 DEFAULT_SCRAPE_INTERVAL_S = 15.0
-_STOP_TIMEOUT_S = 10.0
-#: The processes this process started, by pid: their state comes from ``poll`` (a process just
-#: started has an empty ``/proc/<pid>/cmdline`` for a moment, and a dead child one until reaped).
-_children: dict[int, subprocess.Popen] = {}
 
 
 class Paths:
@@ -106,26 +101,6 @@ def _read_json(path: Path) -> dict | None:
         raise LlogError(f"cannot read {path}: {e}") from e
 
 
-def _write_json(path: Path, value: object) -> None:
-    partial = path.with_name(path.name + ".tmp")
-    partial.write_text(json.dumps(value, indent=2) + "\n")
-    os.replace(partial, path)
-
-
-def _alive(entry: Mapping | None) -> bool:
-    """Whether the recorded process still runs that binary (a reused pid does not count)."""
-    if not entry:
-        return False
-    child = _children.get(entry["pid"])
-    if child is not None:
-        return child.poll() is None
-    try:
-        cmdline = Path(f"/proc/{entry['pid']}/cmdline").read_bytes().split(b"\0")
-    except OSError:
-        return False
-    return bool(cmdline) and cmdline[0].decode(errors="replace") == entry["binary"]
-
-
 def _http_ok(url: str, timeout_s: float = 2.0) -> bool:
     try:
         with urllib.request.urlopen(url, timeout=timeout_s) as response:
@@ -135,39 +110,18 @@ def _http_ok(url: str, timeout_s: float = 2.0) -> bool:
 
 
 def _spawn(paths: Paths, name: str, cmd: list[str]) -> dict:
-    paths.logs.mkdir(parents=True, exist_ok=True)
-    with open(paths.logs / f"{name}.log", "ab") as log:
-        proc = subprocess.Popen(cmd, cwd=paths.root, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
-                                start_new_session=True)
-    _children[proc.pid] = proc
-    return {"pid": proc.pid, "binary": cmd[0], "cmd": cmd}
+    return {**start_process(cmd, paths.logs / f"{name}.log", paths.root, os.environ), "cmd": cmd}
 
 
 def _wait_ready(paths: Paths, name: str, entry: Mapping, url: str, deadline: float) -> None:
     while not _http_ok(url):
         log = paths.logs / f"{name}.log"
         tail = "\n".join(log.read_text(errors="replace").splitlines()[-15:]) if log.exists() else ""
-        if not _alive(entry):
+        if not process_alive(entry):
             raise LlogError(f"{name} exited during startup; last lines of {log}:\n{tail}")
         if time.monotonic() > deadline:
             raise LlogError(f"{name} did not answer {url} in time; last lines of {log}:\n{tail}")
         time.sleep(0.2)
-
-
-def _stop(entry: Mapping) -> None:
-    """SIGTERM, up to :data:`_STOP_TIMEOUT_S` to exit, then SIGKILL."""
-    for sig, wait_s in ((signal.SIGTERM, _STOP_TIMEOUT_S), (signal.SIGKILL, 5.0)):
-        if not _alive(entry):
-            return
-        try:
-            os.kill(entry["pid"], sig)
-        except ProcessLookupError:
-            return
-        deadline = time.monotonic() + wait_s
-        while _alive(entry) and time.monotonic() < deadline:
-            time.sleep(0.1)
-    if _alive(entry):
-        raise LlogError(f"{entry['binary']} (pid {entry['pid']}) is still running after SIGKILL")
 
 
 def refresh_targets(paths: Paths, extra_targets: Iterable[str] = ()) -> list[str]:
@@ -176,7 +130,7 @@ def refresh_targets(paths: Paths, extra_targets: Iterable[str] = ()) -> list[str
     targets = broker_targets(record)
     targets += [t for t in extra_targets if t not in targets]
     paths.root.mkdir(parents=True, exist_ok=True)
-    _write_json(paths.brokers, [{"targets": targets, "labels": {"stack": str(paths.stack)}}])
+    write_json(paths.brokers, [{"targets": targets, "labels": {"stack": str(paths.stack)}}])
     return targets
 
 
@@ -197,19 +151,19 @@ def up(stack_dir: Path | None = None, prometheus_port: int = DEFAULT_PROMETHEUS_
     refresh_targets(paths, extra_targets)
     record = _read_json(paths.record) or {}
     deadline = time.monotonic() + timeout_s
-    if not _alive(record.get("node_exporter")):
+    if not process_alive(record.get("node_exporter")):
         cmd = [NODE_EXPORTER, f"--web.listen-address={HOST}:{exporter_port}", "--collector.disable-defaults",
                "--collector.textfile", f"--collector.textfile.directory={paths.textfile}"]
         record["node_exporter"] = {**_spawn(paths, "node_exporter", cmd), "port": exporter_port}
-        _write_json(paths.record, record)
+        write_json(paths.record, record)
         _wait_ready(paths, "node_exporter", record["node_exporter"], f"http://{HOST}:{exporter_port}/metrics",
                     deadline)
-    if not _alive(record.get("prometheus")):
-        _write_json(paths.config, prometheus_config(paths, record["node_exporter"]["port"], scrape_interval_s))
+    if not process_alive(record.get("prometheus")):
+        write_json(paths.config, prometheus_config(paths, record["node_exporter"]["port"], scrape_interval_s))
         cmd = [PROMETHEUS, f"--config.file={paths.config}", f"--storage.tsdb.path={paths.data}",
                f"--web.listen-address={HOST}:{prometheus_port}"]
         record["prometheus"] = {**_spawn(paths, "prometheus", cmd), "port": prometheus_port}
-        _write_json(paths.record, record)
+        write_json(paths.record, record)
         _wait_ready(paths, "prometheus", record["prometheus"], f"http://{HOST}:{prometheus_port}/-/ready", deadline)
     return status(paths.stack)
 
@@ -220,7 +174,7 @@ def down(stack_dir: Path | None = None, purge: bool = False) -> dict:
     record = _read_json(paths.record) or {}
     for name in ("prometheus", "node_exporter"):
         if record.get(name):
-            _stop(record[name])
+            stop_process(record[name])
     if purge and paths.root.exists():
         shutil.rmtree(paths.root)
     elif paths.record.exists():
@@ -234,7 +188,7 @@ def status(stack_dir: Path | None = None) -> dict:
     out: dict = {"dir": str(paths.root), "textfile_dir": str(paths.textfile)}
     for name, health in (("prometheus", "/-/ready"), ("node_exporter", "/metrics")):
         entry = record.get(name)
-        alive = _alive(entry)
+        alive = process_alive(entry)
         out[name] = None if entry is None else {
             "pid": entry["pid"] if alive else None, "url": f"http://{HOST}:{entry['port']}",
             "healthy": alive and _http_ok(f"http://{HOST}:{entry['port']}{health}")}
