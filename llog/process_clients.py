@@ -101,14 +101,15 @@ def coordination(config: Config) -> Coordination:
 
 def topic_cache(config: Config) -> TopicCache:
     """Topic records for a Spark task that places rows by a topic's partition count or
-    compresses by its ``compression.type`` (docs/protocol.md section 10; creates a missing topic when
-    ``LLOG_AUTO_CREATE_TOPICS`` allows), on the process's :func:`coordination`."""
+    compresses by its ``compression.type`` (docs/protocol.md section 10), on the process's
+    :func:`coordination`. It creates nothing: a missing topic is created, or grown, by the
+    batch's commit on the driver, so a batch that fails creates nothing."""
     from llog.topics import TopicCache
 
     with _topic_caches_lock:
         cache = _topic_caches.get(config)
         if cache is None:
-            cache = _topic_caches[config] = TopicCache(coordination(config), config)
+            cache = _topic_caches[config] = TopicCache(coordination(config), config, auto_create=False)
             _count_built()
         return cache
 
