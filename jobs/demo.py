@@ -187,6 +187,9 @@ def stream_through_spark(spark, config: Config, partitions: int, batches: int = 
         before = _high_watermarks(reader, config, "events")
         events = (spark.readStream.format("rate-micro-batch").option("rowsPerBatch", rows)
                   .option("startTimestamp", int(time.time() * 1000)).load()  # event times of today, not 1970
+                  # batch b holds values b*rows .. b*rows+rows-1: a batch that starts before stop()
+                  # below lands (when its commit wins the race) but writes nothing
+                  .where(F.col("value") < batches * rows)
                   .select(F.to_json(F.struct(F.col("value").alias("seq"), F.col("timestamp").cast("string").alias("ts")))
                           .alias("value")))
         query = (events.writeStream.format("llog").option("topic", "events").option("partitions", partitions)
@@ -202,7 +205,7 @@ def stream_through_spark(spark, config: Config, partitions: int, batches: int = 
         query.stop()
         wait_for_running_tasks(spark)
         spark.sparkContext.setLogLevel("ERROR")
-        batch_progress = [p for p in query.recentProgress if p["numInputRows"]]
+        batch_progress = [p for p in query.recentProgress if p["numInputRows"] and p["batchId"] < batches]
         for p in batch_progress:
             print(f"  batch {p['batchId']}: {p['numInputRows']:,} rows in "
                   f"{p['durationMs'].get('triggerExecution', 0) / 1000:.2f}s")
