@@ -33,6 +33,13 @@ setup(
         "uvicorn==0.54.0",
         "uvloop>=0.21",
         "httptools>=0.6",
+        # The broker's Kafka listener (docs/kafka.md): kio's types, generated from Kafka's own
+        # message schemas (every API version, flexible versions), read by its Rust extension;
+        # aiokafka's Cython record-batch codec (CRC-32C, varints) with cramjam for the
+        # compression codecs Kafka clients send (gzip, snappy, lz4, zstd).
+        "kio==0.6.5",
+        "aiokafka==0.14.0",
+        "cramjam==2.14.0",
         "msgspec==0.22.0",
         # The broker's GET /metrics/prometheus (broker_lite/metrics.py, its own registry).
         "prometheus_client==0.26.0",
@@ -52,6 +59,8 @@ setup(
         # the broker's tests; schemathesis: fuzzing the broker against its OpenAPI document, which
         # openapi-spec-validator checks).
         "dev": ["pytest", "chispa", "hypothesis", "grpcio-tools", "pyyaml", "httpx==0.28.1",
+                # Real Kafka clients against the Kafka listener: librdkafka's, and a pure-Python one.
+                "confluent-kafka==2.16.1", "kafka-python==3.0.12",
                 "schemathesis==4.32.5", "openapi-spec-validator==0.9.0",
                 # The notebooks (executed headless by the tests), the demo's report, and the
                 # wheel built by the packaging test.
