@@ -304,8 +304,7 @@ def encode_fetched(records: Records, base_offset: int, append_time_ms: int, comp
             append(i, append_time_ms, None, value, [])
     else:
         key_list = keys.to_pylist() if keys is not None else [None] * count
-        header_list = ([[(h["key"], h["value"]) for h in hs] if hs else [] for hs in headers.to_pylist()]
-                       if headers is not None else [[]] * count)
+        header_list = _header_pairs(headers) if headers is not None else [[]] * count
         time_list = (times.fill_null(append_time_ms).to_pylist() if times is not None else [append_time_ms] * count)
         for i, (key, value, hs, t) in enumerate(zip(key_list, values.to_pylist(), header_list, time_list)):
             append(i, t, key, value, hs)
@@ -327,3 +326,14 @@ def encode_fetched(records: Records, base_offset: int, append_time_ms: int, comp
         struct.pack_into(">h", batch, _ATTRIBUTES_AT, attributes)
         struct.pack_into(">I", batch, _CRC_AT, crc32c(memoryview(batch)[_ATTRIBUTES_AT:]))
     return bytes(batch)
+
+
+def _header_pairs(headers: pa.ListArray) -> list[list[tuple[str, bytes | None]]]:
+    """Each record's headers as the builder takes them, ``[]`` for null: the items' keys and
+    values listed once and sliced by the list offsets (a third of ``to_pylist``'s cost, which
+    makes a dict an item)."""
+    items = headers.values  # the whole child; the offsets of a slice point into it
+    pairs = list(zip(items.field(0).to_pylist(), items.field(1).to_pylist()))
+    offsets = headers.offsets.to_pylist()
+    valid = headers.is_valid().to_pylist()
+    return [pairs[offsets[i]:offsets[i + 1]] if valid[i] else [] for i in range(len(headers))]

@@ -209,6 +209,16 @@ def test_records_without_any_timestamp_fetch_as_log_append_time():
         (7, b"k", b"a", [("h", b"v")], T0), (8, b"k", None, [], T0)]
 
 
+def test_a_slice_of_records_fetches_its_own_records():
+    """The reader hands out slices of decoded bodies: their headers' offsets point into the
+    whole body's items."""
+    records = to_records([b"a", b"b", b"c", b"d"], headers=[[("h0", b"0")], None, [("h2", b"2"), ("h2b", None)], []],
+                         timestamps=[1, 2, 3, 4])
+    _, read = read_with_kafka_python(encode_fetched(records.slice(1, 2), 10, T0))
+    assert [(r.offset, r.value, r.headers, r.timestamp) for r in read] == [
+        (10, b"b", [], 2), (11, b"c", [("h2", b"2"), ("h2b", None)], 3)]
+
+
 def test_a_compression_that_does_not_shrink_is_not_used():
     values = pa.array([bytes(range(7))], pa.binary())  # too small for any codec to shrink
     batch, read = read_with_kafka_python(encode_fetched(values, 1, T0, "gzip"))
