@@ -309,6 +309,8 @@ def encode_fetched(records: Records, base_offset: int, append_time_ms: int, comp
         for i, (key, value, hs, t) in enumerate(zip(key_list, values.to_pylist(), header_list, time_list)):
             append(i, t, key, value, hs)
     batch = builder.build()
+    if struct.unpack_from(">i", batch, 23)[0] != count - 1:  # the builder drops what passes its 2 GiB size
+        raise ValueError(f"{count} records do not fit in one Kafka record batch (2 GiB)")
     attributes = 0
     if code:  # compressed here, not by the builder: it has no level to set, and its gzip (level 9) is slow
         compressed = _COMPRESSORS[code](memoryview(batch)[BATCH_HEADER_SIZE:])
