@@ -203,7 +203,8 @@ class Batcher:
             tp = TopicPartition(g.topic, g.partition)  # validates both
             check_producer(g, f"{tp}: groups[{i}]")
             checked.append(dataclasses.replace(g, topic=tp.topic, partition=tp.partition,
-                                               records=to_binary_array(g.records, f"{tp}: groups[{i}].records")))
+                                               records=to_binary_array(g.records, f"{tp}: groups[{i}].records",
+                                                                       nulls=True)))  # tombstones
         size = sum(payload_bytes(g.records) for g in checked)
         if size > self.max_buffer_bytes:
             raise RequestTooLarge(f"the request holds {size} record bytes, more than "

@@ -155,13 +155,18 @@ class ConsumeService:
         cache each partition's records as one run (``append_shared`` gives a partition's groups
         consecutive offsets, in order) and wake the consumers waiting on it."""
         by_partition: dict[tuple[TopicPartition, str | None], list[tuple[AppendResult, pa.BinaryArray]]] = {}
+        uncached: set[TopicPartition] = set()
         for group, outcome in zip(groups, outcomes):
             if isinstance(outcome, AppendResult) and not outcome.duplicate:  # a duplicate's records are old
                 tp = TopicPartition(outcome.topic, outcome.partition)
                 by_partition.setdefault((tp, outcome.topic_id), []).append((outcome, group.records))
+                if not _values_only(group):
+                    uncached.add(tp)
         for (tp, topic_id), committed in by_partition.items():
             first, last = committed[0][0].start_offset, committed[-1][0].end_offset
-            if topic_id is not None:
+            # The caches hold values; records with more (a Kafka client's keys, headers, times,
+            # tombstones) are read from the log, so the partition's batch is not cached.
+            if topic_id is not None and tp not in uncached:
                 values = committed[0][1] if len(committed) == 1 else pa.concat_arrays([v for _, v in committed])
                 self.cache.add(tp, topic_id, first, values)
                 if self.shared is not None:
@@ -169,6 +174,27 @@ class ConsumeService:
             for waiter in self._by_partition.get(tp, ()):
                 if last >= waiter.wanted[tp]:
                     waiter.event.set()
+
+    async def wait_for(self, wanted: dict[TopicPartition, int], timeout_s: float) -> bool:
+        """Wait up to ``timeout_s`` until some partition of ``wanted`` has the offset it names
+        committed (a produce here, or another writer the probe sees): True when woken, False on
+        timeout, when too many wait (:data:`MAX_WAITERS`) or when the service closes. The Kafka
+        listener's long poll; the probe also wakes a waiter whose offset was committed just
+        before it registered."""
+        if timeout_s <= 0 or not wanted or self._closed or len(self._waiters) >= MAX_WAITERS:
+            return False
+        waiter = _Waiter(asyncio.Event(), {})
+        self._waiters.add(waiter)
+        self._want(waiter, wanted)
+        self._start_probe()
+        try:
+            await asyncio.wait_for(waiter.event.wait(), timeout_s)
+            return not self._closed
+        except TimeoutError:
+            return False
+        finally:
+            self._want(waiter, {})
+            self._waiters.discard(waiter)
 
     def _want(self, waiter: _Waiter, wanted: dict[TopicPartition, int]) -> None:
         """Set what ``waiter`` waits for (``{}``: nothing; it leaves the index)."""
@@ -552,6 +578,12 @@ class ConsumeService:
             self._probe.cancel()
         await asyncio.to_thread(self._pool.shutdown, wait=True)
         await asyncio.to_thread(self._files.shutdown, wait=True)
+
+
+def _values_only(group: AppendGroup) -> bool:
+    """Whether a group's records are values and nothing more (what the tail caches hold)."""
+    return (group.keys is None and group.headers is None and group.timestamps is None
+            and not (isinstance(group.records, pa.Array) and group.records.null_count))
 
 
 def _wanted(partitions: list[ConsumePartition], results: list[ConsumeResult]) -> dict[TopicPartition, int]:
