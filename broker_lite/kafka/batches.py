@@ -176,18 +176,20 @@ def decode_produced(data: bytes | memoryview | None, max_record_bytes: int) -> P
     if codec not in CODECS:
         raise UnsupportedCompressionType(f"unknown compression codec {codec} in the batch attributes "
                                          f"(Kafka defines 0..4: {', '.join(CODECS.values())})")
+    # A batch whose CRC holds but whose counts disagree was built wrong, not damaged on the way:
+    # INVALID_RECORD, which clients do not retry (CORRUPT_MESSAGE they do), as Kafka's broker.
     if count <= 0:
         if count == 0:
             raise InvalidRecord("the record batch holds no records")
-        raise CorruptMessage(f"record count {count} is negative")
+        raise InvalidRecord(f"record count {count} is negative")
     if last_delta + 1 != count:
-        raise CorruptMessage(f"record count {count} disagrees with the last offset delta {last_delta} "
+        raise InvalidRecord(f"record count {count} disagrees with the last offset delta {last_delta} "
                              f"(which says {last_delta + 1} records)")
     records = _read_records(bytes(view[:end]), count)
     offsets = [r.offset for r in records]
     if offsets != list(range(base_offset, base_offset + count)):
         first = next(i for i, o in enumerate(offsets) if o != base_offset + i)
-        raise CorruptMessage(f"record {first} has offset delta {offsets[first] - base_offset}, expected {first} "
+        raise InvalidRecord(f"record {first} has offset delta {offsets[first] - base_offset}, expected {first} "
                              f"(deltas run 0..{count - 1})")
     batch = _columns(records, count, append_time=bool(attributes & LOG_APPEND_TIME))
     _check_sizes(batch, max_record_bytes)

@@ -294,18 +294,18 @@ def test_a_batch_length_that_disagrees_with_the_bytes_is_corrupt():
 
 def test_offset_deltas_other_than_0_to_n_minus_1_are_corrupt():
     data = kafka_batch([(T0, None, b"a", []), (T0, None, b"b", []), (T0, None, b"c", [])], offsets=[0, 0, 2])
-    assert "record 1 has offset delta 0, expected 1" in refusal(data, CORRUPT_MESSAGE)
+    assert "record 1 has offset delta 0, expected 1" in refusal(data, INVALID_RECORD)
 
 
 def test_a_record_count_that_disagrees_is_corrupt():
     data = kafka_batch(SAMPLE)
-    assert "disagrees with the last offset delta" in refusal(patched(data, ">i", 57, 5), CORRUPT_MESSAGE)
+    assert "disagrees with the last offset delta" in refusal(patched(data, ">i", 57, 5), INVALID_RECORD)
     # Count and last offset delta agree with each other but not with the records.
     more = patched(patched(data, ">i", 57, 5), ">i", 23, 4)
     assert "malformed records" in refusal(more, CORRUPT_MESSAGE)
     fewer = patched(patched(data, ">i", 57, 3), ">i", 23, 2)
     assert "malformed records" in refusal(fewer, CORRUPT_MESSAGE)
-    assert "negative" in refusal(patched(data, ">i", 57, -1), CORRUPT_MESSAGE)
+    assert "negative" in refusal(patched(data, ">i", 57, -1), INVALID_RECORD)
 
 
 def test_more_than_one_batch_is_an_invalid_record():
