@@ -1,5 +1,5 @@
-"""``python -m broker_lite [--host H] [--port P] [--role write|read|both]`` (also ``llog
-broker``): serve the broker with uvicorn (uvloop and httptools; one process, one event loop, so
+"""``python -m broker_lite [--host H] [--port P] [--role write|read|both] [--kafka-port K]`` (also
+``llog broker``): serve the broker with uvicorn (uvloop and httptools; one process, one event loop, so
 every request shares one group commit). Settings come from ``Config`` (``LLOG_*`` variables, or
 the local stack's settings file). Without ``LLOG_BROKER_AUTH`` the broker listens on loopback
 only, unless ``--insecure``."""
@@ -27,6 +27,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--port", type=int, default=8080, help="port to listen on (default 8080)")
     parser.add_argument("--role", choices=list(ROLES), default=None,
                         help="write (produce), read (consume, groups) or both (default: LLOG_BROKER_ROLE, else both)")
+    parser.add_argument("--kafka-port", type=int, help="also serve Kafka clients on this port (docs/kafka.md)")
+    parser.add_argument("--kafka-advertised-host", help="the host the Kafka listener names in its metadata answers, "
+                                                       "which clients connect to (default: --host)")
     parser.add_argument("--insecure", action="store_true",
                         help="listen on a non-loopback address without LLOG_BROKER_AUTH (anyone may do anything)")
     parser.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
@@ -36,7 +39,8 @@ def main(argv: list[str] | None = None) -> int:
         config = Config.load()
         auth = Auth.load(config.broker_auth)
         check_exposure(args.host, auth, args.insecure)
-        app = BrokerApp(config, args.host, args.port, role=args.role, auth=auth)
+        app = BrokerApp(config, args.host, args.port, role=args.role, auth=auth, kafka_port=args.kafka_port,
+                        kafka_advertised_host=args.kafka_advertised_host)
     except LlogError as e:
         print(f"broker_lite: {e}", file=sys.stderr)
         return 2

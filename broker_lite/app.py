@@ -117,8 +117,17 @@ class BrokerApp:
     to ``LLOG_BROKER_ROLE``."""
 
     def __init__(self, config: Config, host: str = "127.0.0.1", port: int = 8080, broker_id: str | None = None,
-                 role: str | None = None, auth: Auth | None = None):
+                 role: str | None = None, auth: Auth | None = None, kafka_port: int | None = None,
+                 kafka_advertised_host: str | None = None):
+        """``kafka_port``: also serve Kafka clients on that port (docs/kafka.md; 0: any free
+        port, ``self.kafka.port`` once started), naming ``kafka_advertised_host`` (default
+        ``host``) in its answers."""
         self.config = config.require("oxia_service_address", "s3_bucket")
+        if kafka_port is not None and auth is not None:
+            raise ValueError("the Kafka listener has no authentication (SASL is not served yet, docs/kafka.md): it "
+                             "cannot run beside LLOG_BROKER_AUTH")
+        self.kafka_port, self.kafka_advertised_host = kafka_port, kafka_advertised_host
+        self.kafka = None
         self.host, self.port = host, port
         self.role = role or config.broker_role
         if self.role not in ROLES:
@@ -157,6 +166,11 @@ class BrokerApp:
             if self.batcher is not None:
                 self.batcher.on_durable = self.consume.produced
         self.metrics.attach(writer=self.writer, reader=self.reader, batcher=self.batcher, consume=self.consume)
+        if self.kafka_port is not None:
+            from broker_lite.kafka.server import KafkaListener
+
+            self.kafka = KafkaListener(self, self.host, self.kafka_port, self.kafka_advertised_host)
+            await self.kafka.start()
         # The clients, modules and caches built so far live as long as the process: out of the
         # garbage collector's way (its full collections were 100+ ms pauses of every request).
         gc.collect()
@@ -166,6 +180,8 @@ class BrokerApp:
 
     async def stop(self) -> None:
         self._stopping = True
+        if self.kafka is not None:
+            await self.kafka.stop()
         self.metrics.close()
         if self.batcher is not None:
             await self.batcher.close()

@@ -1,0 +1,312 @@
+"""The broker's Kafka listener (docs/kafka.md) with real Kafka clients: confluent-kafka
+(librdkafka) and kafka-python, against a broker process started with ``--kafka-port``, on the
+test stack. What they produce is read back by llog's own reader with its keys, headers and
+timestamps; what llog's writer wrote is fetched by them. Raw protocol requests (kafka-python's
+protocol classes and aiokafka's record builder) cover what a client library does not show: a
+batch sent twice to two listeners, a corrupt batch, a version not served."""
+
+from __future__ import annotations
+
+import socket
+import struct
+import time
+import uuid
+from contextlib import ExitStack
+
+import pytest
+from aiokafka.record._crecords import DefaultRecordBatchBuilder
+from confluent_kafka import Consumer, KafkaError, Producer, TopicPartition as KafkaPartition
+
+from llog.reader import LogReader
+from llog.topics import create_topic
+from llog.writer import AppendGroup, LogWriter
+from tests.helpers.broker_process import free_port, run_broker
+
+
+
+@pytest.fixture(scope="module")
+def brokers(module_config):
+    """Two broker processes with Kafka listeners on one root: ``(HTTP URL, Kafka bootstrap
+    address)`` of each."""
+    with ExitStack() as stack:
+        out = []
+        for _ in range(2):
+            port = free_port()
+            url, _ = stack.enter_context(run_broker(module_config, args=["--kafka-port", str(port)]))
+            out.append((url, f"127.0.0.1:{port}"))
+        yield out
+
+
+@pytest.fixture(scope="module")
+def listeners(brokers):
+    return [address for _, address in brokers]
+
+
+def _topic() -> str:
+    return f"k{uuid.uuid4().hex[:10]}"
+
+
+def _consume(bootstrap: str, topic: str, partition: int, count: int, offset: int = 1, **settings) -> list:
+    consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": f"g{uuid.uuid4().hex[:6]}",
+                         "enable.auto.commit": False, **settings})
+    try:
+        consumer.assign([KafkaPartition(topic, partition, offset)])
+        got, deadline = [], time.monotonic() + 60
+        while len(got) < count and time.monotonic() < deadline:
+            message = consumer.poll(0.5)
+            if message is None:
+                continue
+            assert message.error() is None, message.error()
+            got.append(message)
+        return got
+    finally:
+        consumer.close()
+
+
+def test_an_idempotent_producer_writes_what_llog_and_kafka_consumers_read_back(listeners, module_config):
+    topic = _topic()
+    producer = Producer({"bootstrap.servers": listeners[0], "enable.idempotence": True, "linger.ms": 5,
+                         "compression.type": "zstd"})
+    acks = []
+    for i in range(500):
+        headers = [("trace", f"t{i}".encode()), ("trace", None)] if i % 2 else None
+        producer.produce(topic, key=f"key-{i}".encode() if i % 3 else None, value=None if i == 7 else f"v{i}".encode(),
+                         headers=headers, timestamp=1_700_000_000_000 + i, partition=i % 2,
+                         on_delivery=lambda err, msg: acks.append((err, msg.partition(), msg.offset())))
+    assert producer.flush(60) == 0
+    assert [a for a in acks if a[0] is not None] == []
+    # llog's offsets, unchanged: each partition's first record is at offset 1 (docs/kafka.md section 5).
+    for partition in (0, 1):
+        assert sorted(o for _, p, o in acks if p == partition) == list(range(1, 251))
+
+    with LogReader(module_config) as reader:
+        records = reader.read_range(topic, 1, 1, 250)
+    assert [r.value for r in records[:2]] == [b"v1", b"v3"]
+    assert records[0].key == b"key-1" and records[0].timestamp == 1_700_000_000_001
+    assert records[0].headers == [("trace", b"t1"), ("trace", None)]
+    with LogReader(module_config) as reader:
+        even = reader.read_range(topic, 0, 1, 250)
+    assert even[0].key is None and even[0].headers is None  # no key, no headers: null, as llog says "none"
+
+    got = _consume(listeners[1], topic, 1, 250)  # the other listener serves the same partition
+    assert [m.offset() for m in got] == list(range(1, 251))
+    assert got[3].value() is None and got[3].offset() == 4  # i == 7: the tombstone
+    assert got[0].key() == b"key-1" and got[0].headers() == [("trace", b"t1"), ("trace", None)]
+    assert got[0].timestamp() == (1, 1_700_000_000_001)  # CreateTime, as produced
+
+
+@pytest.mark.parametrize("codec", ["gzip", "snappy", "lz4", "zstd"])
+def test_each_codec_produced_by_librdkafka_is_read_by_kafka_python(listeners, codec):
+    from kafka import KafkaConsumer
+    from kafka import TopicPartition as KPPartition
+
+    topic = _topic()
+    producer = Producer({"bootstrap.servers": listeners[1], "compression.type": codec, "linger.ms": 5})
+    acks = []
+    for i in range(200):
+        producer.produce(topic, f"{codec}-{i}".encode() * 20, key=b"k", partition=0,
+                         on_delivery=lambda err, msg: acks.append((err, msg.offset())))
+    assert producer.flush(60) == 0
+    assert sorted(acks, key=lambda a: a[1]) == [(None, o) for o in range(1, 201)]
+    consumer = KafkaConsumer(bootstrap_servers=listeners[0], enable_auto_commit=False, consumer_timeout_ms=20_000)
+    consumer.assign([KPPartition(topic, 0)])
+    consumer.seek(KPPartition(topic, 0), 1)
+    got = [m for _, m in zip(range(200), consumer)]
+    consumer.close()
+    assert [(m.offset, m.key, m.value) for m in got] == [(o, b"k", f"{codec}-{o - 1}".encode() * 20)
+                                                         for o in range(1, 201)]
+
+
+@pytest.mark.parametrize("codec", ["gzip", "zstd"])  # kafka-python's other codecs need libraries llog does not use
+def test_kafka_python_produces_with_its_own_codecs(listeners, codec):
+    from kafka import KafkaProducer
+
+    topic = _topic()
+    producer = KafkaProducer(bootstrap_servers=listeners[1], compression_type=codec, linger_ms=5)
+    futures = [producer.send(topic, key=b"k", value=f"{codec}-{i}".encode() * 20, partition=0) for i in range(200)]
+    producer.flush(60)
+    offsets = [f.get(timeout=60).offset for f in futures]
+    producer.close()
+    assert offsets == list(range(1, 201))
+    got = _consume(listeners[0], topic, 0, 200)
+    assert [m.value() for m in got] == [f"{codec}-{i}".encode() * 20 for i in range(200)]
+
+
+def test_records_written_by_llog_are_fetched_by_kafka_consumers_with_their_append_time(listeners, module_config):
+    topic = _topic()
+    with LogWriter(module_config) as writer:
+        create_topic(writer.coordination, module_config.root_prefix, topic, 1)
+        writer.append(topic, 0, [b"a", b"b", b"c"])
+        writer.append_shared([AppendGroup(topic, 0, [b"d"], keys=[b"kd"], timestamps=[1_600_000_000_000])])
+    got = _consume(listeners[0], topic, 0, 4)
+    assert [(m.offset(), m.value(), m.key()) for m in got] == [(1, b"a", None), (2, b"b", None), (3, b"c", None),
+                                                              (4, b"d", b"kd")]
+    kind, at = got[0].timestamp()
+    assert kind == 2 and abs(at - time.time() * 1000) < 600_000  # LogAppendTime: the entry's created_at_ms
+    assert got[3].timestamp() == (1, 1_600_000_000_000)
+
+
+def test_offsets_earliest_latest_and_by_time(listeners, module_config):
+    topic = _topic()
+    with LogWriter(module_config) as writer:
+        create_topic(writer.coordination, module_config.root_prefix, topic, 1)
+        writer.append_shared([AppendGroup(topic, 0, [b"x"] * 5, timestamps=[1000, 2000, 3000, 4000, 5000])])
+    consumer = Consumer({"bootstrap.servers": listeners[0], "group.id": "offsets"})
+    try:
+        assert consumer.get_watermark_offsets(KafkaPartition(topic, 0), timeout=30) == (1, 6)
+        found = consumer.offsets_for_times([KafkaPartition(topic, 0, 2500)], timeout=30)
+        assert found[0].offset == 3  # the first record at or after 2500 ms: 3000 ms, at offset 3
+        past = consumer.offsets_for_times([KafkaPartition(topic, 0, 9999)], timeout=30)
+        assert past[0].offset == -1  # none at or after: -1, as Kafka answers
+    finally:
+        consumer.close()
+
+
+def test_the_http_consume_of_the_same_broker_returns_what_a_kafka_client_produced(brokers):
+    """The broker's tail cache holds values only: records with keys and headers, produced here
+    by a Kafka client, are read from the log, not answered from the cache without them."""
+    import httpx
+
+    url, bootstrap = brokers[0]
+    topic = _topic()
+    producer = Producer({"bootstrap.servers": bootstrap})
+    producer.produce(topic, b"v", key=b"k", headers=[("h", b"x")], partition=0, timestamp=1_650_000_000_000)
+    assert producer.flush(30) == 0
+    body = httpx.post(f"{url}/consume", json={"topic_partitions": [{"topic": topic, "partition": 0, "fetch_offset": 1}]},
+                      timeout=30).json()
+    (record,) = body["results"][0]["records"]
+    assert record == {"offset": 1, "payload": "v", "key": "k", "headers": [{"key": "h", "value": "x"}],
+                      "timestamp": 1_650_000_000_000}
+
+
+def test_a_long_poll_returns_as_soon_as_a_record_is_produced(listeners):
+    topic = _topic()
+    producer = Producer({"bootstrap.servers": listeners[0]})
+    producer.produce(topic, b"first", partition=0)
+    assert producer.flush(30) == 0
+    consumer = Consumer({"bootstrap.servers": listeners[1], "group.id": "lp", "fetch.wait.max.ms": 5000})
+    try:
+        consumer.assign([KafkaPartition(topic, 0, 2)])
+        assert consumer.poll(1.0) is None  # nothing past offset 1 yet: the fetch waits
+        producer.produce(topic, b"second", partition=0)
+        assert producer.flush(30) == 0
+        deadline, message = time.monotonic() + 30, None
+        while message is None and time.monotonic() < deadline:
+            message = consumer.poll(0.5)
+        assert message is not None and message.error() is None and message.value() == b"second"
+    finally:
+        consumer.close()
+
+
+# --- raw requests ---------------------------------------------------------------------------------
+
+def _request(address: str, api_key: int, version: int, body: bytes, correlation: int = 7,
+             flexible: bool = False) -> bytes:
+    """Send one request (header v1, or v2 when ``flexible``) and return the response after its
+    correlation id (and, for a flexible response, its empty tagged fields)."""
+    host, port = address.split(":")
+    client = b"test"
+    header = struct.pack(">hhih", api_key, version, correlation, len(client)) + client + (b"\0" if flexible else b"")
+    with socket.create_connection((host, int(port)), timeout=30) as sock:
+        frame = header + body
+        sock.sendall(struct.pack(">i", len(frame)) + frame)
+        size = struct.unpack(">i", _read(sock, 4))[0]
+        data = _read(sock, size)
+    assert struct.unpack(">i", data[:4])[0] == correlation
+    return data[4:]
+
+
+def _read(sock: socket.socket, n: int) -> bytes:
+    out = b""
+    while len(out) < n:
+        chunk = sock.recv(n - len(out))
+        assert chunk, "the listener closed the connection"
+        out += chunk
+    return out
+
+
+def _produce_v8(topic: str, partition: int, batch: bytes) -> bytes:
+    """A Produce v8 body (acks -1) of one partition's batch (non-flexible: plain strings and arrays)."""
+    name = topic.encode()
+    return (struct.pack(">hhi", -1, -1, 30_000) + struct.pack(">i", 1) + struct.pack(">h", len(name)) + name
+            + struct.pack(">i", 1) + struct.pack(">i", partition) + struct.pack(">i", len(batch)) + batch)
+
+
+def _produce_result(response: bytes) -> tuple[int, int]:
+    """``(error code, base offset)`` of a Produce v8 response's one partition."""
+    pos = 4  # topics array length
+    name_length = struct.unpack(">h", response[pos:pos + 2])[0]
+    pos += 2 + name_length + 4  # the name, then the partitions array length
+    _, code, base = struct.unpack(">ihq", response[pos:pos + 14])
+    return code, base
+
+
+def _batch(producer_id: int, sequence: int, values: list[bytes]) -> bytes:
+    builder = DefaultRecordBatchBuilder(magic=2, compression_type=0, is_transactional=0, producer_id=producer_id,
+                                        producer_epoch=0, base_sequence=sequence, batch_size=1 << 20)
+    for i, value in enumerate(values):
+        builder.append(i, timestamp=1_700_000_000_000, key=None, value=value, headers=[])
+    return bytes(builder.build())
+
+
+def test_a_batch_sent_again_to_another_listener_is_written_once(listeners, module_config):
+    topic = _topic()
+    with LogWriter(module_config) as writer:
+        create_topic(writer.coordination, module_config.root_prefix, topic, 1)
+    first = _batch(4242, 0, [b"a", b"b"])
+    assert _produce_result(_request(listeners[0], 0, 8, _produce_v8(topic, 0, first))) == (0, 1)
+    # The same batch again, as a producer retrying after a lost answer, to the other listener.
+    assert _produce_result(_request(listeners[1], 0, 8, _produce_v8(topic, 0, first))) == (0, 1)
+    assert _produce_result(_request(listeners[1], 0, 8, _produce_v8(topic, 0, _batch(4242, 2, [b"c"])))) == (0, 3)
+    code, _ = _produce_result(_request(listeners[0], 0, 8, _produce_v8(topic, 0, _batch(4242, 9, [b"d"]))))
+    assert code == 45  # OUT_OF_ORDER_SEQUENCE_NUMBER: a gap
+    with LogReader(module_config) as reader:
+        assert [r.value for r in reader.read_range(topic, 0, 1)] == [b"a", b"b", b"c"]
+
+
+def test_a_corrupt_batch_is_refused_and_nothing_is_written(listeners, module_config):
+    topic = _topic()
+    with LogWriter(module_config) as writer:
+        create_topic(writer.coordination, module_config.root_prefix, topic, 1)
+    batch = bytearray(_batch(-1, -1, [b"good", b"bad"]))
+    batch[-1] ^= 0xFF  # a record byte: the CRC no longer matches
+    code, _ = _produce_result(_request(listeners[0], 0, 8, _produce_v8(topic, 0, bytes(batch))))
+    assert code == 2  # CORRUPT_MESSAGE
+    with LogReader(module_config) as reader:
+        assert reader.high_watermark(topic, 0) == 0
+
+
+def test_api_versions_of_a_version_not_served_lists_what_is(listeners):
+    response = _request(listeners[0], 18, 99, b"")
+    code, count = struct.unpack(">hi", response[:6])
+    assert code == 35  # UNSUPPORTED_VERSION, with the v0 list
+    served = {struct.unpack(">hhh", response[6 + 6 * i:12 + 6 * i]) for i in range(count)}
+    assert (0, 3, 12) in served and (1, 4, 12) in served and (18, 0, 4) in served
+
+
+def test_a_producer_to_a_topic_that_does_not_exist_creates_it(listeners, module_config):
+    topic = _topic()
+    producer = Producer({"bootstrap.servers": listeners[0]})
+    errors = []
+    producer.produce(topic, b"v", on_delivery=lambda err, msg: errors.append(err))
+    assert producer.flush(30) == 0 and errors == [None]
+    from llog.coordination import Coordination
+    from llog.discovery import topic_records
+
+    with Coordination(module_config) as coordination:
+        (record,) = topic_records(coordination, module_config.root_prefix, [topic])
+    assert record.partitions == module_config.default_partitions and record.auto_created
+
+
+def test_an_unknown_partition_is_unknown_topic_or_partition(listeners, module_config):
+    topic = _topic()
+    with LogWriter(module_config) as writer:
+        create_topic(writer.coordination, module_config.root_prefix, topic, 1)
+    code, _ = _produce_result(_request(listeners[0], 0, 8, _produce_v8(topic, 5, _batch(-1, -1, [b"x"]))))
+    assert code == 3
+    consumer = Consumer({"bootstrap.servers": listeners[0], "group.id": "u"})
+    try:
+        assert consumer.list_topics(topic, timeout=30).topics[topic].partitions.keys() == {0}
+    finally:
+        consumer.close()
+    assert KafkaError.UNKNOWN_TOPIC_OR_PART == 3
