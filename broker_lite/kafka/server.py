@@ -58,6 +58,22 @@ APIS = {
     22: ("init_producer_id", "InitProducerIdRequest", 0, 5),
 }
 API_VERSIONS = 18
+#: The modules that serve more APIs (each registers its handlers with :func:`serve`).
+SERVING_MODULES: tuple[str, ...] = ()
+#: APIs other modules serve (``broker_lite.kafka.groups``, ...): API key -> handler, a coroutine
+#: function ``(listener, request, response_class) -> response`` (:func:`serve`).
+EXTRA_HANDLERS: dict = {}
+
+
+def serve(api_key: int, module: str, request_class: str, low: int, high: int):
+    """Register the decorated coroutine function as the handler of ``api_key``, versions
+    ``low..high`` (kio's ``kio.schema.<module>.v<N>.request.<request_class>``), and list it in
+    ApiVersions. Called at import by the modules that serve APIs."""
+    def register(handler):
+        APIS[api_key] = (module, request_class, low, high)
+        EXTRA_HANDLERS[api_key] = handler
+        return handler
+    return register
 #: The one node a listener names: itself (docs/kafka.md section 3).
 NODE_ID = 0
 #: Kafka's "no authorized operations" marker in Metadata.
@@ -150,8 +166,11 @@ class KafkaListener:
         self.max_request_bytes = app.max_request_bytes + _HEADROOM
         self._server: asyncio.Server | None = None
         self._connections: set[asyncio.Task] = set()
+        for module in SERVING_MODULES:  # they register their APIs (serve) when imported
+            importlib.import_module(module)
         self._handlers = {0: self._produce, 1: self._fetch, 2: self._list_offsets, 3: self._metadata,
-                          18: self._api_versions, 22: self._init_producer_id}
+                          18: self._api_versions, 22: self._init_producer_id,
+                          **{key: functools.partial(handler, self) for key, handler in EXTRA_HANDLERS.items()}}
 
     async def start(self) -> None:
         self._server = await asyncio.start_server(self._serve, self.host, self.port)
