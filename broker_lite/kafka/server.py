@@ -59,7 +59,7 @@ APIS = {
 }
 API_VERSIONS = 18
 #: The modules that serve more APIs (each registers its handlers with :func:`serve`).
-SERVING_MODULES: tuple[str, ...] = ()
+SERVING_MODULES: tuple[str, ...] = ("broker_lite.kafka.admin",)
 #: APIs other modules serve (``broker_lite.kafka.groups``, ...): API key -> handler, a coroutine
 #: function ``(listener, request, response_class) -> response`` (:func:`serve`).
 EXTRA_HANDLERS: dict = {}
@@ -276,15 +276,19 @@ class KafkaListener:
         return _build(response_class, response_class.__name__, error_code=code, api_keys=tuple(keys),
                       throttle_time=datetime.timedelta(0))
 
+    def known_brokers(self) -> list[tuple[int, str, int]]:
+        """``(node id, host, port)`` of the listeners a client is told of: this one."""
+        return [(NODE_ID, self.advertised_host, self.port)]
+
     async def _metadata(self, request, response_class):
-        broker = _build(response_class, "MetadataResponseBroker", node_id=NODE_ID, host=self.advertised_host,
-                        port=self.port, rack=None)
+        brokers = tuple(_build(response_class, "MetadataResponseBroker", node_id=node, host=host, port=port, rack=None)
+                        for node, host, port in self.known_brokers())
         names = None if request.topics is None else [t.name for t in request.topics]
         allow = getattr(request, "allow_auto_topic_creation", True)
         records = await asyncio.to_thread(self._topics, names, allow)
         topics = [self._metadata_topic(response_class, name, record) for name, record in records]
         return _build(response_class, response_class.__name__, throttle_time=datetime.timedelta(0),
-                      brokers=(broker,), cluster_id=self.cluster_id, controller_id=NODE_ID, topics=tuple(topics),
+                      brokers=brokers, cluster_id=self.cluster_id, controller_id=NODE_ID, topics=tuple(topics),
                       cluster_authorized_operations=_NO_OPERATIONS)
 
     def _topics(self, names: list[str] | None, allow_create: bool) -> list[tuple[str, object]]:

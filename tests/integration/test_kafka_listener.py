@@ -310,3 +310,40 @@ def test_an_unknown_partition_is_unknown_topic_or_partition(listeners, module_co
     finally:
         consumer.close()
     assert KafkaError.UNKNOWN_TOPIC_OR_PART == 3
+
+
+def test_the_admin_client_creates_describes_grows_and_deletes_topics(listeners, module_config):
+    from confluent_kafka.admin import AdminClient, ConfigResource, NewPartitions, NewTopic
+
+    admin = AdminClient({"bootstrap.servers": listeners[0]})
+    topic = _topic()
+    assert admin.create_topics([NewTopic(topic, 3, config={"retention.ms": "60000"})])[topic].result(30) is None
+    again = admin.create_topics([NewTopic(topic, 3)])[topic].exception(30)
+    assert again.args[0].code() == KafkaError.TOPIC_ALREADY_EXISTS
+    bad = _topic()
+    refused = admin.create_topics([NewTopic(bad, 1, config={"no.such.setting": "1"})])[bad].exception(30)
+    assert refused.args[0].code() == KafkaError.INVALID_CONFIG
+
+    (configs,) = admin.describe_configs([ConfigResource("topic", topic)]).values()
+    found = {name: (entry.value, entry.source) for name, entry in configs.result(30).items()}
+    assert found["retention.ms"] == ("60000", 1)  # the topic's own setting (DYNAMIC_TOPIC_CONFIG)
+    assert found["cleanup.policy"] == ("delete", 5)  # the default (DEFAULT_CONFIG)
+
+    cluster = admin.describe_cluster().result(30)
+    host, port = listeners[0].split(":")
+    assert [(n.host, n.port) for n in cluster.nodes] == [(host, int(port))]
+
+    assert admin.create_partitions([NewPartitions(topic, 5)])[topic].result(30) is None
+    shrink = admin.create_partitions([NewPartitions(topic, 2)])[topic].exception(30)
+    assert shrink.args[0].code() == KafkaError.INVALID_PARTITIONS
+    from llog.coordination import Coordination
+    from llog.discovery import topic_records
+
+    with Coordination(module_config) as coordination:
+        (record,) = topic_records(coordination, module_config.root_prefix, [topic])
+    assert record.partitions == 5 and record.config == {"retention.ms": 60000} and not record.auto_created
+
+    assert admin.delete_topics([topic])[topic].result(60) is None
+    assert topic not in admin.list_topics(timeout=30).topics
+    gone = admin.delete_topics([topic])[topic].exception(30)
+    assert gone.args[0].code() == KafkaError.UNKNOWN_TOPIC_OR_PART
