@@ -57,6 +57,7 @@ _IVY_MODULE = """<ivy-module version="2.0">
   <info organisation="llog" module="bench-kafka-broker"/>
   <dependencies>
     <dependency org="org.apache.kafka" name="kafka_2.13" rev="{kafka}" conf="default->default"/>
+    <dependency org="org.apache.kafka" name="kafka-tools" rev="{kafka}" conf="default->default"/>
     <dependency org="org.apache.logging.log4j" name="log4j-slf4j-impl" rev="{log4j}" conf="default->default"/>
   </dependencies>
 </ivy-module>
@@ -86,10 +87,19 @@ class KafkaBroker:
 
 
 def kafka_jars(version: str = KAFKA_VERSION) -> list[Path]:
-    """The broker's jars in ``.cache/kafka/<version>/``, resolved from Maven Central the first
-    time. The directory appears whole or not at all (Ivy retrieves into a directory beside it,
+    """The broker's jars and Kafka's CLI tools (``kafka-tools``: ``kafka-topics``, the console
+    producer and consumer, ``kafka-consumer-groups``) in ``.cache/kafka/<version>/``, resolved
+    from Maven Central the first time. The directory appears whole or not at all (Ivy retrieves into a directory beside it,
     renamed when complete), so an interrupted resolution is simply done again."""
     target = KAFKA_CACHE / version
+    if target.is_dir() and not (target / f"org.apache.kafka_kafka-tools-{version}.jar").is_file():
+        # Resolved before the CLI tools were wanted: resolve again, whole, beside it.
+        stale = target.with_name(f"{version}.stale-{os.getpid()}")
+        try:
+            target.rename(stale)
+            shutil.rmtree(stale, ignore_errors=True)
+        except OSError:
+            pass  # another process moved it first
     if not target.is_dir():
         _resolve(version, target)
     jars = sorted(target.glob("*.jar"))
