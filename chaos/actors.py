@@ -400,6 +400,53 @@ def producer(args, config: Config) -> None:
         time.sleep(rng.uniform(0, 0.1))
 
 
+def kafka_producer(args, config: Config) -> None:
+    """Produces to the main topic through the brokers' Kafka listeners (docs/kafka.md) with
+    confluent-kafka's idempotent producer (librdkafka: pipelined batches, its own retries across
+    listeners). A delivery report without error and with an offset is an acknowledgement of that
+    one record (each record its own ``seq``). Kafka's answer to a batch sent again after llog has
+    forgotten it (``DUPLICATE_SEQUENCE_NUMBER``) may reach the report as an error or as an
+    unknown offset: not an acknowledgement, and never a second copy in the log."""
+    from confluent_kafka import Producer
+
+    from llog.coordination import Coordination
+    from llog.discovery import topic_records
+
+    rng, acks, activity = random.Random(args.seed), _Lines(args.dir / "acks" / f"{args.name}.jsonl"), _activity(args)
+    with Coordination(config) as coordination:
+        (record,) = topic_records(coordination, config.root_prefix, [args.topic])
+    producer = Producer({"bootstrap.servers": args.kafka, "enable.idempotence": True, "linger.ms": 5,
+                         "message.timeout.ms": 60_000, "socket.timeout.ms": 10_000, "log_level": 3})
+    counts = {"acked": 0, "failed": 0}
+
+    def delivered(err, message, seq: int) -> None:
+        if err is None and message.offset() >= 1:
+            counts["acked"] += 1
+            acks.write(name=args.name, seq=seq, topic=args.topic, topic_id=record.topic_id,
+                       partition=message.partition(), start=message.offset(), count=1)
+        else:
+            counts["failed"] += 1
+            _log(args.name, f"record {seq}: {err} (offset {message.offset()})")
+
+    seq = 0
+    while not _stopping:
+        partition = rng.randrange(args.partitions)
+        with activity.operation("kafka_produce", seq=seq) as did:
+            for _ in range(rng.randint(1, 20)):
+                producer.produce(args.topic, record_value(args.name, seq, args.topic, partition, 0),
+                                 partition=partition,
+                                 on_delivery=lambda err, message, seq=seq: delivered(err, message, seq))
+                seq += 1
+            producer.poll(0.05)
+            did.update(**counts)
+        time.sleep(rng.uniform(0, 0.05))
+    producer.flush(_STOP_FLUSH_S)
+
+
+#: How long a Kafka producer told to stop waits for the answers of what it sent.
+_STOP_FLUSH_S = 8
+
+
 def broker_consumer(args, config: Config) -> None:
     """Consumes the main topic through the broker (``POST /consume``, from the log start when
     retention moved it) and commits through it (``POST /groups/{group}/commit`` with the
@@ -440,7 +487,7 @@ def broker_consumer(args, config: Config) -> None:
 
 
 ROLES = {"writer": writer, "compactor": compactor, "gc": gc, "reader": reader, "admin": admin, "consumer": consumer,
-         "producer": producer, "broker_consumer": broker_consumer}
+         "producer": producer, "broker_consumer": broker_consumer, "kafka_producer": kafka_producer}
 
 
 def main() -> None:
@@ -458,6 +505,7 @@ def main() -> None:
     parser.add_argument("--lose-replies", type=float, default=0.0)
     parser.add_argument("--broker", default="", help="the broker's base URL")
     parser.add_argument("--idempotent", action="store_true")
+    parser.add_argument("--kafka", default="", help="the brokers' Kafka listeners (bootstrap servers)")
     parser.add_argument("--group", default="chaos")
     args = parser.parse_args()
     signal.signal(signal.SIGTERM, _stop)

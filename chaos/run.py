@@ -57,9 +57,11 @@ _MUST_KILL = ("writer", "compactor")
 _FINAL_GC_MARGIN_S = 30
 #: The processes of a run beyond the writers, compactors and readers: one each.
 _ONE_EACH = (("gc", "gc"), ("admin", "admin"), ("consumer", "cg"), ("producer", "pi"), ("producer", "pp"),
-             ("broker_consumer", "bc"), ("broker", "b0"), ("broker", "b1"))
+             ("broker_consumer", "bc"), ("kafka_producer", "kp"), ("broker", "b0"), ("broker", "b1"))
 #: The names of the actors that go through the broker: its producers (idempotent, plain) and consumer.
 _BROKER_PRODUCERS, _BROKER_CONSUMER = ("pi", "pp"), "bc"
+#: The producer that goes through the brokers' Kafka listeners.
+_KAFKA_PRODUCER = "kp"
 
 
 @dataclass
@@ -92,6 +94,8 @@ class Run:
     #: The balancer's port (what producers and consumers use), and each broker's own by name.
     broker_port: int = 0
     broker_ports: dict[str, int] = field(default_factory=dict)
+    #: Each broker's Kafka listener port, by name.
+    kafka_ports: dict[str, int] = field(default_factory=dict)
 
     @property
     def broker_url(self) -> str:
@@ -107,11 +111,12 @@ class Run:
     def command(self, actor: Actor) -> list[str]:
         if actor.role == "broker":  # its early ack and tail cache on, as by default
             return [sys.executable, "-m", "broker_lite", "--port", str(self.broker_ports[actor.name]),
-                    "--log-level", "warning"]
+                    "--kafka-port", str(self.kafka_ports[actor.name]), "--log-level", "warning"]
         command = [sys.executable, "-m", "chaos.actors", actor.role, "--dir", str(self.dir), "--name", actor.label,
                    "--topic", TOPIC, "--recreated", RECREATED, "--grown", GROWN, "--partitions", str(self.args.partitions),
                    "--seed", str(self.rng.randrange(2**32)), "--broker", self.broker_url,
-                   "--topic-settings", json.dumps(topic_settings(self.args)), "--group", f"group-{actor.name}"]
+                   "--topic-settings", json.dumps(topic_settings(self.args)), "--group", f"group-{actor.name}",
+                   "--kafka", ",".join(f"127.0.0.1:{port}" for port in self.kafka_ports.values())]
         if actor.role in ("writer", "compactor"):
             command += ["--lose-replies", str(self.args.lose_replies)]
         if actor.name == _BROKER_PRODUCERS[0]:
@@ -638,6 +643,7 @@ def _verify(run: Run) -> dict:
                   records_acked_via_broker=_acked_by(run.dir / "acks", _BROKER_PRODUCERS),
                   records_acked_idempotent=_acked_by(run.dir / "acks", _BROKER_PRODUCERS[:1]),
                   records_acked_plain=_acked_by(run.dir / "acks", _BROKER_PRODUCERS[1:]),
+                  records_acked_via_kafka=_acked_by(run.dir / "acks", [_KAFKA_PRODUCER]),
                   group_commits_via_broker=totals["group_commits_via_broker"],
                   final_recoveries=run.counts["final_recoveries"], **{what: totals[what] for what in _EXERCISED})
     for path in sorted((run.dir / "violations").glob("*.jsonl")):
@@ -659,7 +665,7 @@ def not_exercised(run: Run, result: dict) -> list[str]:
     a compactor killed mid-operation, the broker killed."""
     missing = ["nothing acknowledged"] if not result["records_acked"] else []
     missing += [f"{what} is 0" for what in (*_EXERCISED, "records_acked_idempotent", "records_acked_plain",
-                                            "group_commits_via_broker") if not result[what]]
+                                            "records_acked_via_kafka", "group_commits_via_broker") if not result[what]]
     if result["grown_partitions"] <= run.args.partitions:
         missing.append(f"{GROWN} did not grow past {run.args.partitions} partitions")
     missing += [f"no {role} killed mid-operation" for role in _MUST_KILL if not run.killed_mid_operation[role]]
@@ -721,9 +727,10 @@ def main(argv: list[str] | None = None) -> int:
             with Coordination(config) as coordination:  # the actors write to every partition of them
                 for topic in (TOPIC, RECREATED):
                     create_topic(coordination, config.root_prefix, topic, args.partitions, settings=topic_settings(args))
-            balancer_port, stats_port, *broker_ports = _free_ports(4)
+            balancer_port, stats_port, *broker_ports = _free_ports(6)
             run = Run(args, config, stack_dir, Path(tmp) / "run", random.Random(seed), oxia=oxia,
-                      broker_port=balancer_port, broker_ports={"b0": broker_ports[0], "b1": broker_ports[1]})
+                      broker_port=balancer_port, broker_ports={"b0": broker_ports[0], "b1": broker_ports[1]},
+                      kafka_ports={"b0": broker_ports[2], "b1": broker_ports[3]})
             (run.dir / "logs").mkdir(parents=True)
             balancer = Balancer(Path(tmp) / "balancer", balancer_port, stats_port, run.broker_ports)
             balancer.start()
@@ -764,7 +771,8 @@ def main(argv: list[str] | None = None) -> int:
                 "group_commits": result["group_commits"], "group_commits_via_broker": result["group_commits_via_broker"],
                 "records_acked_via_broker": result["records_acked_via_broker"],
                 "records_acked_idempotent": result["records_acked_idempotent"],
-                "records_acked_plain": result["records_acked_plain"], "brokers": len(run.broker_ports),
+                "records_acked_plain": result["records_acked_plain"],
+                "records_acked_via_kafka": result["records_acked_via_kafka"], "brokers": len(run.broker_ports),
                 "balancer_requests": {name: run.counts[f"balancer_requests_{name}"] for name in run.broker_ports},
                 "broker_kills": run.kills["broker"],
                 "lost_responses": result["lost_responses"], "pauses": run.counts["pauses"],
