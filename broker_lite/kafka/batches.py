@@ -16,6 +16,7 @@ from __future__ import annotations
 import struct
 from dataclasses import dataclass
 
+import cramjam
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -138,11 +139,14 @@ class ProducedBatch:
     compression: str  # the client's codec: none, gzip, snappy, lz4 or zstd
 
 
-def decode_produced(data: bytes | memoryview | None, max_record_bytes: int) -> ProducedBatch:
+def decode_produced(data: bytes | memoryview | None, max_record_bytes: int,
+                    max_batch_bytes: int = 8 * 1024 * 1024) -> ProducedBatch:
     """Check and decode one partition's ``records`` bytes of a Produce request (v3+): exactly one
     RecordBatch of magic 2, neither control nor transactional, each record at most
-    ``max_record_bytes`` (key, value, header keys and values). Raises a :class:`KafkaBatchError`
-    naming the problem, with the error code Kafka's broker would answer."""
+    ``max_record_bytes`` (key, value, header keys and values), a compressed batch's records at
+    most ``max_batch_bytes`` once decompressed (a small batch may decompress to gigabytes: it
+    is refused before it is held). Raises a :class:`KafkaBatchError` naming the problem, with
+    the error code Kafka's broker would answer."""
     if data is None or len(data) == 0:
         raise InvalidRecord("the records field is null or empty: a Produce request carries one record batch a partition")
     view = memoryview(data).cast("B")
@@ -185,7 +189,8 @@ def decode_produced(data: bytes | memoryview | None, max_record_bytes: int) -> P
     if last_delta + 1 != count:
         raise InvalidRecord(f"record count {count} disagrees with the last offset delta {last_delta} "
                              f"(which says {last_delta + 1} records)")
-    records = _read_records(bytes(view[:end]), count)
+    batch_bytes = bytes(view[:end]) if not codec else _decompressed(view, end, codec, max_batch_bytes)
+    records = _read_records(batch_bytes, count)
     offsets = [r.offset for r in records]
     if offsets != list(range(base_offset, base_offset + count)):
         first = next(i for i, o in enumerate(offsets) if o != base_offset + i)
@@ -196,6 +201,76 @@ def decode_produced(data: bytes | memoryview | None, max_record_bytes: int) -> P
     top = pc.max(batch.column(3)).as_py()
     return ProducedBatch(batch, count, producer_id, producer_epoch, base_sequence,
                          NO_TIMESTAMP if top is None else top, CODECS[codec])
+
+
+_XERIAL = b"\x82SNAPPY\x00"
+_XERIAL_HEADER = 16
+
+
+def _decompressed(view: memoryview, end: int, codec: int, limit: int) -> bytes:
+    """The batch (``view[:end]``, CRC checked) with its records decompressed and its codec
+    cleared, for aiokafka's reader; its records at most ``limit`` bytes decompressed, checked
+    while decompressing (into a buffer that size at most) or, for snappy, by the lengths its
+    blocks declare before any is decompressed."""
+    payload = view[BATCH_HEADER_SIZE:end]
+    try:
+        if codec == 2:
+            records = _snappy(payload, limit)
+        else:
+            module = {1: cramjam.gzip, 3: cramjam.lz4, 4: cramjam.zstd}[codec]
+            records = _bounded(module, payload, limit)
+    except KafkaBatchError:
+        raise
+    except Exception as e:  # noqa: BLE001 - cramjam's DecompressionError and struct errors alike
+        raise CorruptMessage(f"the batch's {CODECS[codec]} records cannot be decompressed "
+                             f"({type(e).__name__}: {e})") from None
+    out = bytearray(view[:BATCH_HEADER_SIZE])
+    struct.pack_into(">h", out, _ATTRIBUTES_AT, struct.unpack_from(">h", out, _ATTRIBUTES_AT)[0] & ~_CODEC_MASK)
+    out += records
+    struct.pack_into(">i", out, 8, len(out) - _LENGTH_END)
+    return bytes(out)
+
+
+def _too_large(limit: int) -> MessageTooLarge:
+    return MessageTooLarge(f"the batch's records decompress to more than {limit} bytes "
+                           "(LLOG_BROKER_MAX_REQUEST_BYTES); send smaller batches")
+
+
+def _bounded(module, payload: memoryview, limit: int) -> bytes:
+    """``payload`` decompressed into a buffer of at most ``limit`` bytes: first one sized for a
+    usual ratio, then, when that is too small, one of ``limit`` (cramjam refuses to write past a
+    buffer's end)."""
+    for size in dict.fromkeys((min(limit, max(64 * 1024, 16 * len(payload))), limit)):
+        buffer = bytearray(size)
+        try:
+            written = module.decompress_into(payload, buffer)
+        except cramjam.DecompressionError as e:
+            if "whole buffer" not in str(e) and "too small" not in str(e):
+                raise
+            continue
+        return bytes(memoryview(buffer)[:written])
+    raise _too_large(limit)
+
+
+def _snappy(payload: memoryview, limit: int) -> bytes:
+    """Raw snappy, or xerial's framing of it (Kafka's Java clients): every block's declared length
+    summed and checked before any block is decompressed."""
+    if bytes(payload[:len(_XERIAL)]) != _XERIAL:
+        if cramjam.snappy.decompress_raw_len(payload) > limit:
+            raise _too_large(limit)
+        return bytes(cramjam.snappy.decompress_raw(payload))
+    blocks, at, total = [], _XERIAL_HEADER, 0
+    while at < len(payload):
+        (size,) = struct.unpack_from(">i", payload, at)
+        if size < 0 or at + 4 + size > len(payload):
+            raise CorruptMessage(f"a snappy block of {size} bytes at byte {at} runs past the batch")
+        block = payload[at + 4:at + 4 + size]
+        total += cramjam.snappy.decompress_raw_len(block)
+        if total > limit:
+            raise _too_large(limit)
+        blocks.append(block)
+        at += 4 + size
+    return b"".join(bytes(cramjam.snappy.decompress_raw(b)) for b in blocks)
 
 
 def _read_records(batch_bytes: bytes, count: int) -> list:

@@ -385,7 +385,8 @@ class KafkaListener:
         try:
             validate_topic(topic)
             validate_partition(partition)
-            batch = decode_produced(records, self.app.config.max_record_bytes)
+            batch = decode_produced(records, self.app.config.max_record_bytes,
+                                    max_batch_bytes=self.app.config.broker_max_request_bytes)
         except (KafkaBatchError, LlogError) as e:
             return e
         v2 = batch.records

@@ -415,3 +415,27 @@ def test_fuzz_damaged_batches(codec, flips, cut, fix_crc):
     if fix_crc and len(data) >= 61:
         data = bytearray(with_fixed_crc(data))
     decodes_or_refuses(bytes(data))
+
+
+# --- decompression bombs --------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("codec", ["gzip", "snappy", "lz4", "zstd"])
+def test_a_batch_that_decompresses_past_the_bound_is_too_large_and_never_held(codec):
+    """4 MiB of zeros compress to a few KiB: a bound of 1 MiB refuses the batch (snappy by its
+    blocks' declared lengths, the others while decompressing into a buffer that size)."""
+    data = kafka_batch([(T0, None, bytes(4 << 20), [])], codec)
+    assert len(data) < 1 << 20
+    with pytest.raises(KafkaBatchError) as caught:
+        decode_produced(data, 8 << 20, max_batch_bytes=1 << 20)
+    assert caught.value.code == MESSAGE_TOO_LARGE and "decompress to more than 1048576 bytes" in str(caught.value)
+
+
+@pytest.mark.parametrize("codec", ["gzip", "snappy", "lz4", "zstd"])
+def test_a_batch_that_compresses_very_well_within_the_bound_decodes(codec):
+    """Past the first buffer's usual ratio (16x) and within the bound: decoded whole."""
+    values = [bytes(100_000) for _ in range(5)]
+    data = kafka_batch([(T0 + i, None, v, []) for i, v in enumerate(values)], codec)
+    assert 16 * len(data) < sum(map(len, values)) < 1 << 20
+    batch = decode_produced(data, 8 << 20, max_batch_bytes=1 << 20)
+    assert batch.records.column("value").to_pylist() == values
