@@ -27,7 +27,7 @@ import time
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 
-from prometheus_client import CollectorRegistry, Gauge, Histogram, generate_latest
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, InfoMetricFamily, Metric
 from prometheus_client.exposition import CONTENT_TYPE_PLAIN_0_0_4
 
@@ -326,6 +326,12 @@ class BrokerMetrics:
             PREFIX + "http_request_duration_seconds", "HTTP request duration, by route template and status class",
             ["route", "status_class"], buckets=SECONDS_BUCKETS, registry=self.registry)
         self._request_children: dict[tuple[str, int], Histogram] = {}
+        self._kafka_seconds = Histogram(
+            PREFIX + "kafka_request_duration_seconds", "Kafka listener request duration (docs/kafka.md), by API",
+            ["api"], buckets=SECONDS_BUCKETS, registry=self.registry)
+        self._kafka_errors = Counter(
+            PREFIX + "kafka_partition_errors_total", "Kafka listener per-partition error codes answered, by API "
+            "and Kafka error name", ["api", "error"], registry=self.registry)
         self._consume_seconds = Histogram(
             PREFIX + "consume_request_duration_seconds", "Duration of consume requests (long polls included)",
             buckets=SECONDS_BUCKETS, registry=self.registry)
@@ -436,6 +442,13 @@ class BrokerMetrics:
         child.observe(seconds)
         if route == "/consume":
             self._consume_seconds.observe(seconds)
+
+    def observe_kafka_request(self, api: str, seconds: float, errors: Iterable[str] = ()) -> None:
+        """A Kafka request was answered: its API's name, its duration, and the error names of
+        the partitions (or topics) answered with one."""
+        self._kafka_seconds.labels(api).observe(seconds)
+        for error in errors:
+            self._kafka_errors.labels(api, error).inc()
 
     def produce_accepted(self, records: int, payload_bytes: int, topic_partitions: Iterable[tuple[str, int]]) -> None:
         """A produce request answered 200 or 409: ``records``, ``payload_bytes`` and

@@ -213,7 +213,7 @@ class KafkaListener:
                 header, request, response_class = parsed
                 handler = self._handlers[header.request_api_key]
                 answers.put_nowait((header.correlation_id, response_class,
-                                    asyncio.create_task(handler(request, response_class))))
+                                    asyncio.create_task(self._timed(response_class, handler(request, response_class)))))
         except (ConnectionError, asyncio.IncompleteReadError):
             return
         finally:
@@ -242,6 +242,15 @@ class KafkaListener:
                 await writer.drain()
             except ConnectionError:
                 return
+
+    async def _timed(self, response_class: type, answer):
+        """``answer`` awaited, its duration and its partitions' error codes counted by API."""
+        started = time.perf_counter()
+        response = await answer
+        api = response_class.__name__.removesuffix("Response")
+        errors = () if response is NO_RESPONSE else [code.name for code in _error_codes(response)]
+        self.app.metrics.observe_kafka_request(api, time.perf_counter() - started, errors)
+        return response
 
     def _parse(self, frame: bytes):
         """``(header, request, response class)`` of one request, or None when it cannot be
@@ -550,6 +559,20 @@ class KafkaListener:
 
 class _NotServed(LlogError):
     """The broker's role does not serve this API (a write-only broker asked to fetch)."""
+
+
+def _error_codes(entity) -> list[ErrorCode]:
+    """Every error code other than none in a response (its own, its topics', its partitions')."""
+    out = []
+    for f in dataclasses.fields(entity):
+        value = getattr(entity, f.name)
+        if isinstance(value, ErrorCode):
+            if value is not ErrorCode.none:
+                out.append(value)
+        elif isinstance(value, tuple) and value and dataclasses.is_dataclass(value[0]):
+            for item in value:
+                out += _error_codes(item)
+    return out
 
 
 def _record_times(batch: pa.RecordBatch) -> np.ndarray:

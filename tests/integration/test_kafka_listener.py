@@ -264,7 +264,16 @@ def test_a_batch_sent_again_to_another_listener_is_written_once(listeners, modul
         assert [r.value for r in reader.read_range(topic, 0, 1)] == [b"a", b"b", b"c"]
 
 
-def test_a_corrupt_batch_is_refused_and_nothing_is_written(listeners, module_config):
+def test_a_corrupt_batch_is_refused_and_nothing_is_written(brokers, listeners, module_config):
+    import httpx
+
+    def corrupt_answers() -> float:
+        text = httpx.get(f"{brokers[0][0]}/metrics/prometheus", timeout=30).text
+        line = next((x for x in text.splitlines()
+                     if x.startswith('leaderless_log_kafka_partition_errors_total{api="Produce",error="corrupt_message"}')), None)
+        return float(line.split()[-1]) if line else 0.0
+
+    before = corrupt_answers()
     topic = _topic()
     with LogWriter(module_config) as writer:
         create_topic(writer.coordination, module_config.root_prefix, topic, 1)
@@ -274,6 +283,7 @@ def test_a_corrupt_batch_is_refused_and_nothing_is_written(listeners, module_con
     assert code == 2  # CORRUPT_MESSAGE
     with LogReader(module_config) as reader:
         assert reader.high_watermark(topic, 0) == 0
+    assert corrupt_answers() == before + 1  # counted by API and error, for Prometheus
 
 
 def test_api_versions_of_a_version_not_served_lists_what_is(listeners):
