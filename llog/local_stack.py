@@ -48,6 +48,7 @@ port (``--broker-port``, else ``LLOG_STACK_BROKER_PORT``, else :data:`DEFAULT_BR
 ``--brokers N`` the brokers get free ports and HAProxy (:data:`HAPROXY`, config written to
 ``<stack_dir>/haproxy.cfg``) listens on the broker port, sending each request to the broker the
 consistent hash of its ``X-Llog-Partition: topic/partition`` header picks (docs/brokers.md).
+``--kafka-port K`` (with one broker) also starts its Kafka listener on K (docs/kafka.md).
 ``stack.json`` keeps ``broker``, the address clients use (the balancer when there is one), and
 ``brokers``, every broker process (``name``, ``pid``, ``port``, ``url``, ``role``, ``log``).
 :func:`kill_broker` and :func:`start_broker` act on one broker, :func:`haproxy_stats` reads the
@@ -837,6 +838,8 @@ def _broker_status(entry: dict | None) -> dict | None:
     url = f"http://{HOST}:{entry['port']}"
     out = {"pid": entry["pid"] if alive else None, "url": url, "port": entry["port"],
            "healthy": alive and _http_ok(f"{url}/health"), "log": entry.get("log")}
+    if entry.get("kafka_port") is not None:
+        out.update(kafka_port=entry["kafka_port"], kafka_bootstrap=f"{HOST}:{entry['kafka_port']}")
     if "balancer" in entry:
         out["balancer"] = entry["balancer"]
     return out
@@ -855,9 +858,11 @@ def _brokers_status(entries: Sequence[Mapping]) -> list[dict]:
 
 def up(stack_dir: Path | None = None, ports: StackPorts | None = None, bucket: str = "llog",
        timeout_s: float = 90, broker_port: int | None = None, oxia_cluster: bool = False,
-       oxia_shards: int = OXIA_CLUSTER_SHARDS, brokers: int | None = None, split_roles: bool = False) -> dict:
+       oxia_shards: int = OXIA_CLUSTER_SHARDS, brokers: int | None = None, split_roles: bool = False,
+       kafka_port: int | None = None) -> dict:
     """Install if needed, start Oxia and the S3 server, wait until healthy, write the settings file;
-    with ``broker_port``, also an HTTP broker (``python -m broker_lite``) on that port; with
+    with ``broker_port``, also an HTTP broker (``python -m broker_lite``) on that port (with
+    ``kafka_port``, its Kafka listener on that one, docs/kafka.md); with
     ``brokers`` as well, that many brokers on ports of their own behind HAProxy on ``broker_port``
     (``split_roles``: write and read brokers; see :func:`_start_brokers`). With
     ``oxia_cluster``, Oxia is a coordinator and 3 servers, ``oxia_shards`` shards with
@@ -887,6 +892,9 @@ def up(stack_dir: Path | None = None, ports: StackPorts | None = None, bucket: s
                                             oxia_metrics=cluster.servers[0].metrics)
             _check_ports(ports, cluster)
             _start(paths, ports, bucket, binaries, timeout_s, cluster)
+        if kafka_port is not None and (brokers is not None or broker_port is None):
+            raise ConfigError("the Kafka listener runs beside one broker (--broker), not behind the balancer of "
+                              "--brokers N")
         if brokers is not None:
             if broker_port is None:
                 raise ConfigError("brokers behind a balancer need the balancer's port (broker_port)")
@@ -895,8 +903,9 @@ def up(stack_dir: Path | None = None, ports: StackPorts | None = None, bucket: s
             if not ((_read_record(paths) or {}).get("broker_layout") == layout and running["broker"]["healthy"]
                     and all(b["healthy"] for b in running["brokers"])):
                 _start_brokers(paths, broker_port, brokers, split_roles, timeout_s)
-        elif broker_port is not None and not (current["broker"] or {}).get("healthy"):
-            _start_broker(paths, broker_port, timeout_s)
+        elif broker_port is not None and not ((current["broker"] or {}).get("healthy")
+                                              and (current["broker"] or {}).get("kafka_port") == kafka_port):
+            _start_broker(paths, broker_port, timeout_s, kafka_port)
     return status(paths.root)
 
 
@@ -930,7 +939,7 @@ def _oxia_cluster_config(cluster: OxiaCluster) -> str:
     return "\n".join(lines) + "\n"
 
 
-def _start_broker(paths: _Paths, port: int, timeout_s: float) -> None:
+def _start_broker(paths: _Paths, port: int, timeout_s: float, kafka_port: int | None = None) -> None:
     """The HTTP broker as a process of the stack: started by module name (the core does not
     import it), with the stack's settings file, stopped by ``down``. ``record["broker"]`` and
     ``record["brokers"][0]`` both name it."""
@@ -938,8 +947,11 @@ def _start_broker(paths: _Paths, port: int, timeout_s: float) -> None:
     _stop_recorded_brokers(record)
     if not _port_free(port):
         raise LlogError(f"the broker's port {port} is in use (--broker-port picks another)")
-    entry = _spawn_broker(paths, "broker", port, "both")
-    record.update(broker={k: entry[k] for k in ("pid", "binary", "port", "url", "log")}, brokers=[entry],
+    if kafka_port is not None and not _port_free(kafka_port):
+        raise LlogError(f"the Kafka listener's port {kafka_port} is in use (--kafka-port picks another)")
+    entry = _spawn_broker(paths, "broker", port, "both", kafka_port=kafka_port)
+    record.update(broker={k: entry[k] for k in ("pid", "binary", "port", "url", "log", "kafka_port") if k in entry},
+                  brokers=[entry],
                   broker_layout=None)
     _write_json(paths.record, record)
     _wait_broker(paths, entry, time.monotonic() + timeout_s, timeout_s)
@@ -954,19 +966,20 @@ def _stop_recorded_brokers(record: dict) -> None:
     record.pop("broker_layout", None)
 
 
-def _broker_command(port: int, role: str) -> list[str]:
+def _broker_command(port: int, role: str, kafka_port: int | None = None) -> list[str]:
     return [sys.executable, "-m", "broker_lite", "--host", HOST, "--port", str(port), "--role", role,
-            "--log-level", "warning"]
+            "--log-level", "warning", *(["--kafka-port", str(kafka_port)] if kafka_port is not None else [])]
 
 
-def _spawn_broker(paths: _Paths, name: str, port: int, role: str, tail_cache_dir: Path | None = None) -> dict:
+def _spawn_broker(paths: _Paths, name: str, port: int, role: str, tail_cache_dir: Path | None = None,
+                  kafka_port: int | None = None) -> dict:
     """Start one broker process; its ``record["brokers"]`` entry."""
     env = {**os.environ, "LLOG_SETTINGS_FILE": str(paths.settings)}
     if tail_cache_dir is not None:
         env["LLOG_TAIL_CACHE_DIR"] = str(tail_cache_dir)
-    entry = _spawn(paths, name, _broker_command(port, role), env)
+    entry = _spawn(paths, name, _broker_command(port, role, kafka_port), env)
     return {"name": name, **entry, "port": port, "url": f"http://{HOST}:{port}", "role": role,
-            "log": str(paths.log(name)),
+            "log": str(paths.log(name)), **({"kafka_port": kafka_port} if kafka_port is not None else {}),
             **({"tail_cache_dir": str(tail_cache_dir)} if tail_cache_dir is not None else {})}
 
 
@@ -1135,7 +1148,8 @@ def start_broker(stack_dir: Path | None, name: str, timeout_s: float = 60) -> di
             raise LlogError(f"{name} of the stack in {paths.root} is running (pid {entry['pid']})")
         started = time.monotonic()
         tail_cache_dir = entry.get("tail_cache_dir")
-        new = _spawn_broker(paths, name, entry["port"], entry["role"], tail_cache_dir and Path(tail_cache_dir))
+        new = _spawn_broker(paths, name, entry["port"], entry["role"], tail_cache_dir and Path(tail_cache_dir),
+                            kafka_port=entry.get("kafka_port"))
         entry.update(new)
         if record.get("broker", {}).get("port") == entry["port"]:  # the one broker clients use
             record["broker"].update(pid=new["pid"], binary=new["binary"])
@@ -1555,6 +1569,8 @@ def add_stack_command(subparsers) -> None:
                            help=f"also start an HTTP broker (python -m broker_lite) on 127.0.0.1 "
                                 f"(port: --broker-port, else ${BROKER_PORT_ENV} or {DEFAULT_BROKER_PORT})")
     up_parser.add_argument("--broker-port", type=int, metavar="PORT", default=None)
+    up_parser.add_argument("--kafka-port", type=int, metavar="PORT", default=None,
+                           help="with --broker: its Kafka listener on this port, for Kafka clients (docs/kafka.md)")
     up_parser.add_argument("--brokers", type=int, metavar="N", default=None,
                            help="start N brokers on ports of their own behind HAProxy, which listens on the broker "
                                 f"port and sends each topic-partition (header {PARTITION_HEADER}: topic/partition) "
@@ -1595,11 +1611,11 @@ def _cmd_up(args: argparse.Namespace) -> int:
         if args.broker and args.brokers is not None:
             raise ConfigError("--broker is one broker without a balancer; --brokers N is N behind one: choose one")
         broker_port = None
-        if args.broker or args.broker_port or args.brokers is not None:
+        if args.broker or args.broker_port or args.brokers is not None or args.kafka_port is not None:
             broker_port = args.broker_port or _broker_port_from_env()
         info = up(args.stack_dir, ports=ports, bucket=args.bucket, timeout_s=args.timeout, broker_port=broker_port,
                   oxia_cluster=args.oxia_cluster, oxia_shards=args.oxia_shards, brokers=args.brokers,
-                  split_roles=args.split_roles)
+                  split_roles=args.split_roles, kafka_port=args.kafka_port)
     except LlogError as e:
         print(f"llog stack up: {e}", file=sys.stderr)
         return 1
@@ -1675,7 +1691,8 @@ def _print_status(info: dict) -> None:
         for b in info.get("brokers", []):
             print(f"    {b['name']:<17} {_health(b)}  pid {_pid(b)}  {b['url']}  role {b['role']}")
     elif broker:
-        print(f"  broker     {_health(broker)}  pid {broker['pid'] or '-'}  {broker['url']}")
+        print(f"  broker     {_health(broker)}  pid {broker['pid'] or '-'}  {broker['url']}"
+              + (f"  Kafka bootstrap {broker['kafka_bootstrap']}" if broker.get("kafka_bootstrap") else ""))
     print(f"  settings   {info['settings_file']}")
 
 

@@ -95,6 +95,23 @@ def test_up_status_use_idempotent_down(tmp_path: Path) -> None:
         produced = httpx.post(f"{broker['url']}/produce", json={"topic_partitions": [
             {"topic": "stack", "partition": 0, "records": ["via the broker"]}]}, timeout=30)
         assert produced.status_code == 200, produced.text
+
+        # With --kafka-port the broker is started again with its Kafka listener (docs/kafka.md).
+        kafka_port = free_port()
+        with_kafka = up(stack_dir=tmp_path, ports=ports, bucket="llog-test", broker_port=broker["port"],
+                        kafka_port=kafka_port)
+        broker = with_kafka["broker"]
+        assert broker["healthy"] and broker["kafka_bootstrap"] == f"127.0.0.1:{kafka_port}"
+        from confluent_kafka import Consumer, Producer, TopicPartition
+
+        kafka = Producer({"bootstrap.servers": broker["kafka_bootstrap"]})
+        kafka.produce("stack", b"via Kafka", partition=0)
+        assert kafka.flush(30) == 0
+        consumer = Consumer({"bootstrap.servers": broker["kafka_bootstrap"], "group.id": "stack"})
+        consumer.assign([TopicPartition("stack", 0, 1)])
+        got = [consumer.poll(10) for _ in range(2)]
+        consumer.close()
+        assert [m.value() for m in got if m is not None and m.error() is None] == [b"via the broker", b"via Kafka"]
         pids = (*pids, broker["pid"])
 
         stopped = down(tmp_path)
