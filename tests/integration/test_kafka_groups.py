@@ -6,6 +6,9 @@ killing it costs the members a rebalance, never a committed offset."""
 
 from __future__ import annotations
 
+import datetime
+import importlib
+import io
 import socket
 import struct
 import time
@@ -15,6 +18,8 @@ from contextlib import ExitStack
 import pytest
 from confluent_kafka import Consumer, KafkaError, KafkaException, Producer, TopicPartition as KafkaPartition
 from confluent_kafka.admin import AdminClient
+from kio.schema.errors import ErrorCode
+from kio.serial import entity_reader, entity_writer
 
 from llog.consumer_groups import describe_group
 from llog.coordination import Coordination
@@ -267,3 +272,107 @@ def test_killing_the_coordinator_costs_a_rebalance_never_a_committed_offset(modu
             for member in members:
                 member.close()
         assert _committed(module_config, group, topic) == {p: 101 for p in range(PARTITIONS)}
+
+
+# --- raw requests (kio's types, as the listener's own) ---------------------------------------------
+
+class Raw:
+    """One connection that sends kio requests and reads their responses."""
+
+    def __init__(self, address: str):
+        host, port = address.split(":")
+        self.sock = socket.create_connection((host, int(port)), timeout=60)
+        self.correlation = 0
+
+    def call(self, api: str, version: int, **fields):
+        request_module = importlib.import_module(f"kio.schema.{api}.v{version}.request")
+        response_module = importlib.import_module(f"kio.schema.{api}.v{version}.response")
+        name = "".join(part.title() for part in api.split("_"))
+        request_class = getattr(request_module, f"{name}Request")
+        response_class = getattr(response_module, f"{name}Response")
+        self.correlation += 1
+        header_class = request_class.__header_schema__
+        out = io.BytesIO()
+        entity_writer(header_class)(out, header_class(request_api_key=request_class.__api_key__,
+                                                      request_api_version=version, correlation_id=self.correlation,
+                                                      client_id="raw"))
+        entity_writer(request_class)(out, request_class(**fields))
+        frame = out.getvalue()
+        self.sock.sendall(struct.pack(">i", len(frame)) + frame)
+        data = memoryview(_read(self.sock, struct.unpack(">i", _read(self.sock, 4))[0]))
+        header, used = entity_reader(response_class.__header_schema__)(data, 0)
+        assert header.correlation_id == self.correlation
+        return entity_reader(response_class)(data, used)[0], response_module
+
+    def close(self) -> None:
+        self.sock.close()
+
+
+def _join(raw: Raw, group: str, member_id: str = ""):
+    from kio.schema.join_group.v5.request import JoinGroupRequestProtocol
+
+    response, _ = raw.call("join_group", 5, group_id=group, session_timeout=datetime.timedelta(seconds=6),
+                           rebalance_timeout=datetime.timedelta(seconds=10), member_id=member_id,
+                           group_instance_id=None, protocol_type="consumer",
+                           protocols=(JoinGroupRequestProtocol(name="range", metadata=b"m"),))
+    return response
+
+
+def _commit(raw: Raw, group: str, topic: str, generation: int, member_id: str, offset: int) -> ErrorCode:
+    from kio.schema.offset_commit.v8.request import OffsetCommitRequestPartition, OffsetCommitRequestTopic
+
+    response, _ = raw.call("offset_commit", 8, group_id=group, generation_id_or_member_epoch=generation,
+                           member_id=member_id, group_instance_id=None, topics=(OffsetCommitRequestTopic(
+                               name=topic, partitions=(OffsetCommitRequestPartition(
+                                   partition_index=0, committed_offset=offset, committed_leader_epoch=-1,
+                                   committed_metadata=""),)),))
+    return response.topics[0].partitions[0].error_code
+
+
+def _heartbeat(raw: Raw, group: str, generation: int, member_id: str) -> ErrorCode:
+    response, _ = raw.call("heartbeat", 4, group_id=group, generation_id=generation, member_id=member_id,
+                           group_instance_id=None)
+    return response.error_code
+
+
+def test_generations_fence_commits_and_a_silent_member_is_removed_after_its_session_timeout(
+        listeners, module_config):
+    from kio.schema.sync_group.v3.request import SyncGroupRequestAssignment
+
+    topic, group = _topic(module_config, 1), f"grp{uuid.uuid4().hex[:8]}"
+    _produce(listeners[0], topic, 10, "x", partitions=1)
+    _, _, host, port = _find_coordinator(listeners[0], group)
+    raw = Raw(f"{host}:{port}")
+    try:
+        first = _join(raw, group)
+        assert first.error_code == ErrorCode.member_id_required and first.member_id  # KIP-394
+        joined = _join(raw, group, first.member_id)
+        assert joined.error_code == ErrorCode.none and joined.leader == first.member_id
+        assert [m.member_id for m in joined.members] == [first.member_id]
+        member, generation = first.member_id, joined.generation_id
+        synced, _ = raw.call("sync_group", 3, group_id=group, generation_id=generation, member_id=member,
+                             group_instance_id=None, assignments=(SyncGroupRequestAssignment(
+                                 member_id=member, assignment=b"mine"),))
+        assert synced.error_code == ErrorCode.none and synced.assignment == b"mine"
+
+        assert _commit(raw, group, topic, generation, member, 9) == ErrorCode.none
+        assert _commit(raw, group, topic, generation - 1, member, 4) == ErrorCode.illegal_generation
+        assert _commit(raw, group, topic, -1, "", 4) == ErrorCode.unknown_member_id  # the group has a member
+        assert _committed(module_config, group, topic) == {0: 9}
+        assert _commit(raw, group, topic, generation, member, 5) == ErrorCode.none  # back, by its member
+        assert _committed(module_config, group, topic) == {0: 5}
+        assert _heartbeat(raw, group, generation, member) == ErrorCode.none
+        assert _heartbeat(raw, group, generation + 1, member) == ErrorCode.illegal_generation
+
+        # No heartbeat for longer than the session timeout (6 s): the member is removed.
+        deadline = time.monotonic() + 30
+        time.sleep(6.5)
+        while (code := _heartbeat(raw, group, generation, member)) == ErrorCode.none:
+            assert time.monotonic() < deadline, "the silent member was not removed"
+            time.sleep(7)
+        assert code == ErrorCode.unknown_member_id
+        assert _commit(raw, group, topic, generation, member, 8) == ErrorCode.unknown_member_id
+        assert _commit(raw, group, topic, -1, "", 8) == ErrorCode.none  # no members now: assign()'s commit
+        assert _committed(module_config, group, topic) == {0: 8}
+    finally:
+        raw.close()
