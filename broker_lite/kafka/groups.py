@@ -118,8 +118,13 @@ class GroupCoordinator:
     # --- ownership ------------------------------------------------------------------------------
 
     async def owned(self, group_id: str, create: bool = True) -> Group | None:
-        """The group's state when this listener coordinates it (claiming it when free), else None."""
-        holder = await self.registry.coordinator(group_id)
+        """The group's state when this listener coordinates it (claiming it when free), else None
+        (also when Oxia cannot say: the member is answered NOT_COORDINATOR and looks again)."""
+        try:
+            holder = await self.registry.coordinator(group_id)
+        except LlogError as e:
+            log.warning("Kafka group %s: finding its coordinator failed: %s", group_id, e)
+            return None
         if holder is None or holder.node_id != self.registry.node_id or not self.registry.holds(group_id):
             return None
         group = self.groups.get(group_id)

@@ -9,8 +9,10 @@ from __future__ import annotations
 import datetime
 import importlib
 import io
+import shutil
 import socket
 import struct
+import subprocess
 import time
 import uuid
 from contextlib import ExitStack
@@ -230,12 +232,17 @@ def test_the_admin_client_lists_and_describes_groups(listeners, module_config):
         b.close()
 
 
-def test_killing_the_coordinator_costs_a_rebalance_never_a_committed_offset(module_config):
+@pytest.mark.parametrize("how", ["kill", "stop"])
+def test_killing_the_coordinator_costs_a_rebalance_never_a_committed_offset(module_config, how):
+    """kill -9: the group moves once the coordinator's Oxia session expires (4 s here). A stop
+    (SIGTERM) deletes the claims (the listener releases them, and its closing Oxia session would
+    too): the group moves at once, and the session timeout is set far past this test's bounds
+    (5 min), so that only that lets it move."""
     # A root of its own: no listener but these two is registered, so the group must move to the survivor.
     module_config = module_config.replace(root_prefix=f"t{uuid.uuid4().hex[:12]}")
     topic, group = _topic(module_config), f"grp{uuid.uuid4().hex[:8]}"
     with ExitStack() as stack:
-        started = _start(stack, module_config, 2, LLOG_OXIA_SESSION_TIMEOUT_MS=4000)
+        started = _start(stack, module_config, 2, LLOG_OXIA_SESSION_TIMEOUT_MS=4000 if how == "kill" else 300_000)
         addresses = [address for address, _ in started]
         bootstrap = ",".join(addresses)
         a, b = Member(bootstrap, group, topic), Member(bootstrap, group, topic)
@@ -251,8 +258,11 @@ def test_killing_the_coordinator_costs_a_rebalance_never_a_committed_offset(modu
             assert code == 0
             coordinator = addresses.index(f"{host}:{port}")
             survivor = addresses[1 - coordinator]
-            started[coordinator][1].kill()  # kill -9
-            started[coordinator][1].wait(10)
+            if how == "kill":
+                started[coordinator][1].kill()  # kill -9
+            else:
+                started[coordinator][1].terminate()
+            started[coordinator][1].wait(60)
             rebalances, read_before = len(a.assigned) + len(b.assigned), (len(a.read), len(b.read))
 
             _produce(survivor, topic, 200, "two")
@@ -376,3 +386,31 @@ def test_generations_fence_commits_and_a_silent_member_is_removed_after_its_sess
         assert _committed(module_config, group, topic) == {0: 8}
     finally:
         raw.close()
+
+
+def _kafka_tool(main: str, *args: str) -> str:
+    """Run one of Kafka 4.4's own tools (its jars, as the benches resolve them); its output."""
+    from bench.kafka_broker import KAFKA_CACHE, KAFKA_VERSION
+
+    jars = KAFKA_CACHE / KAFKA_VERSION
+    if shutil.which("java") is None or not any(jars.glob("*.jar")):
+        pytest.skip(f"needs java and Kafka's jars in {jars} (python -m bench resolves them)")
+    done = subprocess.run(["java", "-cp", f"{jars}/*", main, *args], capture_output=True, text=True, timeout=180)
+    assert done.returncode == 0, done.stderr[-3000:]
+    return done.stdout
+
+
+def test_kafkas_own_console_consumer_and_consumer_groups_tool(listeners, module_config):
+    """Kafka 4.4's Java client joins a group and commits; ``kafka-consumer-groups --describe``
+    prints the offsets ``llog groups describe`` prints."""
+    topic, group = _topic(module_config), f"grp{uuid.uuid4().hex[:8]}"
+    _produce(listeners[0], topic, 40, "java")
+    out = _kafka_tool("org.apache.kafka.tools.consumer.ConsoleConsumer", "--bootstrap-server", listeners[1],
+                      "--topic", topic, "--group", group, "--from-beginning", "--max-messages", "40",
+                      "--timeout-ms", "60000")
+    assert sorted(out.split()) == sorted(f"java-{i}" for i in range(40))
+    assert _committed(module_config, group, topic) == {p: 11 for p in range(PARTITIONS)}
+    out = _kafka_tool("org.apache.kafka.tools.consumer.group.ConsumerGroupCommand", "--bootstrap-server",
+                      ",".join(listeners), "--describe", "--group", group)
+    rows = [line.split() for line in out.splitlines() if line.startswith(group)]
+    assert {int(r[2]): (int(r[3]), int(r[4]), int(r[5])) for r in rows} == {p: (11, 11, 0) for p in range(PARTITIONS)}
