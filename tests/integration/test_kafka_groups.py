@@ -414,3 +414,42 @@ def test_kafkas_own_console_consumer_and_consumer_groups_tool(listeners, module_
                       ",".join(listeners), "--describe", "--group", group)
     rows = [line.split() for line in out.splitlines() if line.startswith(group)]
     assert {int(r[2]): (int(r[3]), int(r[4]), int(r[5])) for r in rows} == {p: (11, 11, 0) for p in range(PARTITIONS)}
+
+
+def test_kafka_python_consumers_share_a_group_with_librdkafka_ones(listeners, module_config):
+    """kafka-python's own implementation of the classic protocol, in one group with librdkafka."""
+    from kafka import KafkaConsumer
+
+    topic, group = _topic(module_config), f"grp{uuid.uuid4().hex[:8]}"
+    a = Member(listeners[0], group, topic)
+    b = KafkaConsumer(topic, bootstrap_servers=listeners[1], group_id=group, enable_auto_commit=False,
+                      auto_offset_reset="earliest", session_timeout_ms=6000, heartbeat_interval_ms=500)
+    read_b: list[tuple[int, int, bytes]] = []
+
+    def poll_b():
+        # kafka-python 3.0.12 drops a join that finishes after its poll's timeout and joins again
+        # (seen with 0.2 s and 3 s polls: a rebalance every poll): a poll long enough for a join.
+        for records in b.poll(timeout_ms=10000).values():
+            read_b.extend((r.partition, r.offset, r.value) for r in records)
+        if read_b:
+            b.commit()
+
+    try:
+        deadline = time.monotonic() + 90
+        while not (a.owns and b.assignment() and len(a.owns) + len(b.assignment()) == PARTITIONS
+                   and not a.owns & {tp.partition for tp in b.assignment()}):
+            assert time.monotonic() < deadline, "the two consumers did not split the partitions"
+            a.poll()
+            poll_b()
+        _produce(listeners[0], topic, 100, "mixed")
+        while len(a.read) + len(read_b) < 100:
+            assert time.monotonic() < deadline + 60, "the records were not read"
+            a.poll()
+            poll_b()
+        read = a.read + read_b
+        assert sorted(v for _, _, v in read) == sorted(f"mixed-{i}".encode() for i in range(100))
+        assert {p for p, _, _ in read_b} == {tp.partition for tp in b.assignment()}
+    finally:
+        b.close()
+        a.close()
+    assert _committed(module_config, group, topic) == {p: 26 for p in range(PARTITIONS)}
