@@ -274,6 +274,15 @@ class GroupCoordinator:
         elif member_id not in group.members:
             return _Joined(ErrorCode.unknown_member_id, member_id)
         member = group.members.get(member_id)
+        if (member is not None and member.protocols == protocols and (
+                group.state == COMPLETING or (group.state == STABLE and member_id != group.leader))):
+            # Kafka's rule: a member that joins again with nothing changed gets the current
+            # generation (the leader in Stable rebalances: it may want a new assignment).
+            member.seen = time.monotonic()
+            everyone = tuple((m.member_id, m.group_instance_id, m.metadata(group.protocol))
+                             for m in group.members.values()) if member_id == group.leader else ()
+            return _Joined(ErrorCode.none, member_id, group.generation, group.protocol_type, group.protocol,
+                           group.leader, everyone)
         if member is None:
             member = group.members[member_id] = Member(member_id, client_id, client_host, session_ms / 1000,
                                                        rebalance_ms / 1000, request.protocol_type, protocols,
