@@ -23,8 +23,8 @@ from llog.control import backoff
 from llog.coordination import EXPECTED_ABSENT, Coordination
 from llog.discovery import partitions_of, topic_records
 from llog.errors import (
-    CorruptRecord, InvalidOffset, MaxRetriesExceeded, PartitionNotInitialized, TopicDeleted, TopicNotFound,
-    VersionConflict,
+    CorruptRecord, InvalidOffset, LlogError, MaxRetriesExceeded, PartitionNotInitialized, TopicDeleted, TopicNotFound,
+    UnknownPartition, VersionConflict,
 )
 from llog.keys import PartitionKeys, TopicPartition, validate_group
 from llog.records import ConsumerOffset, ControlRecord, now_ms
@@ -62,6 +62,46 @@ def commit_offsets(coordination: Coordination, root: str, group: str, offsets: M
     keys = incarnation_keys(coordination, root, offsets, topic_ids)
     return _cas_offsets(coordination, keys, group, offsets, lambda current, new: current is None or new > current,
                         "committing offsets")
+
+
+def store_offsets(coordination: Coordination, root: str, group: str, offsets: Mapping[TopicPartition, int]
+                  ) -> dict[TopicPartition, int | LlogError]:
+    """Kafka's OffsetCommit (docs/protocol.md section 9.5): set ``group``'s next offset to read on
+    each partition to the one given, forward or back, in the incarnation current now. The caller
+    has checked the committer's generation, which is what lets a commit move a group back. Each
+    offset must lie in ``1..high watermark + 1``. Returns, per partition, the offset stored or
+    the error that refused it (the others are stored all the same)."""
+    validate_group(group)
+    records = {r.topic: r for r in topic_records(coordination, root, {tp.topic for tp in offsets})}
+    out: dict[TopicPartition, int | LlogError] = {}
+    keys: dict[TopicPartition, PartitionKeys] = {}
+    for tp in offsets:
+        record = records.get(tp.topic)
+        if record is None or record.deleting:
+            out[tp] = TopicNotFound(tp.topic)
+        elif tp.partition >= record.partitions:
+            out[tp] = UnknownPartition(tp.topic, tp.partition, record.partitions)
+        else:
+            keys[tp] = PartitionKeys(root, tp, record.topic_id)
+    controls = coordination.get_many([(k.control, k.partition_key) for k in keys.values()])
+    for (tp, k), control in zip(list(keys.items()), controls):
+        end = 1  # a partition never written to: its log end is 1
+        if control is not None:
+            record = ControlRecord.from_json(control.value, k.control)
+            if record.deleted:
+                out[tp] = TopicDeleted(tp.topic, tp.partition, k.topic_id)
+                del keys[tp]
+                continue
+            end = record.high_watermark + 1
+        if not 1 <= offsets[tp] <= end:
+            out[tp] = InvalidOffset(f"{tp}: offset {offsets[tp]} is outside 1..{end} (the log end offset, the next "
+                                    f"to be written)")
+            del keys[tp]
+    if keys:
+        _cas_offsets(coordination, keys, group, {tp: offsets[tp] for tp in keys}, lambda current, new: current != new,
+                     "committing offsets")
+        out.update({tp: offsets[tp] for tp in keys})
+    return out
 
 
 def reset_offsets(coordination: Coordination, root: str, group: str, to: str,

@@ -190,6 +190,25 @@ def topic_keys_range(root: str) -> tuple[str, str]:
     return f"{root}/topics/", f"{root}/topics/~"
 
 
+#: The partition key of the Kafka listeners' registry and group claims (docs/protocol.md section 9.5).
+KAFKA_PARTITION_KEY = "kafka"
+
+
+def kafka_listener_key(root: str, node_id: int) -> str:
+    """``R/kafka/listeners/{node_id}``, a registered Kafka listener (docs/protocol.md section 9.5)."""
+    return f"{root}/kafka/listeners/{node_id}"
+
+
+def kafka_listeners_range(root: str) -> tuple[str, str]:
+    """``[R/kafka/listeners/, R/kafka/listeners/~)``: every registered Kafka listener and no other key."""
+    return f"{root}/kafka/listeners/", f"{root}/kafka/listeners/~"
+
+
+def kafka_group_key(root: str, group: str) -> str:
+    """``R/kafka/groups/{group}``, the claim naming a Kafka group's coordinator (docs/protocol.md section 9.5)."""
+    return f"{root}/kafka/groups/{validate_group(group)}"
+
+
 def shared_wal_object(root: str, blob_id: str | None = None) -> str:
     """``R/wal-shared/{uuid}`` (section 3)."""
     return f"{root}/wal-shared/{blob_id or uuid.uuid4()}"

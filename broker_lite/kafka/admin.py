@@ -44,7 +44,8 @@ async def describe_cluster(listener, request, response_class):
                     for node, host, port in listener.known_brokers())
     return _build(response_class, response_class.__name__, throttle_time=_ZERO, error_code=ErrorCode.none,
                   error_message=None, endpoint_type=1, cluster_id=listener.cluster_id,
-                  controller_id=brokers[0].broker_id, brokers=brokers, cluster_authorized_operations=_NO_OPERATIONS)
+                  controller_id=listener.registry.node_id, brokers=brokers,
+                  cluster_authorized_operations=_NO_OPERATIONS)
 
 
 @serve(32, "describe_configs", "DescribeConfigsRequest", 1, 4)

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import contextvars
 import dataclasses
 import datetime
 import functools
@@ -59,7 +60,7 @@ APIS = {
 }
 API_VERSIONS = 18
 #: The modules that serve more APIs (each registers its handlers with :func:`serve`).
-SERVING_MODULES: tuple[str, ...] = ("broker_lite.kafka.admin",)
+SERVING_MODULES: tuple[str, ...] = ("broker_lite.kafka.admin", "broker_lite.kafka.groups")
 #: APIs other modules serve (``broker_lite.kafka.groups``, ...): API key -> handler, a coroutine
 #: function ``(listener, request, response_class) -> response`` (:func:`serve`).
 EXTRA_HANDLERS: dict = {}
@@ -74,8 +75,9 @@ def serve(api_key: int, module: str, request_class: str, low: int, high: int):
         EXTRA_HANDLERS[api_key] = handler
         return handler
     return register
-#: The one node a listener names: itself (docs/kafka.md section 3).
-NODE_ID = 0
+#: ``(client id, client host)`` of the request being handled, for handlers that name their
+#: client (JoinGroup, DescribeGroups).
+CLIENT: contextvars.ContextVar[tuple[str, str]] = contextvars.ContextVar("kafka_client", default=("", ""))
 #: Kafka's "no authorized operations" marker in Metadata.
 _NO_OPERATIONS = -2147483648
 #: ListOffsets' special timestamps.
@@ -165,6 +167,7 @@ class KafkaListener:
         self.cluster_id = cluster_id(app.config.root_prefix)
         self.max_request_bytes = app.max_request_bytes + _HEADROOM
         self._server: asyncio.Server | None = None
+        self.registry = None  # the listeners' registry in Oxia (registry.py), once started
         self._connections: set[asyncio.Task] = set()
         for module in SERVING_MODULES:  # they register their APIs (serve) when imported
             importlib.import_module(module)
@@ -176,11 +179,18 @@ class KafkaListener:
         self._server = await asyncio.start_server(self._serve, self.host, self.port)
         if self.port == 0:  # an ephemeral port: the one the system gave
             self.port = self._server.sockets[0].getsockname()[1]
+        from broker_lite.kafka.registry import ListenerRegistry
+
+        self.registry = ListenerRegistry(self.app.reader.coordination, self.app.config.root_prefix, self.advertised_host,
+                                         self.port, self.app.broker_id, self.app.config.oxia_session_timeout_ms)
+        await self.registry.start()
         log.info("Kafka listener on %s:%d (advertised %s:%d)", self.host, self.port, self.advertised_host, self.port)
 
     async def stop(self) -> None:
         if self._server is not None:
             self._server.close()
+        if self.registry is not None:
+            await self.registry.stop()
         for task in list(self._connections):
             task.cancel()
         if self._connections:
@@ -191,6 +201,8 @@ class KafkaListener:
     async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         task = asyncio.current_task()
         self._connections.add(task)
+        peer = writer.get_extra_info("peername")
+        host = peer[0] if isinstance(peer, tuple) else ""
         answers: asyncio.Queue = asyncio.Queue()
         replier = asyncio.create_task(self._reply(answers, writer))
         try:
@@ -212,6 +224,7 @@ class KafkaListener:
                     return
                 header, request, response_class = parsed
                 handler = self._handlers[header.request_api_key]
+                CLIENT.set((getattr(header, "client_id", None) or "", host))  # the handler's task copies it
                 answers.put_nowait((header.correlation_id, response_class,
                                     asyncio.create_task(self._timed(response_class, handler(request, response_class)))))
         except (ConnectionError, asyncio.IncompleteReadError):
@@ -286,8 +299,9 @@ class KafkaListener:
                       throttle_time=datetime.timedelta(0))
 
     def known_brokers(self) -> list[tuple[int, str, int]]:
-        """``(node id, host, port)`` of the listeners a client is told of: this one."""
-        return [(NODE_ID, self.advertised_host, self.port)]
+        """``(node id, host, port)`` of the listeners a client is told of: the registered ones
+        (registry.py), this one always among them."""
+        return [(b.node_id, b.host, b.port) for b in self.registry.brokers()]
 
     async def _metadata(self, request, response_class):
         brokers = tuple(_build(response_class, "MetadataResponseBroker", node_id=node, host=host, port=port, rack=None)
@@ -297,7 +311,8 @@ class KafkaListener:
         records = await asyncio.to_thread(self._topics, names, allow)
         topics = [self._metadata_topic(response_class, name, record) for name, record in records]
         return _build(response_class, response_class.__name__, throttle_time=datetime.timedelta(0),
-                      brokers=brokers, cluster_id=self.cluster_id, controller_id=NODE_ID, topics=tuple(topics),
+                      brokers=brokers, cluster_id=self.cluster_id, controller_id=self.registry.node_id,
+                      topics=tuple(topics),
                       cluster_authorized_operations=_NO_OPERATIONS)
 
     def _topics(self, names: list[str] | None, allow_create: bool) -> list[tuple[str, object]]:
@@ -333,7 +348,8 @@ class KafkaListener:
                           topic_authorized_operations=_NO_OPERATIONS)
         partitions = tuple(
             _build(response_class, "MetadataResponsePartition", error_code=ErrorCode.none, partition_index=p,
-                   leader_id=NODE_ID, leader_epoch=0, replica_nodes=(NODE_ID,), isr_nodes=(NODE_ID,),
+                   leader_id=self.registry.node_id, leader_epoch=0, replica_nodes=(self.registry.node_id,),
+                   isr_nodes=(self.registry.node_id,),
                    offline_replicas=())
             for p in range(record.partitions))
         return _build(response_class, "MetadataResponseTopic", error_code=ErrorCode.none, name=name,

@@ -1,0 +1,456 @@
+"""Kafka consumer groups on the listener (docs/kafka.md section 6, docs/protocol.md section 9.5)
+with real clients against broker processes: confluent-kafka consumers that ``subscribe()`` split
+the partitions, rebalance when one leaves, commit into llog's consumer-group records (what
+``llog groups describe`` reads) and resume from them; two listeners name one coordinator, and
+killing it costs the members a rebalance, never a committed offset."""
+
+from __future__ import annotations
+
+import datetime
+import importlib
+import io
+import shutil
+import socket
+import struct
+import subprocess
+import time
+import uuid
+from contextlib import ExitStack
+
+import pytest
+from confluent_kafka import Consumer, KafkaError, KafkaException, Producer, TopicPartition as KafkaPartition
+from confluent_kafka.admin import AdminClient
+from kio.schema.errors import ErrorCode
+from kio.serial import entity_reader, entity_writer
+
+from llog.consumer_groups import describe_group
+from llog.coordination import Coordination
+from llog.topics import create_topic
+from tests.helpers.broker_process import free_port, run_broker
+
+PARTITIONS = 4
+#: Consumers' settings: short timeouts so a rebalance is quick; the coordinator's minimum session
+#: timeout is Kafka's, 6 s.
+SETTINGS = {"enable.auto.commit": False, "auto.offset.reset": "earliest", "session.timeout.ms": 6000,
+            "heartbeat.interval.ms": 500, "topic.metadata.refresh.interval.ms": 2000, "reconnect.backoff.max.ms": 1000}
+
+
+def _start(stack: ExitStack, config, count: int, **settings) -> list[tuple[str, object]]:
+    """``count`` broker processes with Kafka listeners: ``(bootstrap address, process)`` of each."""
+    out = []
+    for _ in range(count):
+        port = free_port()
+        _, proc = stack.enter_context(run_broker(config, args=["--kafka-port", str(port)], **settings))
+        out.append((f"127.0.0.1:{port}", proc))
+    return out
+
+
+@pytest.fixture(scope="module")
+def listeners(module_config):
+    with ExitStack() as stack:
+        yield [address for address, _ in _start(stack, module_config, 2)]
+
+
+def _topic(config, partitions: int = PARTITIONS) -> str:
+    topic = f"g{uuid.uuid4().hex[:10]}"
+    with Coordination(config) as coordination:
+        create_topic(coordination, config.root_prefix, topic, partitions)
+    return topic
+
+
+def _produce(bootstrap: str, topic: str, count: int, tag: str, partitions: int = PARTITIONS) -> None:
+    producer = Producer({"bootstrap.servers": bootstrap, "linger.ms": 5})
+    failed = []
+    for i in range(count):
+        producer.produce(topic, f"{tag}-{i}".encode(), partition=i % partitions,
+                         on_delivery=lambda err, _: err is not None and failed.append(err))
+    assert producer.flush(60) == 0 and failed == []
+
+
+class Member:
+    """A subscribed consumer that commits what each poll returned, synchronously, before it polls
+    again: what it read is committed before any rebalance can move its partitions."""
+
+    def __init__(self, bootstrap: str, group: str, topic: str):
+        self.assigned: list[set[int]] = []
+        self.consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": group, **SETTINGS})
+        self.consumer.subscribe([topic], on_assign=self._on_assign)
+        self.read: list[tuple[int, int, bytes]] = []
+        self.unsaved = False  # a commit failed: the next poll commits again
+
+    def _on_assign(self, consumer, partitions):
+        self.assigned.append({p.partition for p in partitions})
+
+    @property
+    def owns(self) -> set[int]:
+        return self.assigned[-1] if self.assigned else set()
+
+    def poll(self) -> None:
+        messages = self.consumer.consume(num_messages=100, timeout=0.2)
+        good = [m for m in messages if m.error() is None]
+        self.read += [(m.partition(), m.offset(), m.value()) for m in good]
+        if good or self.unsaved:
+            try:
+                self.consumer.commit(asynchronous=False)
+                self.unsaved = False
+            except KafkaException as e:  # a rebalance or a coordinator move under way: commit again
+                self.unsaved = e.args[0].code() != KafkaError._NO_OFFSET
+                print("commit:", e)
+
+    def close(self) -> None:
+        self.consumer.close()
+
+
+def _until(members: list[Member], done, what: str, timeout_s: float = 90) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not done():
+        assert time.monotonic() < deadline, f"not within {timeout_s:.0f} s: {what}"
+        for member in members:
+            member.poll()
+
+
+def _split(members: list[Member]) -> bool:
+    owned = [m.owns for m in members]
+    return all(owned) and set().union(*owned) == set(range(PARTITIONS)) and sum(map(len, owned)) == PARTITIONS
+
+
+def _committed(config, group: str, topic: str) -> dict[int, int]:
+    with Coordination(config) as coordination:
+        return {r.partition: r.committed_offset for r in describe_group(coordination, config.root_prefix, group, [topic])}
+
+
+def _find_coordinator(address: str, group: str) -> tuple[int, int, str, int]:
+    """FindCoordinator v0, raw: ``(error code, node id, host, port)``."""
+    host, port = address.split(":")
+    key, client = group.encode(), b"test"
+    frame = struct.pack(">hhih", 10, 0, 7, len(client)) + client + struct.pack(">h", len(key)) + key
+    with socket.create_connection((host, int(port)), timeout=30) as sock:
+        sock.sendall(struct.pack(">i", len(frame)) + frame)
+        size = struct.unpack(">i", _read(sock, 4))[0]
+        data = _read(sock, size)[4:]
+    code, node = struct.unpack(">hi", data[:6])
+    length = struct.unpack(">h", data[6:8])[0]
+    return code, node, data[8:8 + length].decode(), struct.unpack(">i", data[8 + length:12 + length])[0]
+
+
+def _read(sock: socket.socket, n: int) -> bytes:
+    out = b""
+    while len(out) < n:
+        chunk = sock.recv(n - len(out))
+        assert chunk, "the listener closed the connection"
+        out += chunk
+    return out
+
+
+def test_a_group_of_two_splits_the_partitions_rebalances_when_one_leaves_and_resumes_from_its_commits(
+        listeners, module_config):
+    topic, group = _topic(module_config), f"grp{uuid.uuid4().hex[:8]}"
+    a, b = Member(listeners[0], group, topic), Member(listeners[1], group, topic)
+    members = [a, b]
+    try:
+        _until(members, lambda: _split(members), "the two members split the partitions")
+        first = (set(a.owns), set(b.owns))
+        _produce(listeners[0], topic, 200, "one")
+        _until(members, lambda: len(a.read) + len(b.read) >= 200, "200 records read by the two")
+        assert {p for p, _, _ in a.read} <= first[0] and {p for p, _, _ in b.read} <= first[1]
+        assert a.read and b.read
+
+        b.close()  # LeaveGroup: a rebalance gives every partition to a
+        members = [a]
+        _until(members, lambda: a.owns == set(range(PARTITIONS)), "a owns every partition after b left")
+        _produce(listeners[1], topic, 200, "two")
+        _until(members, lambda: len(a.read) + len(b.read) >= 400, "400 records read")
+        for _ in range(5):  # anything read twice would show up now
+            a.poll()
+        read = a.read + b.read
+        assert len(read) == 400 and len({(p, o) for p, o, _ in read}) == 400  # every record once
+        assert sorted(v for _, _, v in read) == sorted([f"one-{i}".encode() for i in range(200)]
+                                                       + [f"two-{i}".encode() for i in range(200)])
+    finally:
+        for member in members:
+            member.close()
+
+    # What llog groups describe prints: the next offset to read, everything read (log end = 101).
+    committed = _committed(module_config, group, topic)
+    assert committed == {p: 101 for p in range(PARTITIONS)}
+
+    _produce(listeners[0], topic, 40, "three")
+    c = Member(listeners[1], group, topic)
+    try:
+        _until([c], lambda: len(c.read) >= 40, "a restarted member reads what was produced after the commits")
+        for _ in range(5):
+            c.poll()
+        assert sorted(v for _, _, v in c.read) == sorted(f"three-{i}".encode() for i in range(40))
+        assert min(o for _, o, _ in c.read) == 101  # resumed from the committed offsets, not from earliest
+        kafka_view = c.consumer.committed([KafkaPartition(topic, p) for p in range(PARTITIONS)], timeout=30)
+        assert {tp.partition: tp.offset for tp in kafka_view} == _committed(module_config, group, topic) \
+            == {p: 111 for p in range(PARTITIONS)}
+    finally:
+        c.close()
+
+
+def test_a_consumer_that_assigns_commits_while_the_group_has_no_members_and_a_stale_generation_is_refused(
+        listeners, module_config):
+    topic, group = _topic(module_config, 1), f"grp{uuid.uuid4().hex[:8]}"
+    _produce(listeners[0], topic, 10, "x", partitions=1)
+    consumer = Consumer({"bootstrap.servers": listeners[1], "group.id": group, "enable.auto.commit": False})
+    try:
+        consumer.commit(offsets=[KafkaPartition(topic, 0, 7)], asynchronous=False)
+        assert _committed(module_config, group, topic) == {0: 7}
+        consumer.commit(offsets=[KafkaPartition(topic, 0, 3)], asynchronous=False)  # back: Kafka's rule
+        assert _committed(module_config, group, topic) == {0: 3}
+        with pytest.raises(KafkaException):  # past the log end (11)
+            consumer.commit(offsets=[KafkaPartition(topic, 0, 50)], asynchronous=False)
+        assert _committed(module_config, group, topic) == {0: 3}
+    finally:
+        consumer.close()
+
+
+def test_two_listeners_name_the_same_coordinator(listeners):
+    for _ in range(3):
+        group = f"grp{uuid.uuid4().hex[:8]}"
+        answers = {_find_coordinator(address, group) for address in listeners}
+        assert len(answers) == 1, answers
+        code, node, host, port = answers.pop()
+        assert code == 0 and f"{host}:{port}" in listeners
+
+
+def test_the_admin_client_lists_and_describes_groups(listeners, module_config):
+    topic, group = _topic(module_config), f"grp{uuid.uuid4().hex[:8]}"
+    a, b = Member(listeners[0], group, topic), Member(listeners[1], group, topic)
+    try:
+        _until([a, b], lambda: _split([a, b]), "the two members split the partitions")
+        admin = AdminClient({"bootstrap.servers": ",".join(listeners)})
+        listed = admin.list_consumer_groups(request_timeout=30).result(60)
+        assert group in {g.group_id for g in listed.valid}, (listed.valid, listed.errors)
+        described = admin.describe_consumer_groups([group], request_timeout=30)[group].result(60)
+        assert described.state.name == "STABLE"
+        assigned = {m.member_id: {tp.partition for tp in m.assignment.topic_partitions} for m in described.members}
+        assert sorted(assigned.values(), key=min) == sorted([a.owns, b.owns], key=min)
+    finally:
+        a.close()
+        b.close()
+
+
+@pytest.mark.parametrize("how", ["kill", "stop"])
+def test_killing_the_coordinator_costs_a_rebalance_never_a_committed_offset(module_config, how):
+    """kill -9: the group moves once the coordinator's Oxia session expires (4 s here). A stop
+    (SIGTERM) deletes the claims (the listener releases them, and its closing Oxia session would
+    too): the group moves at once, and the session timeout is set far past this test's bounds
+    (5 min), so that only that lets it move."""
+    # A root of its own: no listener but these two is registered, so the group must move to the survivor.
+    module_config = module_config.replace(root_prefix=f"t{uuid.uuid4().hex[:12]}")
+    topic, group = _topic(module_config), f"grp{uuid.uuid4().hex[:8]}"
+    with ExitStack() as stack:
+        started = _start(stack, module_config, 2, LLOG_OXIA_SESSION_TIMEOUT_MS=4000 if how == "kill" else 300_000)
+        addresses = [address for address, _ in started]
+        bootstrap = ",".join(addresses)
+        a, b = Member(bootstrap, group, topic), Member(bootstrap, group, topic)
+        members = [a, b]
+        try:
+            _until(members, lambda: _split(members), "the two members split the partitions")
+            _produce(bootstrap, topic, 200, "one")
+            _until(members, lambda: len(a.read) + len(b.read) >= 200, "200 records read")
+            before = _committed(module_config, group, topic)
+            assert before == {p: 51 for p in range(PARTITIONS)}
+
+            code, node, host, port = _find_coordinator(addresses[0], group)
+            assert code == 0
+            coordinator = addresses.index(f"{host}:{port}")
+            survivor = addresses[1 - coordinator]
+            if how == "kill":
+                started[coordinator][1].kill()  # kill -9
+            else:
+                started[coordinator][1].terminate()
+            started[coordinator][1].wait(60)
+            rebalances, read_before = len(a.assigned) + len(b.assigned), (len(a.read), len(b.read))
+
+            _produce(survivor, topic, 200, "two")
+            everything = {f"one-{i}".encode() for i in range(200)} | {f"two-{i}".encode() for i in range(200)}
+            _until(members, lambda: (len(a.assigned) + len(b.assigned) > rebalances and _split(members)
+                                     and {v for _, _, v in a.read + b.read} == everything and not a.unsaved
+                                     and not b.unsaved and _committed(module_config, group, topic)
+                                     == {p: 101 for p in range(PARTITIONS)}),
+                   "the members moved to the surviving listener, rebalanced, read on and committed", timeout_s=120)
+            after_kill = [v for _, _, v in a.read[read_before[0]:] + b.read[read_before[1]:]]
+            # Nothing read before the kill is read again: the committed offsets survived it. (What
+            # was read while the coordinator was away and not yet committed may be read twice.)
+            assert set(after_kill) == {f"two-{i}".encode() for i in range(200)}
+            code, node, host, port = _find_coordinator(survivor, group)
+            assert code == 0 and f"{host}:{port}" == survivor
+        finally:
+            for member in members:
+                member.close()
+        assert _committed(module_config, group, topic) == {p: 101 for p in range(PARTITIONS)}
+
+
+# --- raw requests (kio's types, as the listener's own) ---------------------------------------------
+
+class Raw:
+    """One connection that sends kio requests and reads their responses."""
+
+    def __init__(self, address: str):
+        host, port = address.split(":")
+        self.sock = socket.create_connection((host, int(port)), timeout=60)
+        self.correlation = 0
+
+    def call(self, api: str, version: int, **fields):
+        request_module = importlib.import_module(f"kio.schema.{api}.v{version}.request")
+        response_module = importlib.import_module(f"kio.schema.{api}.v{version}.response")
+        name = "".join(part.title() for part in api.split("_"))
+        request_class = getattr(request_module, f"{name}Request")
+        response_class = getattr(response_module, f"{name}Response")
+        self.correlation += 1
+        header_class = request_class.__header_schema__
+        out = io.BytesIO()
+        entity_writer(header_class)(out, header_class(request_api_key=request_class.__api_key__,
+                                                      request_api_version=version, correlation_id=self.correlation,
+                                                      client_id="raw"))
+        entity_writer(request_class)(out, request_class(**fields))
+        frame = out.getvalue()
+        self.sock.sendall(struct.pack(">i", len(frame)) + frame)
+        data = memoryview(_read(self.sock, struct.unpack(">i", _read(self.sock, 4))[0]))
+        header, used = entity_reader(response_class.__header_schema__)(data, 0)
+        assert header.correlation_id == self.correlation
+        return entity_reader(response_class)(data, used)[0], response_module
+
+    def close(self) -> None:
+        self.sock.close()
+
+
+def _join(raw: Raw, group: str, member_id: str = ""):
+    from kio.schema.join_group.v5.request import JoinGroupRequestProtocol
+
+    response, _ = raw.call("join_group", 5, group_id=group, session_timeout=datetime.timedelta(seconds=6),
+                           rebalance_timeout=datetime.timedelta(seconds=10), member_id=member_id,
+                           group_instance_id=None, protocol_type="consumer",
+                           protocols=(JoinGroupRequestProtocol(name="range", metadata=b"m"),))
+    return response
+
+
+def _commit(raw: Raw, group: str, topic: str, generation: int, member_id: str, offset: int) -> ErrorCode:
+    from kio.schema.offset_commit.v8.request import OffsetCommitRequestPartition, OffsetCommitRequestTopic
+
+    response, _ = raw.call("offset_commit", 8, group_id=group, generation_id_or_member_epoch=generation,
+                           member_id=member_id, group_instance_id=None, topics=(OffsetCommitRequestTopic(
+                               name=topic, partitions=(OffsetCommitRequestPartition(
+                                   partition_index=0, committed_offset=offset, committed_leader_epoch=-1,
+                                   committed_metadata=""),)),))
+    return response.topics[0].partitions[0].error_code
+
+
+def _heartbeat(raw: Raw, group: str, generation: int, member_id: str) -> ErrorCode:
+    response, _ = raw.call("heartbeat", 4, group_id=group, generation_id=generation, member_id=member_id,
+                           group_instance_id=None)
+    return response.error_code
+
+
+def test_generations_fence_commits_and_a_silent_member_is_removed_after_its_session_timeout(
+        listeners, module_config):
+    from kio.schema.sync_group.v3.request import SyncGroupRequestAssignment
+
+    topic, group = _topic(module_config, 1), f"grp{uuid.uuid4().hex[:8]}"
+    _produce(listeners[0], topic, 10, "x", partitions=1)
+    _, _, host, port = _find_coordinator(listeners[0], group)
+    raw = Raw(f"{host}:{port}")
+    try:
+        first = _join(raw, group)
+        assert first.error_code == ErrorCode.member_id_required and first.member_id  # KIP-394
+        joined = _join(raw, group, first.member_id)
+        assert joined.error_code == ErrorCode.none and joined.leader == first.member_id
+        assert [m.member_id for m in joined.members] == [first.member_id]
+        member, generation = first.member_id, joined.generation_id
+        synced, _ = raw.call("sync_group", 3, group_id=group, generation_id=generation, member_id=member,
+                             group_instance_id=None, assignments=(SyncGroupRequestAssignment(
+                                 member_id=member, assignment=b"mine"),))
+        assert synced.error_code == ErrorCode.none and synced.assignment == b"mine"
+
+        assert _commit(raw, group, topic, generation, member, 9) == ErrorCode.none
+        assert _commit(raw, group, topic, generation - 1, member, 4) == ErrorCode.illegal_generation
+        assert _commit(raw, group, topic, -1, "", 4) == ErrorCode.unknown_member_id  # the group has a member
+        assert _committed(module_config, group, topic) == {0: 9}
+        assert _commit(raw, group, topic, generation, member, 5) == ErrorCode.none  # back, by its member
+        assert _committed(module_config, group, topic) == {0: 5}
+        assert _heartbeat(raw, group, generation, member) == ErrorCode.none
+        assert _heartbeat(raw, group, generation + 1, member) == ErrorCode.illegal_generation
+
+        # No heartbeat for longer than the session timeout (6 s): the member is removed.
+        deadline = time.monotonic() + 30
+        time.sleep(6.5)
+        while (code := _heartbeat(raw, group, generation, member)) == ErrorCode.none:
+            assert time.monotonic() < deadline, "the silent member was not removed"
+            time.sleep(7)
+        assert code == ErrorCode.unknown_member_id
+        assert _commit(raw, group, topic, generation, member, 8) == ErrorCode.unknown_member_id
+        assert _commit(raw, group, topic, -1, "", 8) == ErrorCode.none  # no members now: assign()'s commit
+        assert _committed(module_config, group, topic) == {0: 8}
+    finally:
+        raw.close()
+
+
+def _kafka_tool(main: str, *args: str) -> str:
+    """Run one of Kafka 4.4's own tools (its jars, as the benches resolve them); its output."""
+    from bench.kafka_broker import KAFKA_CACHE, KAFKA_VERSION
+
+    jars = KAFKA_CACHE / KAFKA_VERSION
+    if shutil.which("java") is None or not any(jars.glob("*.jar")):
+        pytest.skip(f"needs java and Kafka's jars in {jars} (python -m bench resolves them)")
+    done = subprocess.run(["java", "-cp", f"{jars}/*", main, *args], capture_output=True, text=True, timeout=180)
+    assert done.returncode == 0, done.stderr[-3000:]
+    return done.stdout
+
+
+def test_kafkas_own_console_consumer_and_consumer_groups_tool(listeners, module_config):
+    """Kafka 4.4's Java client joins a group and commits; ``kafka-consumer-groups --describe``
+    prints the offsets ``llog groups describe`` prints."""
+    topic, group = _topic(module_config), f"grp{uuid.uuid4().hex[:8]}"
+    _produce(listeners[0], topic, 40, "java")
+    out = _kafka_tool("org.apache.kafka.tools.consumer.ConsoleConsumer", "--bootstrap-server", listeners[1],
+                      "--topic", topic, "--group", group, "--from-beginning", "--max-messages", "40",
+                      "--timeout-ms", "60000")
+    assert sorted(out.split()) == sorted(f"java-{i}" for i in range(40))
+    assert _committed(module_config, group, topic) == {p: 11 for p in range(PARTITIONS)}
+    out = _kafka_tool("org.apache.kafka.tools.consumer.group.ConsumerGroupCommand", "--bootstrap-server",
+                      ",".join(listeners), "--describe", "--group", group)
+    rows = [line.split() for line in out.splitlines() if line.startswith(group)]
+    assert {int(r[2]): (int(r[3]), int(r[4]), int(r[5])) for r in rows} == {p: (11, 11, 0) for p in range(PARTITIONS)}
+
+
+def test_kafka_python_consumers_share_a_group_with_librdkafka_ones(listeners, module_config):
+    """kafka-python's own implementation of the classic protocol, in one group with librdkafka."""
+    from kafka import KafkaConsumer
+
+    topic, group = _topic(module_config), f"grp{uuid.uuid4().hex[:8]}"
+    a = Member(listeners[0], group, topic)
+    b = KafkaConsumer(topic, bootstrap_servers=listeners[1], group_id=group, enable_auto_commit=False,
+                      auto_offset_reset="earliest", session_timeout_ms=6000, heartbeat_interval_ms=500)
+    read_b: list[tuple[int, int, bytes]] = []
+
+    def poll_b():
+        # Short polls: kafka-python 3.0.12 drops a join that finishes after its poll's timeout and
+        # joins again at once, with nothing changed. Kafka's coordinator answers such a join with
+        # the current generation; one that rebalanced instead would rebalance at every poll.
+        for records in b.poll(timeout_ms=200).values():
+            read_b.extend((r.partition, r.offset, r.value) for r in records)
+        if read_b:
+            b.commit()
+
+    try:
+        deadline = time.monotonic() + 90
+        while not (a.owns and b.assignment() and len(a.owns) + len(b.assignment()) == PARTITIONS
+                   and not a.owns & {tp.partition for tp in b.assignment()}):
+            assert time.monotonic() < deadline, "the two consumers did not split the partitions"
+            a.poll()
+            poll_b()
+        _produce(listeners[0], topic, 100, "mixed")
+        while len(a.read) + len(read_b) < 100:
+            assert time.monotonic() < deadline + 60, "the records were not read"
+            a.poll()
+            poll_b()
+        read = a.read + read_b
+        assert sorted(v for _, _, v in read) == sorted(f"mixed-{i}".encode() for i in range(100))
+        assert {p for p, _, _ in read_b} == {tp.partition for tp in b.assignment()}
+    finally:
+        b.close()
+        a.close()
+    assert _committed(module_config, group, topic) == {p: 26 for p in range(PARTITIONS)}
