@@ -26,7 +26,7 @@ Values are 100 bytes.
 - **ack**: ``BENCH_FRONT_DOOR_ACK_RATE`` records/s (1,000), each its own ``produce()`` call,
   paced, for ``BENCH_FRONT_DOOR_ACK_SECONDS`` (15 s) after 2 s of warm-up; each record's time
   from ``produce()`` to its delivery callback (a thread polls the producer). This includes
-  ``linger.ms``: librdkafka sends about one request per partition every 5 ms at this rate.
+  ``linger.ms``: librdkafka holds a record up to 5 ms to batch it with others.
 - **poll**: ``BENCH_FRONT_DOOR_POLL_RECORDS`` records (500) at ``BENCH_FRONT_DOOR_POLL_RATE``/s
   (50), each its own ``produce()`` call, to a consumer already waiting at the topic's end (its
   fetch parked in the broker's long poll); each record's time from ``produce()`` to the
@@ -35,9 +35,10 @@ Values are 100 bytes.
   1-partition topic to another, both read and written by Spark's Kafka connector through the
   server measured (on ``local[2]``: real-time mode runs every source partition as a task at once,
   so the partitions must fit the 2 slots); ``BENCH_FRONT_DOOR_SPARK_RECORDS`` records (1,200) at
-  ``BENCH_FRONT_DOOR_SPARK_RATE``/s (20: a minute, 6 of the query's 10-second batches), after warm-up records until one comes out; each
-  record's time from ``produce()`` into the first topic to a waiting consumer of the second
-  returning it. ``BENCH_FRONT_DOOR_SPARK=0`` leaves this measure out.
+  ``BENCH_FRONT_DOOR_SPARK_RATE``/s (20: a minute, 6 of the query's 10-second batches), after
+  warm-up records until one comes out; each record's time from ``produce()`` into the first topic
+  to a waiting consumer of the second returning it. ``BENCH_FRONT_DOOR_SPARK=0`` leaves this
+  measure out.
 
 A record seen twice, or not within the phase's deadline, fails the bench. Times are
 ``time.monotonic()`` of one process (the consumers run in threads beside the producer), except
@@ -47,8 +48,9 @@ The result is one JSON line: for each measure, llog's and Kafka's number and llo
 whether llog meets issue 31's targets; and where llog's time went in the produce phase: CPU
 seconds of the llog broker, of the S3 server, of the Kafka broker and of the whole machine, and
 the llog broker's group commit as its ``/metrics`` counted it (flushes, records and bytes per
-flush, time per flush). ``BENCH_FRONT_DOOR_PROFILE=<path>`` runs the llog broker under cProfile
-and writes its profile there when it stops.
+flush, time per flush, S3 and Oxia calls). ``BENCH_FRONT_DOOR_PROFILE=<path>`` runs the llog
+broker under cProfile and writes its profile there when it stops: the Python work of its event
+loop's thread (handlers, batch decoding), not that of its flush and read threads.
 
 Fairness, which the numbers do not show: Kafka acknowledges a write once its one broker has it in
 the page cache (no fsync, no replica); llog once its blob is in S3 and its offsets are in Oxia.
@@ -61,6 +63,7 @@ import functools
 import json
 import os
 import select
+import signal
 import struct
 import subprocess
 import sys
@@ -222,7 +225,9 @@ def _llog_broker(config: Config, tmp: Path) -> Iterator[_LlogBroker]:
             time.sleep(0.1)
         yield _LlogBroker(f"127.0.0.1:{kafka_port}", url, f"--kafka-port {kafka_port} ")
     finally:
-        proc.terminate()  # the broker stops cleanly on SIGTERM (cProfile then writes its profile)
+        # The broker stops cleanly on SIGTERM, then re-raises it (uvicorn), which ends the process
+        # without cProfile writing; SIGINT re-raised is a KeyboardInterrupt, after which it does.
+        proc.send_signal(signal.SIGINT if profile else signal.SIGTERM)
         try:
             proc.wait(40)
         except subprocess.TimeoutExpired:
@@ -261,13 +266,8 @@ def _throughput(server: Server, sizes: Sizes, servers: list[Server], s3_marker: 
     server.create_topic(topic, sizes.partitions)
     meters = {"machine": CpuMeter(server.marker), **{f"{s.name}_broker": CpuMeter(s.marker) for s in servers},
               "s3_server": CpuMeter(s3_marker)}
-    before = _metrics(llog.url)
-    for meter in meters.values():
-        meter.start()
-    seconds, client_cpu_s = _produce_in_processes(server.bootstrap_servers, topic, sizes)
-    for meter in meters.values():
-        meter.stop()
-    after = _metrics(llog.url)
+    seconds, client_cpu_s, (before, after) = _produce_in_processes(
+        server.bootstrap_servers, topic, sizes, meters.values(), functools.partial(_metrics, llog.url))
     start, end = _offsets(server.bootstrap_servers, topic, sizes.partitions)
     landed = sum(end) - sum(start)
     if landed != sizes.records:
@@ -285,10 +285,12 @@ def _throughput(server: Server, sizes: Sizes, servers: list[Server], s3_marker: 
     return out
 
 
-def _produce_in_processes(bootstrap_servers: str, topic: str, sizes: Sizes) -> tuple[float, float]:
-    """Seconds from the start signal to the last producer's flush, and the producers' CPU seconds.
-    Each producer is a process of its own (:func:`_producer_main`), started and connected first;
-    it is told to start by a line on its stdin and answers a JSON line on its stdout."""
+def _produce_in_processes(bootstrap_servers: str, topic: str, sizes: Sizes, meters, metrics: Callable[[], dict | None]
+                          ) -> tuple[float, float, tuple[dict | None, dict | None]]:
+    """Seconds from the start signal to the last producer's flush, the producers' CPU seconds, and
+    ``metrics()`` just before the start and after the end; ``meters`` run from the start to the
+    end. Each producer is a process of its own (:func:`_producer_main`), started and connected
+    first; it is told to start by a line on its stdin and answers a JSON line on its stdout."""
     shares = [sizes.records // sizes.producers + (i < sizes.records % sizes.producers)
               for i in range(sizes.producers)]
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(
@@ -301,11 +303,17 @@ def _produce_in_processes(bootstrap_servers: str, topic: str, sizes: Sizes) -> t
         ready = [_answer(worker, CLIENT_TIMEOUT_S) for worker in workers]
         if any(r.get("error") for r in ready):
             raise RuntimeError(f"kafka-front-door: a producer failed to start: {ready}")
+        before = metrics()
+        for meter in meters:
+            meter.start()
         begin = time.monotonic()
         for worker in workers:
             worker.stdin.write("go\n")
             worker.stdin.flush()
         done = [_answer(worker, timeout_s) for worker in workers]
+        for meter in meters:
+            meter.stop()
+        after = metrics()
     finally:
         for worker in workers:
             try:
@@ -316,7 +324,7 @@ def _produce_in_processes(bootstrap_servers: str, topic: str, sizes: Sizes) -> t
     failed = [r for r in done if r.get("error")]
     if failed:
         raise RuntimeError(f"kafka-front-door: producing failed: {failed}")
-    return max(r["done"] for r in done) - begin, sum(r["cpu_s"] for r in done)
+    return max(r["done"] for r in done) - begin, sum(r["cpu_s"] for r in done), (before, after)
 
 
 def _answer(worker: subprocess.Popen, timeout_s: float) -> dict:
@@ -433,7 +441,8 @@ def _group_commit(before: dict, after: dict, seconds: float) -> dict:
     seconds the broker's clients spent in them (summed over concurrent calls)."""
     b, a = before["batching"], after["batching"]
     flushes = a["flushes_total"] - b["flushes_total"]
-    flush_s = sum((x["mean_flush_duration_ms"] or 0) * x["flushes_total"] / 1000 * sign for x, sign in ((a, 1), (b, -1)))
+    flush_s = sum((x["mean_flush_duration_ms"] or 0) * x["flushes_total"] / 1000 * sign
+                  for x, sign in ((a, 1), (b, -1)))
     records = a["records_flushed_total"] - b["records_flushed_total"]
 
     def calls(system: str) -> dict:
