@@ -27,6 +27,7 @@ from llog.consumer_groups import describe_group
 from llog.coordination import Coordination
 from llog.topics import create_topic
 from tests.helpers.broker_process import free_port, run_broker
+from tests.helpers.kafka_wire import read_exactly, request
 
 PARTITIONS = 4
 #: Consumers' settings: short timeouts so a rebalance is quick; the coordinator's minimum session
@@ -121,25 +122,11 @@ def _committed(config, group: str, topic: str) -> dict[int, int]:
 
 def _find_coordinator(address: str, group: str) -> tuple[int, int, str, int]:
     """FindCoordinator v0, raw: ``(error code, node id, host, port)``."""
-    host, port = address.split(":")
-    key, client = group.encode(), b"test"
-    frame = struct.pack(">hhih", 10, 0, 7, len(client)) + client + struct.pack(">h", len(key)) + key
-    with socket.create_connection((host, int(port)), timeout=30) as sock:
-        sock.sendall(struct.pack(">i", len(frame)) + frame)
-        size = struct.unpack(">i", _read(sock, 4))[0]
-        data = _read(sock, size)[4:]
+    key = group.encode()
+    data = request(address, 10, 0, struct.pack(">h", len(key)) + key)
     code, node = struct.unpack(">hi", data[:6])
     length = struct.unpack(">h", data[6:8])[0]
     return code, node, data[8:8 + length].decode(), struct.unpack(">i", data[8 + length:12 + length])[0]
-
-
-def _read(sock: socket.socket, n: int) -> bytes:
-    out = b""
-    while len(out) < n:
-        chunk = sock.recv(n - len(out))
-        assert chunk, "the listener closed the connection"
-        out += chunk
-    return out
 
 
 def test_a_group_of_two_splits_the_partitions_rebalances_when_one_leaves_and_resumes_from_its_commits(
@@ -309,7 +296,7 @@ class Raw:
         entity_writer(request_class)(out, request_class(**fields))
         frame = out.getvalue()
         self.sock.sendall(struct.pack(">i", len(frame)) + frame)
-        data = memoryview(_read(self.sock, struct.unpack(">i", _read(self.sock, 4))[0]))
+        data = memoryview(read_exactly(self.sock, struct.unpack(">i", read_exactly(self.sock, 4))[0]))
         header, used = entity_reader(response_class.__header_schema__)(data, 0)
         assert header.correlation_id == self.correlation
         return entity_reader(response_class)(data, used)[0], response_module

@@ -7,7 +7,6 @@ batch sent twice to two listeners, a corrupt batch, a version not served."""
 
 from __future__ import annotations
 
-import socket
 import struct
 import time
 import uuid
@@ -21,6 +20,7 @@ from llog.reader import LogReader
 from llog.topics import create_topic
 from llog.writer import AppendGroup, LogWriter
 from tests.helpers.broker_process import free_port, run_broker
+from tests.helpers.kafka_wire import request
 
 
 
@@ -200,31 +200,6 @@ def test_a_long_poll_returns_as_soon_as_a_record_is_produced(listeners):
 
 # --- raw requests ---------------------------------------------------------------------------------
 
-def _request(address: str, api_key: int, version: int, body: bytes, correlation: int = 7,
-             flexible: bool = False) -> bytes:
-    """Send one request (header v1, or v2 when ``flexible``) and return the response after its
-    correlation id (and, for a flexible response, its empty tagged fields)."""
-    host, port = address.split(":")
-    client = b"test"
-    header = struct.pack(">hhih", api_key, version, correlation, len(client)) + client + (b"\0" if flexible else b"")
-    with socket.create_connection((host, int(port)), timeout=30) as sock:
-        frame = header + body
-        sock.sendall(struct.pack(">i", len(frame)) + frame)
-        size = struct.unpack(">i", _read(sock, 4))[0]
-        data = _read(sock, size)
-    assert struct.unpack(">i", data[:4])[0] == correlation
-    return data[4:]
-
-
-def _read(sock: socket.socket, n: int) -> bytes:
-    out = b""
-    while len(out) < n:
-        chunk = sock.recv(n - len(out))
-        assert chunk, "the listener closed the connection"
-        out += chunk
-    return out
-
-
 def _produce_v8(topic: str, partition: int, batch: bytes) -> bytes:
     """A Produce v8 body (acks -1) of one partition's batch (non-flexible: plain strings and arrays)."""
     name = topic.encode()
@@ -254,11 +229,11 @@ def test_a_batch_sent_again_to_another_listener_is_written_once(listeners, modul
     with LogWriter(module_config) as writer:
         create_topic(writer.coordination, module_config.root_prefix, topic, 1)
     first = _batch(4242, 0, [b"a", b"b"])
-    assert _produce_result(_request(listeners[0], 0, 8, _produce_v8(topic, 0, first))) == (0, 1)
+    assert _produce_result(request(listeners[0], 0, 8, _produce_v8(topic, 0, first))) == (0, 1)
     # The same batch again, as a producer retrying after a lost answer, to the other listener.
-    assert _produce_result(_request(listeners[1], 0, 8, _produce_v8(topic, 0, first))) == (0, 1)
-    assert _produce_result(_request(listeners[1], 0, 8, _produce_v8(topic, 0, _batch(4242, 2, [b"c"])))) == (0, 3)
-    code, _ = _produce_result(_request(listeners[0], 0, 8, _produce_v8(topic, 0, _batch(4242, 9, [b"d"]))))
+    assert _produce_result(request(listeners[1], 0, 8, _produce_v8(topic, 0, first))) == (0, 1)
+    assert _produce_result(request(listeners[1], 0, 8, _produce_v8(topic, 0, _batch(4242, 2, [b"c"])))) == (0, 3)
+    code, _ = _produce_result(request(listeners[0], 0, 8, _produce_v8(topic, 0, _batch(4242, 9, [b"d"]))))
     assert code == 45  # OUT_OF_ORDER_SEQUENCE_NUMBER: a gap
     with LogReader(module_config) as reader:
         assert [r.value for r in reader.read_range(topic, 0, 1)] == [b"a", b"b", b"c"]
@@ -279,7 +254,7 @@ def test_a_corrupt_batch_is_refused_and_nothing_is_written(brokers, listeners, m
         create_topic(writer.coordination, module_config.root_prefix, topic, 1)
     batch = bytearray(_batch(-1, -1, [b"good", b"bad"]))
     batch[-1] ^= 0xFF  # a record byte: the CRC no longer matches
-    code, _ = _produce_result(_request(listeners[0], 0, 8, _produce_v8(topic, 0, bytes(batch))))
+    code, _ = _produce_result(request(listeners[0], 0, 8, _produce_v8(topic, 0, bytes(batch))))
     assert code == 2  # CORRUPT_MESSAGE
     with LogReader(module_config) as reader:
         assert reader.high_watermark(topic, 0) == 0
@@ -287,7 +262,7 @@ def test_a_corrupt_batch_is_refused_and_nothing_is_written(brokers, listeners, m
 
 
 def test_api_versions_of_a_version_not_served_lists_what_is(listeners):
-    response = _request(listeners[0], 18, 99, b"")
+    response = request(listeners[0], 18, 99, b"")
     code, count = struct.unpack(">hi", response[:6])
     assert code == 35  # UNSUPPORTED_VERSION, with the v0 list
     served = {struct.unpack(">hhh", response[6 + 6 * i:12 + 6 * i]) for i in range(count)}
@@ -312,7 +287,7 @@ def test_an_unknown_partition_is_unknown_topic_or_partition(listeners, module_co
     topic = _topic()
     with LogWriter(module_config) as writer:
         create_topic(writer.coordination, module_config.root_prefix, topic, 1)
-    code, _ = _produce_result(_request(listeners[0], 0, 8, _produce_v8(topic, 5, _batch(-1, -1, [b"x"]))))
+    code, _ = _produce_result(request(listeners[0], 0, 8, _produce_v8(topic, 5, _batch(-1, -1, [b"x"]))))
     assert code == 3
     consumer = Consumer({"bootstrap.servers": listeners[0], "group.id": "u"})
     try:
