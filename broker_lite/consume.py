@@ -40,7 +40,7 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import NamedTuple
+from typing import NamedTuple, TypeVar
 
 import msgspec
 import pyarrow as pa
@@ -50,6 +50,7 @@ from broker_lite.models import (
     ConsumedHeader, ConsumedRecord, ConsumePartition, ConsumeRequest, ConsumeResponse, ConsumeResult,
 )
 from broker_lite.tail_cache import TailCache, TailCacheDir
+from llog.codec import Records, concat_records, to_records
 from llog.config import Config
 from llog.errors import LlogError, OffsetOutOfRange, PartitionNotInitialized, TopicNotFound, TopicRecreated
 from llog.keys import PartitionKeys, TopicPartition, validate_partition, validate_topic
@@ -58,6 +59,8 @@ from llog.records import ControlRecord
 from llog.writer import AppendGroup, AppendResult
 
 log = logging.getLogger(__name__)
+#: What :meth:`ConsumeService.fetch`'s caller makes of each partition's outcome.
+R = TypeVar("R")
 
 #: How often the probe reads the high watermarks of the partitions consumers wait on.
 PROBE_INTERVAL_S = 0.025
@@ -154,23 +157,23 @@ class ConsumeService:
         :class:`AppendResult` or its error; ``groups``: the batch's, records as Arrow arrays):
         cache each partition's records as one run (``append_shared`` gives a partition's groups
         consecutive offsets, in order) and wake the consumers waiting on it."""
-        by_partition: dict[tuple[TopicPartition, str | None], list[tuple[AppendResult, pa.BinaryArray]]] = {}
-        uncached: set[TopicPartition] = set()
+        by_partition: dict[tuple[TopicPartition, str | None], list[tuple[AppendResult, Records]]] = {}
         for group, outcome in zip(groups, outcomes):
             if isinstance(outcome, AppendResult) and not outcome.duplicate:  # a duplicate's records are old
                 tp = TopicPartition(outcome.topic, outcome.partition)
-                by_partition.setdefault((tp, outcome.topic_id), []).append((outcome, group.records))
-                if not _values_only(group):
-                    uncached.add(tp)
+                records = group.records if _values_only(group) else to_records(
+                    group.records, group.keys, group.headers, group.timestamps)
+                by_partition.setdefault((tp, outcome.topic_id), []).append((outcome, records))
         for (tp, topic_id), committed in by_partition.items():
             first, last = committed[0][0].start_offset, committed[-1][0].end_offset
-            # The caches hold values; records with more (a Kafka client's keys, headers, times,
-            # tombstones) are read from the log, so the partition's batch is not cached.
-            if topic_id is not None and tp not in uncached:
-                values = committed[0][1] if len(committed) == 1 else pa.concat_arrays([v for _, v in committed])
-                self.cache.add(tp, topic_id, first, values)
-                if self.shared is not None:
-                    self._files.submit(self._share, tp, topic_id, first, values)
+            if topic_id is not None:
+                records = concat_records([r for _, r in committed])
+                created_at_ms = committed[0][0].created_at_ms
+                self.cache.add(tp, topic_id, first, records, created_at_ms)
+                # The shared directory holds values (bytes-batch-v1): records with more (a Kafka
+                # client's keys, headers, times, tombstones) are read from the log by the others.
+                if self.shared is not None and isinstance(records, pa.Array):
+                    self._files.submit(self._share, tp, topic_id, first, records, created_at_ms)
             for waiter in self._by_partition.get(tp, ()):
                 if last >= waiter.wanted[tp]:
                     waiter.event.set()
@@ -206,9 +209,9 @@ class ConsumeService:
         for tp in wanted:
             self._by_partition.setdefault(tp, set()).add(waiter)
 
-    def _share(self, tp: TopicPartition, topic_id: str, first: int, values) -> None:
+    def _share(self, tp: TopicPartition, topic_id: str, first: int, values, created_at_ms: int) -> None:
         try:
-            self.shared.add(tp, topic_id, first, values)
+            self.shared.add(tp, topic_id, first, values, created_at_ms)
         except OSError as e:  # opportunistic: readers miss and go to Oxia and S3
             log.warning("cannot write to the tail cache directory %s: %s", self.shared.root, e)
 
@@ -293,12 +296,27 @@ class ConsumeService:
         stats.peak_bytes = max(stats.peak_bytes, nbytes)
         return results, nbytes
 
-    async def _fetch(self, partitions: list[ConsumePartition], max_bytes: int,
-                     stats: ConsumeStats) -> list[tuple[ConsumeResult, int]]:
+    async def fetch(self, partitions: list[ConsumePartition], max_bytes: int,
+                    result: Callable[[ConsumePartition, Fetched | LlogError, int | None, str | None], tuple[R, int]],
+                    stats: ConsumeStats | None = None) -> list[tuple[R, int]]:
+        """One pass of fetches (``partitions``, names checked; no long poll, no offset reset):
+        per partition ``result(partition, outcome, log start, topic_id)``, where the outcome is
+        what the log's reader answers (a :class:`Fetched` or an error), from this broker's tail
+        cache where it can. ``result`` (say, the Kafka listener's encoding) runs on the event loop
+        for a cache hit and in a fetch thread otherwise; it returns its answer and the record
+        bytes it holds, which the byte budgets count. ``stats`` counts the cache's hits and misses.
+        :class:`ConsumeBusy` when too busy."""
+        return await self._fetch(partitions, max_bytes, stats or ConsumeStats(), result, shared=False)
+
+    async def _fetch(self, partitions: list[ConsumePartition], max_bytes: int, stats: ConsumeStats,
+                     result=None, shared: bool = True) -> list[tuple[object, int]]:
         """Each partition's result and its record bytes: the tail cache for each partition it
         holds (and may answer, :meth:`_cacheable`), the reader for the rest (one call, so
-        shared blobs are fetched once); byte budgets applied in request order."""
-        results: list[tuple[ConsumeResult, int] | None] = [None] * len(partitions)
+        shared blobs are fetched once); byte budgets applied in request order. ``result`` makes
+        a partition's result of its outcome (default :func:`_from_outcome`); ``shared``: whether
+        the shared tail cache directory may answer (it holds values alone)."""
+        result = result or _from_outcome
+        results: list[tuple[object, int] | None] = [None] * len(partitions)
         misses: list[int] = []
         remaining = max_bytes
         tps = [TopicPartition(p.topic, p.partition) for p in partitions]
@@ -322,7 +340,7 @@ class ConsumeService:
                 stats.cache_misses += self.cache.enabled
                 continue
             stats.cache_hits += 1
-            results[i] = _from_values(p, hit.first, hit.values, hit.tail, known.log_start, known.topic_id)
+            results[i] = result(p, hit.fetched(tp, known.log_start), known.log_start, known.topic_id)
             remaining -= results[i][1]
         if misses:
             wanted = [partitions[i] for i in misses]
@@ -330,7 +348,7 @@ class ConsumeService:
             self._pending_fetches += 1
             try:
                 fetched, shared_hits = await asyncio.get_running_loop().run_in_executor(
-                    self._pool, self._read, wanted, max(remaining, 0))
+                    self._pool, self._read, wanted, max(remaining, 0), result, shared)
             finally:
                 self._pending_fetches -= 1
             for i, result in zip(misses, fetched):
@@ -451,13 +469,14 @@ class ConsumeService:
             self._learn(tp, record.log_start_offset if record is not None else None, topic_id, at)
         return {tp: record for tp, (_, record) in found.items()}
 
-    def _read(self, partitions: list[ConsumePartition], max_bytes: int) -> tuple[list[tuple[ConsumeResult, int]], int]:
-        """In a pool thread: the shared tail cache directory first (if any, where it may answer),
-        then Oxia and S3 for the rest, building the results here, off the loop. Also returns the
-        directory's hits."""
-        out: list[tuple[ConsumeResult, int] | None] = [None] * len(partitions)
+    def _read(self, partitions: list[ConsumePartition], max_bytes: int, result,
+              shared: bool) -> tuple[list[tuple[object, int]], int]:
+        """In a pool thread: the shared tail cache directory first (if any, and ``shared``, where
+        it may answer), then Oxia and S3 for the rest, building the results here (``result``),
+        off the loop. Also returns the directory's hits."""
+        out: list[tuple[object, int] | None] = [None] * len(partitions)
         remaining, hits = max_bytes, 0
-        if self.shared is not None:
+        if self.shared is not None and shared:
             stale = self._stale([TopicPartition(p.topic, p.partition) for p in partitions])
             if stale:
                 self._read_controls(stale)
@@ -467,16 +486,17 @@ class ConsumeService:
                     continue
                 hit = self._shared_get(p, known.topic_id, min(p.partition_max_bytes, remaining))
                 if hit is not None:
-                    out[i] = _from_values(p, hit.first, hit.values, hit.tail, known.log_start, known.topic_id)
+                    tp = TopicPartition(p.topic, p.partition)
+                    out[i] = result(p, hit.fetched(tp, known.log_start), known.log_start, known.topic_id)
                     remaining -= out[i][1]
                     hits += 1
         rest = [i for i, r in enumerate(out) if r is None]
         if rest:
-            self._read_log(partitions, rest, out, max(remaining, 0))
+            self._read_log(partitions, rest, out, max(remaining, 0), result)
         return out, hits
 
     def _read_log(self, partitions: list[ConsumePartition], indexes: list[int],
-                  out: list[tuple[ConsumeResult, int] | None], max_bytes: int) -> None:
+                  out: list[tuple[object, int] | None], max_bytes: int, result) -> None:
         """In a pool thread: ``partitions[i]`` for each of ``indexes`` from Oxia and S3 (one
         :meth:`LogReader.fetch`) into ``out[i]``, log starts and incarnations learned.
 
@@ -505,7 +525,7 @@ class ConsumeService:
                     outcome = TopicRecreated(f"topic {topic!r} was deleted and created again while this fetch "
                                              f"ran (topic id {before[topic]}, then {topic_id}): fetch again")
                 log_start = self._learn_outcome(partitions[i], outcome, topic_id, at)
-                out[i] = _from_outcome(partitions[i], outcome, log_start, topic_id)
+                out[i] = result(partitions[i], outcome, log_start, topic_id)
                 max_bytes = max(max_bytes - out[i][1], 0)
             if not again:
                 return

@@ -332,6 +332,9 @@ class BrokerMetrics:
         self._kafka_errors = Counter(
             PREFIX + "kafka_partition_errors_total", "Kafka listener per-partition error codes answered, by API "
             "and Kafka error name", ["api", "error"], registry=self.registry)
+        self._kafka_fetched = Counter(
+            PREFIX + "kafka_fetch_partitions_total", "Partitions the Kafka listener's fetches read, by where from: "
+            "tail_cache (this broker's memory) or log (Oxia and S3)", ["source"], registry=self.registry)
         self._consume_seconds = Histogram(
             PREFIX + "consume_request_duration_seconds", "Duration of consume requests (long polls included)",
             buckets=SECONDS_BUCKETS, registry=self.registry)
@@ -449,6 +452,14 @@ class BrokerMetrics:
         self._kafka_seconds.labels(api).observe(seconds)
         for error in errors:
             self._kafka_errors.labels(api, error).inc()
+
+    def kafka_fetched(self, cache_hits: int, cache_misses: int) -> None:
+        """A pass of a Kafka fetch read ``cache_hits`` partitions from the tail cache and
+        ``cache_misses`` from Oxia and S3."""
+        if cache_hits:
+            self._kafka_fetched.labels("tail_cache").inc(cache_hits)
+        if cache_misses:
+            self._kafka_fetched.labels("log").inc(cache_misses)
 
     def produce_accepted(self, records: int, payload_bytes: int, topic_partitions: Iterable[tuple[str, int]]) -> None:
         """A produce request answered 200 or 409: ``records``, ``payload_bytes`` and

@@ -25,6 +25,7 @@ from __future__ import annotations
 import bisect
 import collections
 import os
+import re
 import shutil
 import threading
 from dataclasses import dataclass
@@ -32,27 +33,45 @@ from pathlib import Path
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 
-from llog.codec import decode_batch, encode_batch, to_binary_array
+from llog.codec import (
+    HEADERS_TYPE, V2_SCHEMA, Records, decode_batch, encode_batch, nulls, record_count, to_binary_array,
+)
 from llog.keys import TopicPartition, validate_topic_id
+from llog.reader import RECORD_SCHEMA, Fetched
 
+#: The name of a run's file in :class:`TailCacheDir`: first and last offset, created_at_ms.
+_RUN_NAME = re.compile(r"[0-9]{20}-[0-9]{20}-[0-9]{20}\.llb")
 #: Bytes a cached record costs beyond its value (its offset in the run's table, about).
 RECORD_OVERHEAD = 16
 
 
-#: A run: ``(first offset, record bytes back to back, where each record ends)``. A tuple of an
-#: int, a bytes object and a numeric array, which the garbage collector stops tracking: the
-#: cache holds tens of thousands of runs, and every object it tracks is walked by each full
-#: collection (a list per run, then an object per run, made those pauses 40-100 ms).
-_Run = tuple[int, bytes, np.ndarray]
+#: A run: ``(first offset, value bytes back to back, where each value ends, created_at_ms,
+#: records-v2)``. ``created_at_ms`` is that of the index entry the run landed in (what a reader of
+#: the log finds for its records; Kafka's log-append time). ``records-v2`` is None when the
+#: records are values and nothing more (an HTTP producer's, a Spark job's); otherwise (a Kafka
+#: producer's: keys, headers, event times, tombstones) it is the run's records as one Arrow IPC
+#: message of :data:`~llog.codec.V2_SCHEMA`, the value bytes are not kept a second time (the
+#: second item is empty), and the ends still count each value's bytes (a tombstone's as 0), the
+#: budget a lookup spends. Only atomic objects and a numeric array, which the garbage collector
+#: stops tracking: the cache holds tens of thousands of runs, and every object it tracks is walked
+#: by each full collection (a list per run, then an object per run, made those pauses 40-100 ms).
+_Run = tuple[int, bytes, np.ndarray, int, bytes | None]
 
 
-def _run(first: int, values: pa.BinaryArray | list[bytes]) -> _Run:
-    if isinstance(values, pa.Array):  # the produce path: no Python object per record
-        offsets = np.frombuffer(values.buffers()[1], dtype=np.int32, count=len(values) + 1, offset=4 * values.offset)
-        data = values.buffers()[2].to_pybytes()[offsets[0]:offsets[-1]] if len(values) else b""
-        return first, data, (offsets[1:] - offsets[0]).astype(np.int64)
-    return first, b"".join(values), np.cumsum(np.fromiter(map(len, values), dtype=np.int64, count=len(values)))
+def _run(first: int, records: Records | list[bytes], created_at_ms: int) -> _Run:
+    if isinstance(records, pa.RecordBatch):  # records-v2
+        if not records.schema.equals(V2_SCHEMA):
+            records = records.cast(V2_SCHEMA)
+        lengths = pc.binary_length(records.column("value")).fill_null(0).to_numpy(zero_copy_only=False)
+        return first, b"", np.cumsum(lengths, dtype=np.int64), created_at_ms, records.serialize().to_pybytes()
+    if isinstance(records, pa.Array):  # the produce path: no Python object per record
+        offsets = np.frombuffer(records.buffers()[1], dtype=np.int32, count=len(records) + 1, offset=4 * records.offset)
+        data = records.buffers()[2].to_pybytes()[offsets[0]:offsets[-1]] if len(records) else b""
+        return first, data, (offsets[1:] - offsets[0]).astype(np.int64), created_at_ms, None
+    ends = np.cumsum(np.fromiter(map(len, records), dtype=np.int64, count=len(records)))
+    return first, b"".join(records), ends, created_at_ms, None
 
 
 def _last(run: _Run) -> int:
@@ -60,32 +79,58 @@ def _last(run: _Run) -> int:
 
 
 def _cost(run: _Run) -> int:
-    return len(run[1]) + RECORD_OVERHEAD * len(run[2])
+    return len(run[1]) + len(run[4] or b"") + RECORD_OVERHEAD * len(run[2])
 
 
-def _values(run: _Run, start: int, stop: int) -> list[bytes]:
-    """Records ``start..stop - 1`` (indexes in the run)."""
-    _, data, ends = run
-    begin = int(ends[start - 1]) if start else 0
-    out = []
-    for end in ends[start:stop].tolist():
-        out.append(data[begin:end])
-        begin = end
-    return out
+def _batch(run: _Run, start: int, stop: int) -> pa.RecordBatch:
+    """Records ``start..stop - 1`` (indexes in the run) as a batch of
+    :data:`~llog.reader.RECORD_SCHEMA`, as the log's reader returns them (no copy of the values)."""
+    first, data, ends, created_at_ms, v2 = run
+    count = stop - start
+    if v2 is None:
+        offsets = np.empty(count + 1, dtype=np.int32)
+        offsets[0] = ends[start - 1] if start else 0
+        offsets[1:] = ends[start:stop]
+        values = pa.Array.from_buffers(pa.binary(), count, [None, pa.py_buffer(offsets), pa.py_buffer(data)])
+        keys, headers, times = nulls(pa.binary(), count), nulls(HEADERS_TYPE, count), nulls(pa.int64(), count)
+    else:
+        keys, values, headers, times = pa.ipc.read_record_batch(pa.py_buffer(v2), V2_SCHEMA).slice(start, count).columns
+    return _record_batch(first + start, values, created_at_ms, keys, headers, times)
+
+
+def _record_batch(first: int, values: pa.Array, created_at_ms: int, keys: pa.Array | None = None,
+                  headers: pa.Array | None = None, times: pa.Array | None = None) -> pa.RecordBatch:
+    count = len(values)
+    return pa.RecordBatch.from_arrays([
+        pa.array(np.arange(first, first + count, dtype=np.int64)), values,
+        pa.array(np.full(count, created_at_ms, dtype=np.int64)),
+        keys if keys is not None else nulls(pa.binary(), count),
+        headers if headers is not None else nulls(HEADERS_TYPE, count),
+        times if times is not None else nulls(pa.int64(), count),
+    ], schema=RECORD_SCHEMA)
 
 
 @dataclass(frozen=True)
 class CacheHit:
-    """Records ``first..first + len(values) - 1``; ``tail``: the last offset this broker knows
+    """Records ``first..first + count - 1`` as batches of :data:`~llog.reader.RECORD_SCHEMA` (one a
+    run, as :class:`~llog.reader.Fetched` has them); ``tail``: the last offset this broker knows
     was committed in the partition."""
 
     first: int
-    values: list[bytes]
+    batches: list[pa.RecordBatch]
     tail: int
 
     @property
-    def nbytes(self) -> int:
-        return sum(map(len, self.values))
+    def count(self) -> int:
+        return sum(b.num_rows for b in self.batches)
+
+    @property
+    def values(self) -> list[bytes | None]:
+        return [v for b in self.batches for v in b.column(1).to_pylist()]
+
+    def fetched(self, tp: TopicPartition, log_start_offset: int) -> Fetched:
+        """The hit as the log's reader would have answered the fetch."""
+        return Fetched(tp.topic, tp.partition, self.first, self.tail, self.batches, log_start_offset)
 
 
 class TailCache:
@@ -104,12 +149,14 @@ class TailCache:
     def enabled(self) -> bool:
         return self.max_bytes > 0
 
-    def add(self, tp: TopicPartition, topic_id: str, first: int, values: pa.BinaryArray | list[bytes]) -> None:
-        """Records committed at offsets ``first..`` of incarnation ``topic_id``; a run larger than
-        the whole cache is not kept. The runs of another incarnation of ``tp`` are dropped."""
-        if not self.enabled or not len(values):
+    def add(self, tp: TopicPartition, topic_id: str, first: int, records: Records | list[bytes],
+            created_at_ms: int) -> None:
+        """Records committed at offsets ``first..`` of incarnation ``topic_id``, in an entry made
+        at ``created_at_ms`` (values, or a batch of records-v2); a run larger than the whole cache
+        is not kept. The runs of another incarnation of ``tp`` are dropped."""
+        if not self.enabled or not record_count(records):
             return
-        run = _run(first, values)
+        run = _run(first, records, created_at_ms)
         if _cost(run) > self.max_bytes:
             return
         if self._ids.get(tp, topic_id) != topic_id:
@@ -172,17 +219,18 @@ class TailCache:
             self.misses += 1
             return None
         self.hits += 1
-        out: list[bytes] = []
+        out: list[pa.RecordBatch] = []
         budget, position = max_bytes, offset
         while True:
             run = runs[at]
-            first, _, ends = run
+            first, _, ends = run[:3]
             skip = position - first
             base = int(ends[skip - 1]) if skip else 0
             take = max(int(np.searchsorted(ends, base + budget, side="right")) - skip, 0)
             if not out and take == 0:
                 take = 1
-            out += _values(run, skip, skip + take)
+            if take:
+                out.append(_batch(run, skip, skip + take))
             position += take
             if skip + take < len(ends):
                 break  # the budget ended inside this run
@@ -199,14 +247,17 @@ class TailCacheDir:
     broker that consumes (another process, e.g. ``--role read``) reads runs from there before it
     asks Oxia and S3.
 
-    A run is the file ``{dir}/{root}/{topic}/{topic_id}/{partition}/{first:020d}-{last:020d}.llb``
-    (one directory per incarnation of a topic, as in :class:`TailCache`), one bytes-batch-v1 body
+    A run is the file
+    ``{dir}/{root}/{topic}/{topic_id}/{partition}/{first:020d}-{last:020d}-{created_at_ms:020d}.llb``
+    (one directory per incarnation of a topic, as in :class:`TailCache`; ``created_at_ms`` that of
+    the index entry the run landed in), one bytes-batch-v1 body
     (docs/protocol.md section 3, CRC checked when read), written to a temporary name and renamed, so a
     reader sees a whole run or none. A reader looks only in the directory of the incarnation its
     fetch resolved. A writer keeps at most ``max_bytes`` of its own runs and deletes its oldest
     first; its first run of an incarnation removes the partition's directories of the others. A
-    run deleted while a reader looks for it is a miss. Blocking: call from threads, not the event
-    loop.
+    run deleted while a reader looks for it is a miss. Only runs of values are shared (records
+    with keys, headers, event times or tombstones are not: bytes-batch-v1 holds values). Blocking:
+    call from threads, not the event loop.
     """
 
     def __init__(self, directory: str | os.PathLike, root: str, max_bytes: int):
@@ -223,7 +274,8 @@ class TailCacheDir:
     def _dir(self, tp: TopicPartition, topic_id: str) -> Path:
         return self.root / tp.topic / validate_topic_id(topic_id) / str(tp.partition)
 
-    def add(self, tp: TopicPartition, topic_id: str, first: int, values: pa.BinaryArray | list[bytes]) -> None:
+    def add(self, tp: TopicPartition, topic_id: str, first: int, values: pa.BinaryArray | list[bytes],
+            created_at_ms: int) -> None:
         body = encode_batch(to_binary_array(values))
         if not values or body.length > self.max_bytes:
             return
@@ -236,7 +288,7 @@ class TailCacheDir:
         for run_first, run_last, name in self._spans(tp, topic_id, first):  # a bug elsewhere (TailCache.add)
             if run_first <= last and run_last >= first:
                 (directory / name).unlink(missing_ok=True)
-        path = directory / f"{first:020d}-{last:020d}.llb"
+        path = directory / f"{first:020d}-{last:020d}-{created_at_ms:020d}.llb"
         partial = directory / f".{path.name}.{os.getpid()}.{threading.get_ident()}"
         with open(partial, "wb") as f:
             for piece in body.pieces:
@@ -267,7 +319,7 @@ class TailCacheDir:
 
     def _spans(self, tp: TopicPartition, topic_id: str, offset: int) -> list[tuple[int, int, str]]:
         """The runs in the directory of ``tp``'s incarnation ``topic_id`` as ``(first, last, file
-        name)``, ascending. The listing is kept while the directory's mtime stays and ``offset``
+        name)``, ascending (names of another form are not runs). The listing is kept while the directory's mtime stays and ``offset``
         is within it (a listing is thousands of names; the mtime may not change for two runs
         written within its tick, so an offset past the listing lists again). A stale listing only
         costs misses: a run deleted since is not found when read."""
@@ -280,7 +332,7 @@ class TailCacheDir:
         if kept is not None and kept[0] == mtime and kept[1] and offset <= kept[1][-1][1]:
             return kept[1]
         try:
-            names = sorted(n for n in os.listdir(directory) if n.endswith(".llb"))
+            names = sorted(n for n in os.listdir(directory) if _RUN_NAME.fullmatch(n))
         except FileNotFoundError:  # removed since (its incarnation was replaced)
             return []
         spans = [(int(n[:20]), int(n[21:41]), n) for n in names]
@@ -295,7 +347,7 @@ class TailCacheDir:
         if at < 0 or spans[at][1] < offset:
             return None
         directory = self._dir(tp, topic_id)
-        out: list[bytes] = []
+        out: list[pa.RecordBatch] = []
         budget, position = max_bytes, offset
         while at < len(spans) and spans[at][0] <= position <= spans[at][1] and budget > 0:
             first, last, name = spans[at]
@@ -303,14 +355,15 @@ class TailCacheDir:
                 raw = (directory / name).read_bytes()
             except FileNotFoundError:
                 break
-            values = decode_batch(raw, last - first + 1, str(directory / name)).to_pylist()[position - first:]
-            for value in values:
-                if out and len(value) > budget:
-                    budget = 0
-                    break
-                out.append(value)
-                budget -= len(value)
-                position += 1
+            values = decode_batch(raw, last - first + 1, str(directory / name)).slice(position - first)
+            sizes = np.cumsum(pc.binary_length(values).to_numpy(zero_copy_only=False), dtype=np.int64)
+            take = max(int(np.searchsorted(sizes, budget, side="right")), 0 if out else 1)
+            if take:
+                out.append(_record_batch(position, values.slice(0, take), int(name[42:62])))
+            budget -= int(sizes[take - 1]) if take else budget
+            position += take
+            if take < len(values):
+                break
             at += 1
         if not out:
             return None

@@ -86,6 +86,9 @@ class AppendResult:
     #: An idempotent producer's batch the partition had written before: these are the offsets
     #: it got then, and nothing was written now. ``index_key`` is the entry it landed in then.
     duplicate: bool = False
+    #: The ``created_at_ms`` of the entry the records landed in (None for a duplicate): what a
+    #: reader of the index finds for them, and Kafka's log-append time of their batch.
+    created_at_ms: int | None = None
 
     @property
     def count(self) -> int:
@@ -263,7 +266,8 @@ def _results(groups: Sequence[AppendGroup], done: _Done, settled: dict[int, obje
         start, index_key = outcome
         for i, records in parts:
             count = record_count(records)
-            by_group[i] = AppendResult(tp.topic, tp.partition, start, start + count - 1, index_key, s.wal_uri)
+            by_group[i] = AppendResult(tp.topic, tp.partition, start, start + count - 1, index_key, s.wal_uri,
+                                       created_at_ms=s.created_at_ms)
             start += count
     settled = settled or {}
     by_group.update((i, v) for i, v in settled.items() if not isinstance(v, _SameAs))
@@ -482,7 +486,7 @@ class LogWriter(ClientUser):
                 elif outcome is not None:
                     start, index_key = outcome
                     results[i] = AppendResult(tp.topic, tp.partition, start, start + staged[i].msg_count - 1,
-                                              index_key, staged[i].wal_uri)
+                                              index_key, staged[i].wal_uri, created_at_ms=staged[i].created_at_ms)
                     failpoints.hit("writer.after_staged_slice")
         if errors:
             committed = [r for r in results if r is not None]

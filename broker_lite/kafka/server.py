@@ -35,12 +35,14 @@ from kio.serial import entity_reader, entity_writer
 
 from broker_lite.batcher import BackPressure, BatcherClosed, RequestTooLarge, payload_bytes
 from broker_lite.kafka.batches import KafkaBatchError, decode_produced, encode_fetched
+from broker_lite.consume import ConsumeStats
+from broker_lite.models import ConsumePartition
 from llog.errors import (
     DuplicateSequence, EmptyAppend, InvalidPartition, InvalidPayload, InvalidTopicName, LlogError, OffsetOutOfRange,
     OutOfOrderSequence, PartitionNotInitialized, StorageError, TopicBeingDeleted, TopicNotFound, UnknownPartition,
 )
 from llog.keys import TopicPartition, validate_partition, validate_topic
-from llog.reader import ITER_WINDOW, Fetched, FetchRequest, ReadRequest
+from llog.reader import ITER_WINDOW, Fetched, ReadRequest
 from llog.writer import AppendGroup, AppendResult
 
 if TYPE_CHECKING:
@@ -457,15 +459,12 @@ class KafkaListener:
                       error_code=ErrorCode.none, session_id=0, responses=responses)
 
     async def _fetch_pass(self, wanted, max_bytes: int) -> list[tuple[bytes | None, int, object]]:
-        """Each partition's record batches (bytes), their record bytes, and the reader's outcome."""
+        """Each partition's record batches (bytes), their record bytes, and the reader's outcome:
+        the broker's consume service answers, from its tail cache when hot."""
         if self.app.consume is None or "read" not in self.app.roles:
             return [(None, 0, _NotServed("this broker's role does not read"))] * len(wanted)
-        return await asyncio.get_running_loop().run_in_executor(
-            self.app.consume._pool, self._read, wanted, max_bytes)
-
-    def _read(self, wanted, max_bytes: int) -> list[tuple[bytes | None, int, object]]:
         out: list[tuple[bytes | None, int, object] | None] = [None] * len(wanted)
-        requests, indexes = [], []
+        partitions, indexes = [], []
         for i, (topic, partition, offset, partition_max) in enumerate(wanted):
             try:
                 validate_topic(topic)
@@ -475,19 +474,17 @@ class KafkaListener:
             except LlogError as e:
                 out[i] = (None, 0, e)
                 continue
-            requests.append(FetchRequest(topic, partition, offset, max(partition_max, 1)))
+            partitions.append(ConsumePartition(topic, partition, offset, max(partition_max, 1)))
             indexes.append(i)
-        if requests:
+        if partitions:
+            stats = ConsumeStats()
             try:
-                outcomes = self.app.reader.fetch(requests, max_bytes=max_bytes)
-            except LlogError as e:
-                outcomes = [e] * len(requests)
-            for i, outcome in zip(indexes, outcomes):
-                if isinstance(outcome, Fetched):
-                    encoded, nbytes = _encode_fetched(outcome)
-                    out[i] = (encoded, nbytes, outcome)
-                else:
-                    out[i] = (None, 0, outcome)
+                answered = [r for r, _ in await self.app.consume.fetch(partitions, max_bytes, _fetch_result, stats)]
+            except LlogError as e:  # ConsumeBusy: too many fetches queued for Oxia and S3
+                answered = [(None, 0, e)] * len(partitions)
+            self.app.metrics.kafka_fetched(stats.cache_hits, stats.cache_misses)
+            for i, answer in zip(indexes, answered):
+                out[i] = answer
         return out
 
     def _partition_data(self, response_class, partition: int, outcome, records: bytes | None):
@@ -603,6 +600,15 @@ def _record_times(batch: pa.RecordBatch) -> np.ndarray:
 
 def _next_offset(outcome: Fetched, offset: int) -> int:
     return offset + outcome.count
+
+
+def _fetch_result(partition, outcome, log_start, topic_id) -> tuple[tuple[bytes | None, int, object], int]:
+    """A partition's answer to a fetch (:meth:`ConsumeService.fetch`): its record batches, their
+    record bytes and the outcome, and the record bytes again (what the byte budgets count)."""
+    if isinstance(outcome, Fetched):
+        encoded, nbytes = _encode_fetched(outcome)
+        return (encoded, nbytes, outcome), nbytes
+    return (None, 0, outcome), 0
 
 
 def _encode_fetched(fetched: Fetched) -> tuple[bytes, int]:

@@ -354,7 +354,9 @@ def test_brokers_share_the_tail_cache_through_a_directory(module_config, tmp_pat
         deadline = time.monotonic() + 10
         while len(runs := sorted(p.name for p in directory.glob("*.llb"))) < 2 and time.monotonic() < deadline:
             time.sleep(0.05)  # written after the ack, off the event loop
-        assert runs == [f"{1:020d}-{5:020d}.llb", f"{6:020d}-{8:020d}.llb"] and first["end_offset"] == 5
+        # Named by first and last offset and the entry's created_at_ms (a Kafka fetch's log-append time).
+        assert [r[:41] for r in runs] == [f"{1:020d}-{5:020d}", f"{6:020d}-{8:020d}"] and first["end_offset"] == 5
+        assert all(abs(int(r[42:62]) - time.time() * 1000) < 600_000 for r in runs)
         before = metrics(reader)["http"]
         result, = consume(reader, [{"topic": "shared", "partition": 0, "fetch_offset": 3}]).json()["results"]
         after = metrics(reader)

@@ -95,6 +95,52 @@ def test_an_idempotent_producer_writes_what_llog_and_kafka_consumers_read_back(l
     assert got[0].timestamp() == (1, 1_700_000_000_001)  # CreateTime, as produced
 
 
+def _prometheus(url: str, line_start: str) -> float:
+    import httpx
+
+    text = httpx.get(f"{url}/metrics/prometheus", timeout=30).text
+    line = next((x for x in text.splitlines() if x.startswith(line_start)), None)
+    return float(line.split()[-1]) if line else 0.0
+
+
+def _fetched_from_cache(url: str) -> float:
+    return _prometheus(url, 'leaderless_log_kafka_fetch_partitions_total{source="tail_cache"}')
+
+
+def _as_seen(messages: list) -> list:
+    return [(m.offset(), m.key(), m.value(), m.headers(), m.timestamp()) for m in messages]
+
+
+def test_the_broker_that_produced_answers_fetches_from_its_tail_cache_as_the_log_would(brokers):
+    """Records a Kafka client produced (keys, headers, times, a tombstone) and records an HTTP
+    client produced (values: Kafka reads their entry's time as LogAppendTime), fetched from the
+    broker that produced them, which answers from its tail cache, and from the other broker,
+    which reads Oxia and S3: the same messages, to the timestamp and its kind."""
+    import httpx
+
+    (url, bootstrap), (_, other) = brokers
+    topic = _topic()
+    producer = Producer({"bootstrap.servers": bootstrap, "linger.ms": 5})
+    for i in range(40):
+        producer.produce(topic, key=b"k%d" % i if i % 2 else None, value=None if i == 9 else b"v%d" % i,
+                         headers=[("h", b"%d" % i)] if i % 3 == 0 else None, partition=0,
+                         timestamp=1_700_000_000_000 + i if i % 5 else 0)
+    assert producer.flush(30) == 0
+    for batch in range(3):
+        response = httpx.post(f"{url}/produce", json={"topic_partitions": [
+            {"topic": topic, "partition": 0, "records": [f"http-{batch}-{i}" for i in range(5)]}]}, timeout=30)
+        assert response.status_code == 200, response.text
+    before = _fetched_from_cache(url)
+    cached = _consume(bootstrap, topic, 0, 55)
+    assert _fetched_from_cache(url) > before  # answered from memory, not from Oxia and S3
+    from_log = _consume(other, topic, 0, 55)
+    assert _as_seen(cached) == _as_seen(from_log)
+    assert [m.offset() for m in cached] == list(range(1, 56))
+    assert cached[9].value() is None and cached[3].key() == b"k3" and cached[3].headers() == [("h", b"3")]
+    assert cached[1].timestamp() == (1, 1_700_000_000_001)
+    assert {m.timestamp()[0] for m in cached[40:]} == {2}  # LogAppendTime: the entry's created_at_ms
+
+
 @pytest.mark.parametrize("codec", ["gzip", "snappy", "lz4", "zstd"])
 def test_each_codec_produced_by_librdkafka_is_read_by_kafka_python(listeners, codec):
     from kafka import KafkaConsumer
@@ -163,8 +209,8 @@ def test_offsets_earliest_latest_and_by_time(listeners, module_config):
 
 
 def test_the_http_consume_of_the_same_broker_returns_what_a_kafka_client_produced(brokers):
-    """The broker's tail cache holds values only: records with keys and headers, produced here
-    by a Kafka client, are read from the log, not answered from the cache without them."""
+    """Records with keys and headers, produced here by a Kafka client, are answered by the HTTP
+    consume with them (from the tail cache, which holds them too)."""
     import httpx
 
     url, bootstrap = brokers[0]
@@ -240,13 +286,8 @@ def test_a_batch_sent_again_to_another_listener_is_written_once(listeners, modul
 
 
 def test_a_corrupt_batch_is_refused_and_nothing_is_written(brokers, listeners, module_config):
-    import httpx
-
     def corrupt_answers() -> float:
-        text = httpx.get(f"{brokers[0][0]}/metrics/prometheus", timeout=30).text
-        line = next((x for x in text.splitlines()
-                     if x.startswith('leaderless_log_kafka_partition_errors_total{api="Produce",error="corrupt_message"}')), None)
-        return float(line.split()[-1]) if line else 0.0
+        return _prometheus(brokers[0][0], 'leaderless_log_kafka_partition_errors_total{api="Produce",error="corrupt_message"}')
 
     before = corrupt_answers()
     topic = _topic()
