@@ -228,7 +228,7 @@ class Config:
     #: More is for ``llog topics create`` or ``alter``.
     max_auto_partitions: int = 1024
     #: Retention of a topic without its own ``retention.ms`` (Kafka's ``log.retention.ms``):
-    #: records older than this are dropped; -1: no limit.
+    #: records older than this (7 days by default) are dropped; -1: no limit.
     retention_ms: int = 7 * 24 * 3600 * 1000
     #: Retention of a topic without its own ``retention.bytes`` (Kafka's ``log.retention.bytes``):
     #: the oldest records of a partition are dropped while it holds more; -1: no limit.
