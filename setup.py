@@ -64,7 +64,9 @@ setup(
                 "schemathesis==4.32.5", "openapi-spec-validator==0.9.0",
                 # The notebooks (executed headless by the tests), the demo's report, and the
                 # wheel built by the packaging test.
-                "nbclient==0.11.0", "nbformat==5.11.1", "ipykernel==7.4.0", "matplotlib==3.11.2", "build==1.6.1"],
+                "nbclient==0.11.0", "nbformat==5.11.1", "ipykernel==7.4.0", "matplotlib==3.11.2", "build==1.6.1",
+                # The documentation site from docs/ (mkdocs.yml; `make docs`, tests/unit/test_docs_site.py).
+                "mkdocs==1.6.1", "mkdocs-material==9.8.2", "pymdown-extensions==13.1.2"],
     },
     # The S3 price table `llog topics describe` estimates costs with (llog/pricing.py finds it
     # in <prefix>/share/llog when installed, in conf/ in a checkout).

@@ -15,7 +15,8 @@ with dots or underscores (``llog.s3.bucket``, ``llog.s3_bucket``). In every laye
 counts as unset.
 
 ``python -m llog.config example`` prints the example TOML file (every setting, its default and
-meaning, taken from the ``#:`` comments of :class:`Config`).
+meaning, taken from the ``#:`` comments of :class:`Config`); ``python -m llog.config docs-table
+--write docs/configuration.md`` puts the same as a table into the documentation site's page.
 """
 
 from __future__ import annotations
@@ -146,7 +147,7 @@ class Config:
     #: client picks a name, and compactors use the host name.
     client_identifier: str | None = None
     #: The bucket of WAL blobs and compacted objects (every component that reads or writes a log
-    #: needs it).
+    #: needs it); it must exist.
     s3_bucket: str | None = None
     #: The S3 endpoint, e.g. ``http://127.0.0.1:18333`` for the local stack's versitygw; unset: AWS
     #: S3 in the region below.
@@ -166,8 +167,9 @@ class Config:
     s3_timeout_s: float = 60.0
     #: Size at which writers split shared WAL blobs.
     batch_max_bytes: int = 8 * 1024 * 1024
-    #: A group commit (the HTTP broker) seals its open batch at most this long after its first
-    #: record, and at once when no flush is running (so a lone producer never waits it out).
+    #: A group commit (the HTTP broker): after this long an open batch may start in a second flush
+    #: slot beside a running flush on other partitions; it is sealed at once when no flush runs (so a
+    #: lone producer never waits it out), and when the running one ends.
     batch_max_delay_ms: int = 5
     #: Bytes of records a group commit holds uncommitted (open, sealed and in flight); a request
     #: past it is refused with backpressure (503) instead of queueing without bound.
@@ -179,8 +181,8 @@ class Config:
     broker_role: str = "both"
     #: The longest a consume long-polls, whatever its ``max_wait_ms`` asks.
     broker_max_wait_ms: int = 30_000
-    #: The HTTP broker's API keys: a JSON file's path, or the JSON itself (README, "Producing over
-    #: HTTP"). Unset: no auth, and the broker listens on loopback only.
+    #: The HTTP broker's API keys: a JSON file's path, or the JSON itself (docs/broker.md, "Roles
+    #: and auth"). Unset: no auth, and the broker listens on loopback only.
     broker_auth: str | None = field(default=None, repr=False)
     #: Bytes of recently produced records the HTTP broker keeps to answer consumers at the tail
     #: without Oxia or S3; 0 turns the cache off.
@@ -195,8 +197,11 @@ class Config:
     metrics_textfile_dir: str | None = None
     #: Attempts of one CAS loop on a contended ``meta/control`` before giving up.
     cas_max_attempts: int = 64
-    #: WAL blobs unreferenced and older than this may be garbage collected (docs/protocol.md section
-    #: 9); so nothing commits a reference to a blob older than half of it.
+    #: ``G``: WAL blobs unreferenced and older than this may be garbage collected (docs/protocol.md
+    #: section 9); so nothing commits a reference to a blob older than ``G/2``, index entries are
+    #: created within ``G/4`` of the request that showed their pending, and compaction takes only
+    #: entries older than ``G`` (docs/protocol.md sections 4 and 8). Every process under a root
+    #: prefix uses one ``G``.
     gc_grace_ms: int = 600_000  # 10 minutes
     #: A sink's exactly-once progress in ``meta/control`` (docs/protocol.md section 9) is dropped when
     #: it has not committed to that partition for this long (Kafka's
@@ -211,9 +216,9 @@ class Config:
     #: Settings per topic, as JSON ``{"topic": {"compression.type": "zstd"}}`` (Kafka's names);
     #: a topic's setting wins over the one above, and its topic record's (docs/protocol.md section 10) over both.
     topic_config: str | None = None
-    #: Writers (the sink, the broker) create a topic that has no record on first use, with
-    #: ``default_partitions`` partitions or enough for the partitions the write names, whichever
-    #: is more, and grow it when a later write names a higher partition (Kafka's
+    #: Writers (the sink, the broker, ``LogWriter(auto_initialize=True)``) create a topic that has
+    #: no record on first use, with ``default_partitions`` partitions or enough for the partitions
+    #: the write names, whichever is more, and grow it when a later write names a higher partition (Kafka's
     #: ``auto.create.topics.enable``, ``num.partitions``; docs/protocol.md section 10.2).
     auto_create_topics: bool = True
     #: Partitions of a topic created on first use, at least (above).
@@ -223,7 +228,7 @@ class Config:
     #: More is for ``llog topics create`` or ``alter``.
     max_auto_partitions: int = 1024
     #: Retention of a topic without its own ``retention.ms`` (Kafka's ``log.retention.ms``):
-    #: records older than this are dropped; -1: no limit.
+    #: records older than this (7 days by default) are dropped; -1: no limit.
     retention_ms: int = 7 * 24 * 3600 * 1000
     #: Retention of a topic without its own ``retention.bytes`` (Kafka's ``log.retention.bytes``):
     #: the oldest records of a partition are dropped while it holds more; -1: no limit.
@@ -488,6 +493,17 @@ def _toml_value(value: Any) -> str:
     return json.dumps(value, ensure_ascii=False)  # a JSON string is a TOML basic string
 
 
+def _field_doc(f: dataclasses.Field, docs: dict[str, str]) -> str:
+    """``f``'s documentation as one Markdown paragraph: a field named in it is named by its
+    ``LLOG_*`` name, and its AWS fallbacks are said."""
+    doc = re.sub(r"``(\w+)``", lambda m: f"`{ENV_NAMES.get(m.group(1), m.group(1))}`", docs.get(f.name, ""))
+    doc = doc.replace("``", "`")
+    fallbacks = AWS_FALLBACKS.get(f.name)
+    if fallbacks:
+        doc += f" If no llog layer sets it: ${', else $'.join(fallbacks)}."
+    return doc
+
+
 def example_toml() -> str:
     """A TOML settings file listing every setting, commented out at its default, with its
     meaning (:func:`field_docs`); loaded unchanged, or with every line uncommented, it gives
@@ -510,12 +526,7 @@ def example_toml() -> str:
         "# (`llog stack up`), AWS_* fallbacks (region and credentials), the default.",
     ]
     for f in dataclasses.fields(Config):
-        # A field named in a doc is named as in this file.
-        doc = re.sub(r"``(\w+)``", lambda m: f"`{ENV_NAMES.get(m.group(1), m.group(1))}`", docs.get(f.name, ""))
-        doc = doc.replace("``", "`")
-        fallbacks = AWS_FALLBACKS.get(f.name)
-        if fallbacks:
-            doc += f" If no llog layer sets it: ${', else $'.join(fallbacks)}."
+        doc = _field_doc(f, docs)
         if f.default is None and "unset:" not in doc.lower():
             doc += " Default: unset."
         out.append("")
@@ -525,13 +536,47 @@ def example_toml() -> str:
     return "\n".join(out) + "\n"
 
 
+#: The lines of docs/configuration.md between which :func:`settings_table` stands.
+DOCS_TABLE_BEGIN = "<!-- BEGIN GENERATED: python -m llog.config docs-table (from llog/config.py; do not edit) -->"
+DOCS_TABLE_END = "<!-- END GENERATED -->"
+
+
+def settings_table() -> str:
+    """Every setting as a Markdown table, ``LLOG_*`` name, default and meaning
+    (:func:`field_docs`), for the documentation site's configuration page."""
+    docs = field_docs()
+    out = ["| setting | default | meaning |", "|---|---|---|"]
+    for f in dataclasses.fields(Config):
+        default = "unset" if f.default is None else f"`{_toml_value(f.default)}`"
+        meaning = _field_doc(f, docs).replace("|", "\\|")
+        out.append(f"| `{ENV_NAMES[f.name]}` | {default} | {meaning} |")
+    return "\n".join(out) + "\n"
+
+
+def with_settings_table(page: str) -> str:
+    """``page`` (docs/configuration.md's text) with :func:`settings_table` between its
+    :data:`DOCS_TABLE_BEGIN` and :data:`DOCS_TABLE_END` lines."""
+    begin, end = page.find(DOCS_TABLE_BEGIN + "\n"), page.find("\n" + DOCS_TABLE_END)
+    if begin < 0 or end < begin:
+        raise ConfigError(f"the page has no {DOCS_TABLE_BEGIN!r} line followed by a {DOCS_TABLE_END!r} line")
+    return page[:begin + len(DOCS_TABLE_BEGIN) + 1] + settings_table() + page[end + 1:]
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m llog.config", description="llog's settings.")
     commands = parser.add_subparsers(dest="command", required=True)
     commands.add_parser("example", help="print a TOML settings file with every setting at its default "
                                         "(conf/llog.example.toml)")
-    parser.parse_args(argv)
-    sys.stdout.write(example_toml())
+    table = commands.add_parser("docs-table", help="print the settings as a Markdown table, or with --write PAGE, "
+                                                   "put it between the GENERATED lines of PAGE (docs/configuration.md)")
+    table.add_argument("--write", metavar="PAGE", type=Path)
+    args = parser.parse_args(argv)
+    if args.command == "example":
+        sys.stdout.write(example_toml())
+    elif args.write:
+        args.write.write_text(with_settings_table(args.write.read_text()))
+    else:
+        sys.stdout.write(settings_table())
     return 0
 
 

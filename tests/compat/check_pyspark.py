@@ -1,7 +1,7 @@
 """Check llog's Spark connectors against given pyspark versions, as a cluster would run them.
 
     .cache/venv/bin/python tests/compat/check_pyspark.py 4.0.5 4.1.4
-    make compat COMPAT_VERSIONS="4.0.5 4.1.4"   # the same (default: the versions the README names)
+    make compat COMPAT_VERSIONS="4.0.5 4.1.4"   # the same (default: the versions docs/getting-started.md names)
 
 For each version: a throwaway venv ``.cache/compat/pyspark-<version>`` (git-ignored; kept and
 reused, so a second run installs nothing) gets that pyspark from PyPI, the way a cluster has its
