@@ -207,7 +207,7 @@ def run_sink(config: Config, rows: int, batches: int, rounds: int, metrics_file:
     """The sink cases in turn. ``metrics_file``: the sink's metrics file of a Spark that is
     already running in this process (Spark's JVM, and the Python workers it starts, keep the
     environment it was started with: a variable set later does not reach the sink's commits)."""
-    from bench.sink import DropSource, micro_batch_seconds
+    from bench.spark_streams import DropSource, micro_batch_seconds
     from jobs.local_spark import local_spark
     from llog_sink.commit import METRICS_FILE_ENV
 

@@ -18,7 +18,7 @@ pyspark 4.0 has no ``DataSourceStreamArrowWriter``: there ``writeStream`` gets
 :class:`LlogStreamRowWriter`, which is handed Rows and puts them back into Arrow batches
 (``rows.row_batches``) for the same staging; the records written are the same, the conversion
 costs CPU in the Python workers. ``LlogStreamWriter`` is the writer this pyspark gets
-(``pyspark_llog.compat``).
+(``llog_sink.compat``).
 """
 
 from __future__ import annotations
@@ -36,7 +36,7 @@ from llog.process_clients import freeze_kept_objects, log_writer
 from llog_sink.commit import commit_batch, sink_partition_count
 from llog_sink.rows import InvalidSinkInput, SinkLayout, row_batches
 from llog_sink.task_writer import SinkCommitMessage, write_task
-from pyspark_llog.compat import DataSourceStreamArrowWriter
+from llog_sink.compat import DataSourceStreamArrowWriter
 
 #: Options the sink reads itself; ``llog.*`` options go to the core config.
 SINK_ID_OPTION, BATCH_ID_OPTION = "llog.sink.id", "llog.sink.batch.id"

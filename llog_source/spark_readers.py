@@ -10,7 +10,7 @@ runs one batch at a time and asks for the next end only after the previous batch
 commit log; on restart it re-runs an uncommitted batch before asking). So ``start`` is
 committed there, and in ``commit(end)`` too, whichever comes first.
 
-pyspark 4.0 and 4.1 (no admission control for Python sources, ``pyspark_llog.compat``) call
+pyspark 4.0 and 4.1 (no admission control for Python sources, ``llog_source.compat``) call
 ``latestOffset()`` without the start: it returns the ends of every partition found, and what
 needs the start moves to ``partitions(start, end)``, the first call that has it: data loss
 (a partition gone, or whose end moved back) is reported there, the consumer group committed at
@@ -42,7 +42,7 @@ from llog_source.planning import (
     pack, plan_splits, rate_limit, resolve_positions, subscription_offsets, to_spark,
 )
 from llog_source.schema import source_schema
-from pyspark_llog.compat import (
+from llog_source.compat import (
     ADMISSION_CONTROL, PYSPARK_VERSION, ReadAllAvailable, ReadLimit, ReadMaxRows, SupportsTriggerAvailableNow,
 )
 

@@ -1,4 +1,6 @@
-"""What the installed pyspark offers the llog connectors, found once, at import.
+"""What the installed pyspark offers the llog connectors, found once, at import: the oldest
+pyspark they run on (checked here, first thing ``pyspark_llog`` imports) and, from each
+connector's own ``compat`` module, the features later versions add.
 
 llog's wheel does not depend on pyspark: a cluster keeps its own (Databricks 17.3 LTS is Spark
 4.0), and ``llog[spark]`` brings the version the project is tested with (4.2). The connectors
@@ -46,23 +48,10 @@ if _release(PYSPARK_VERSION) < MIN_PYSPARK:
     raise ImportError(f"llog's Spark connectors need pyspark >= {'.'.join(map(str, MIN_PYSPARK))} (Python data "
                       f"sources); this is pyspark {PYSPARK_VERSION}")
 
-try:
-    from pyspark.sql.datasource import DataSourceStreamArrowWriter
-except ImportError:  # pyspark 4.0
-    DataSourceStreamArrowWriter = None
-
-try:
-    from pyspark.sql.streaming.datasource import (
-        ReadAllAvailable, ReadLimit, ReadMaxRows, SupportsTriggerAvailableNow,
-    )
-except ImportError:  # pyspark 4.0, 4.1
-    ReadAllAvailable = ReadLimit = ReadMaxRows = SupportsTriggerAvailableNow = None
-
-#: ``writeStream`` hands the writer Arrow batches (else Rows).
-ARROW_STREAM_WRITER: bool = DataSourceStreamArrowWriter is not None
-#: Stream readers get ``latestOffset(start, limit)``, ``getDefaultReadLimit``,
-#: ``prepareForTriggerAvailableNow`` and ``reportLatestOffset`` (else only ``latestOffset()``).
-ADMISSION_CONTROL: bool = SupportsTriggerAvailableNow is not None
+# The connectors find their features themselves (llog_sink.compat, llog_source.compat): they
+# import nothing of this package, which imports them.
+from llog_sink.compat import ARROW_STREAM_WRITER  # noqa: E402 - after the version check
+from llog_source.compat import ADMISSION_CONTROL  # noqa: E402
 
 
 def features() -> dict[str, object]:
