@@ -351,8 +351,8 @@ class ConsumeService:
                     self._pool, self._read, wanted, max(remaining, 0), result, shared)
             finally:
                 self._pending_fetches -= 1
-            for i, result in zip(misses, fetched):
-                results[i] = result
+            for i, answered in zip(misses, fetched):
+                results[i] = answered
             stats.cache_hits += shared_hits
             stats.cache_misses -= min(shared_hits, stats.cache_misses)
         return results
