@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable, Iterable, Mapping
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
 from llog.control import backoff
@@ -33,6 +34,8 @@ from llog.records import ConsumerOffset, ControlRecord, now_ms
 _MAX_ATTEMPTS = 64
 #: In a JSON reset, Kafka's "earliest" and "latest".
 EARLIEST, LATEST = -2, -1
+#: Range scans run at once by :func:`groups_with_offsets`.
+_SCANS = 8
 
 
 def incarnation_keys(coordination: Coordination, root: str, partitions: Iterable[TopicPartition],
@@ -228,6 +231,53 @@ def committed_offsets(coordination: Coordination, root: str, group: str, partiti
     keys = list(incarnation_keys(coordination, root, partitions, topic_ids).values())
     found = coordination.get_many([(k.consumer_group(group), k.partition_key) for k in keys])
     return {tp: ConsumerOffset.from_json(v.value, v.key) for tp, v in zip(partitions, found) if v is not None}
+
+
+def delete_offsets(coordination: Coordination, root: str, group: str,
+                   partitions: Iterable[TopicPartition] | None = None) -> dict[TopicPartition, int]:
+    """Delete ``group``'s committed offsets (docs/protocol.md section 9.3, delete) on
+    ``partitions`` of the topics' current incarnations (default: every partition it has
+    committed). Each record is deleted at the version read: a commit that lands after the read is
+    later than the delete, and stays. Returns the offsets deleted."""
+    validate_group(group)
+    if partitions is None:
+        keys = {k.tp: k for k in partitions_of(coordination, root)}
+    else:
+        keys = incarnation_keys(coordination, root, partitions)
+    found = coordination.get_many([(k.consumer_group(group), k.partition_key) for k in keys.values()])
+    deleted = {}
+    for (tp, k), current in zip(keys.items(), found):
+        if current is None:
+            continue
+        try:  # absent by now (False): an attempt of ours that failed in transit landed, or another delete did
+            coordination.delete(current.key, k.partition_key, expected_version=current.version_id)
+            deleted[tp] = ConsumerOffset.from_json(current.value, current.key).offset
+        except VersionConflict:
+            pass  # committed again since the read: that commit is later than the delete
+    return deleted
+
+
+def groups_with_offsets(coordination: Coordination, root: str) -> set[str]:
+    """Every group that has a committed offset on some partition: one range scan of
+    ``P/consumers/`` per partition of every topic (a few at a time)."""
+    keys = partitions_of(coordination, root)
+
+    def scan(k: PartitionKeys) -> list[str]:
+        prefix = k.consumer_group("")
+        names = [found.key[len(prefix):] for found in coordination.range_scan(prefix, prefix + "~", k.partition_key)
+                 if found.key.startswith(prefix)]
+        return [name for name in names if name and "/" not in name]
+
+    with ThreadPoolExecutor(max_workers=_SCANS) as pool:
+        return {group for names in pool.map(scan, keys) for group in names}
+
+
+def has_offsets(coordination: Coordination, root: str, group: str) -> bool:
+    """Whether ``group`` has a committed offset on some partition (one read per shard)."""
+    validate_group(group)
+    keys = partitions_of(coordination, root)
+    return any(v is not None for v in coordination.get_many([(k.consumer_group(group), k.partition_key)
+                                                            for k in keys]))
 
 
 @dataclass(frozen=True)
