@@ -24,6 +24,7 @@ import uuid
 import weakref
 from dataclasses import dataclass, field
 
+from aiokafka.coordinator.protocol import ConsumerProtocolMemberMetadata
 from kio.schema.errors import ErrorCode
 
 from broker_lite.kafka.server import CLIENT, _build, error_code, serve
@@ -694,21 +695,15 @@ def _subscribed(group: Group) -> set[str] | None:
 
 
 def _subscription_topics(metadata: bytes) -> set[str] | None:
-    """The topics of a ConsumerProtocolSubscription (every version, 0-3, starts with them: an
-    int16 version, an int32 count, then int16-sized UTF-8 names), or None if it is not one."""
+    """The topics of a ConsumerProtocolSubscription (every version, 0-3, starts with them, which
+    aiokafka's v0 schema reads), or None if it is not one."""
     try:
-        _, count = struct.unpack_from(">hi", metadata, 0)
-        position, topics = 6, set()
-        for _ in range(count):
-            (size,) = struct.unpack_from(">h", metadata, position)
-            position += 2
-            if size < 0 or position + size > len(metadata):
-                return None
-            topics.add(metadata[position:position + size].decode())
-            position += size
-        return topics
-    except (struct.error, UnicodeDecodeError):
+        topics = ConsumerProtocolMemberMetadata.decode(metadata).subscription
+    except (ValueError, TypeError, IndexError, struct.error):
         return None
+    if topics is None or not all(isinstance(topic, str) for topic in topics):
+        return None
+    return set(topics)
 
 
 def _answer(future: asyncio.Future | None, value) -> None:
