@@ -29,11 +29,12 @@ from kio.schema.errors import ErrorCode
 
 from broker_lite.kafka.server import CLIENT, _build, error_code, serve
 from llog.consumer_groups import (
-    committed_offsets, delete_offsets, groups_with_offsets, has_offsets, store_offsets,
+    MAX_METADATA_BYTES, committed_offsets, delete_offsets, groups_with_offsets, has_offsets, store_offsets,
 )
 from llog.discovery import partitions_of
 from llog.errors import InvalidGroupId, InvalidOffset, InvalidTopicName, LlogError, TopicNotFound
 from llog.keys import TopicPartition, validate_group
+from llog.records import ConsumerOffset
 
 log = logging.getLogger(__name__)
 
@@ -495,22 +496,28 @@ class GroupCoordinator:
     async def commit(self, request) -> dict[tuple[str, int], ErrorCode]:
         """Each partition's answer; the offsets are written only when the generation check
         passes (docs/protocol.md section 9.5)."""
-        wanted = {(t.name, p.partition_index): p.committed_offset for t in request.topics for p in t.partitions}
+        wanted = {(t.name, p.partition_index): (p.committed_offset, p.committed_metadata or "")
+                  for t in request.topics for p in t.partitions}
         code = await self._commit_check(request)
         if code != ErrorCode.none:
             return {key: code for key in wanted}
-        out, offsets = {}, {}
-        for (topic, partition), offset in wanted.items():
+        out, offsets, metadata = {}, {}, {}
+        for (topic, partition), (offset, text) in wanted.items():
+            if len(text.encode()) > MAX_METADATA_BYTES:
+                out[(topic, partition)] = ErrorCode.offset_metadata_too_large
+                continue
             try:
-                offsets[TopicPartition(topic, partition)] = offset
+                tp = TopicPartition(topic, partition)
             except LlogError:
                 out[(topic, partition)] = ErrorCode.unknown_topic_or_partition
+                continue
+            offsets[tp], metadata[tp] = offset, text
         if not offsets:
             return out
         app = self.listener.app
         try:
             stored = await asyncio.to_thread(store_offsets, app.reader.coordination, app.config.root_prefix,
-                                             request.group_id, offsets)
+                                             request.group_id, offsets, metadata)
         except LlogError as e:
             log.warning("Kafka group %s: committing offsets failed: %s", request.group_id, e)
             stored = {tp: e for tp in offsets}
@@ -663,9 +670,10 @@ class GroupCoordinator:
         app = self.listener.app
         return has_offsets(app.reader.coordination, app.config.root_prefix, group_id)
 
-    def committed(self, group_id: str, wanted: list[tuple[str, list[int]]] | None) -> dict[tuple[str, int], int]:
+    def committed(self, group_id: str, wanted: list[tuple[str, list[int]]] | None
+                  ) -> dict[tuple[str, int], ConsumerOffset]:
         """The committed offsets of ``group_id`` on ``wanted`` (every partition it has committed
-        when None); a partition without one is left out. Runs in a thread."""
+        when None), with their metadata; a partition without one is left out. Runs in a thread."""
         app = self.listener.app
         coordination, root = app.reader.coordination, app.config.root_prefix
         topics = None if wanted is None else {t for t, _ in wanted}
@@ -675,7 +683,7 @@ class GroupCoordinator:
             partitions = [k.tp for k in found]
         else:
             partitions = [TopicPartition(t, p) for t, ps in wanted if t in ids for p in ps if p >= 0]
-        return {(tp.topic, tp.partition): o.offset
+        return {(tp.topic, tp.partition): o
                 for tp, o in committed_offsets(coordination, root, group_id, partitions, ids).items()}
 
 
@@ -836,7 +844,8 @@ async def offset_fetch(listener, request, response_class):
     def topics(wanted, found):
         return tuple(_build(response_class, f"OffsetFetchResponseTopic{suffix}", name=topic, partitions=tuple(
             _build(response_class, f"OffsetFetchResponsePartition{suffix}", partition_index=p,
-                   committed_offset=found.get((topic, p), -1), committed_leader_epoch=-1, metadata="",
+                   committed_offset=found[(topic, p)].offset if (topic, p) in found else -1,
+                   committed_leader_epoch=-1, metadata=found[(topic, p)].metadata if (topic, p) in found else "",
                    error_code=ErrorCode.none) for p in partitions)) for topic, partitions in wanted)
 
     if version >= 8:

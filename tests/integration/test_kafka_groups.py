@@ -193,6 +193,49 @@ def test_a_consumer_that_assigns_commits_while_the_group_has_no_members_and_a_st
         consumer.close()
 
 
+def test_the_commit_metadata_string_is_stored_with_its_offset_and_goes_with_it(listeners, module_config):
+    """OffsetCommit's metadata comes back from OffsetFetch (kafka-python's and librdkafka's), on
+    any listener; a later commit without one, or an llog commit, leaves none (docs/protocol.md
+    section 9.3); one over 4096 bytes is OFFSET_METADATA_TOO_LARGE."""
+    from kafka import KafkaConsumer, OffsetAndMetadata
+    from kafka import TopicPartition as PyPartition
+
+    from llog.consumer_groups import commit_offsets
+    from llog.keys import TopicPartition
+
+    topic, group = _topic(module_config, 2), f"grp{uuid.uuid4().hex[:8]}"
+    _produce(listeners[0], topic, 10, "x", partitions=2)
+    consumer = Consumer({"bootstrap.servers": listeners[0], "group.id": group, "enable.auto.commit": False})
+    reader = KafkaConsumer(bootstrap_servers=listeners[1], group_id=group, enable_auto_commit=False)
+    try:
+        reader.commit({PyPartition(topic, 0): OffsetAndMetadata(4, "partition-time=1700000000000", -1),
+                       PyPartition(topic, 1): OffsetAndMetadata(6, "ünïcode", -1)})
+
+        def fetched(partition: int) -> tuple[int, str]:  # kafka-python's OffsetFetch, on the other listener
+            found = reader.committed(PyPartition(topic, partition), metadata=True)
+            return found.offset, found.metadata
+
+        assert [fetched(0), fetched(1)] == [(4, "partition-time=1700000000000"), (6, "ünïcode")]
+        # confluent-kafka sends its string with a NUL at the end and reads one back up to a NUL (as
+        # C strings go), so it reads back its own strings only.
+        consumer.commit(offsets=[KafkaPartition(topic, 0, 4, metadata="from librdkafka")], asynchronous=False)
+        assert consumer.committed([KafkaPartition(topic, 0)], timeout=30)[0].metadata == "from librdkafka"
+
+        consumer.commit(offsets=[KafkaPartition(topic, 0, 4)], asynchronous=False)  # same offset, no metadata
+        assert fetched(0) == (4, "")
+        with Coordination(module_config) as coordination:  # llog's own commit (HTTP broker, Spark source)
+            commit_offsets(coordination, module_config.root_prefix, group, {TopicPartition(topic, 1): 8})
+        assert fetched(1) == (8, "")
+
+        with pytest.raises(KafkaException) as refused:
+            consumer.commit(offsets=[KafkaPartition(topic, 0, 5, metadata="m" * 4097)], asynchronous=False)
+        assert refused.value.args[0].code() == KafkaError.OFFSET_METADATA_TOO_LARGE
+        assert _committed(module_config, group, topic) == {0: 4, 1: 8}
+    finally:
+        consumer.close()
+        reader.close()
+
+
 def test_two_listeners_name_the_same_coordinator(listeners):
     for _ in range(3):
         group = f"grp{uuid.uuid4().hex[:8]}"
