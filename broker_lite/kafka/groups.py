@@ -268,7 +268,6 @@ class GroupCoordinator:
                     self.prepare(group, "the leader sent no assignment within the rebalance timeout")
                 self.maybe_complete_join(group)
             for group_id in self.registry.held():
-                group = self.groups.get(group_id)
                 if self._unused(group_id, now):
                     asyncio.create_task(self.release(group_id, f"no member and no request for {IDLE_RELEASE_S:.0f} s"))
 
@@ -339,7 +338,9 @@ class GroupCoordinator:
             replaced = True  # else a rebalance, even in CompletingRebalance: the leader assigns to the old id
         elif not member_id:
             member_id = f"{client_id or 'member'}-{uuid.uuid4()}"
-            if version >= 4 and instance is None:  # KIP-394: the member joins again with the id, so a lost answer leaves no member behind
+            # KIP-394 (not for static members, KIP-345): the member joins again with the id, so
+            # a lost answer leaves no member behind
+            if version >= 4 and instance is None:
                 group.pending[member_id] = time.monotonic() + session_ms / 1000
                 return _Joined(ErrorCode.member_id_required, member_id)
         elif member_id in group.pending:

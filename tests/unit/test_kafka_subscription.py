@@ -18,6 +18,7 @@ def test_every_version_of_a_consumer_subscription_names_its_topics(version):
     assert _subscription_topics(ConsumerProtocolSubscription(**fields).encode()) == {"orders", "b.c"}
 
 
-@pytest.mark.parametrize("metadata", [b"", b"m", b"\x00\x00\x00\x00\x00\x05\x00", b"\x00\x00\x00\x00\x00\x01\x00\x09abc"])
+@pytest.mark.parametrize("metadata", [b"", b"m", b"\x00\x00\x00\x00\x00\x05\x00",
+                                      b"\x00\x00\x00\x00\x00\x01\x00\x09abc"])
 def test_metadata_that_is_not_a_subscription_reads_as_unknown(metadata):
     assert _subscription_topics(metadata) is None
