@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable, Iterable, Mapping
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
 from llog.control import backoff
@@ -33,6 +34,10 @@ from llog.records import ConsumerOffset, ControlRecord, now_ms
 _MAX_ATTEMPTS = 64
 #: In a JSON reset, Kafka's "earliest" and "latest".
 EARLIEST, LATEST = -2, -1
+#: The longest commit metadata string stored, in UTF-8 bytes (docs/protocol.md section 9.3).
+MAX_METADATA_BYTES = 4096
+#: Range scans run at once by :func:`groups_with_offsets`.
+_SCANS = 8
 
 
 def incarnation_keys(coordination: Coordination, root: str, partitions: Iterable[TopicPartition],
@@ -64,14 +69,17 @@ def commit_offsets(coordination: Coordination, root: str, group: str, offsets: M
                         "committing offsets")
 
 
-def store_offsets(coordination: Coordination, root: str, group: str, offsets: Mapping[TopicPartition, int]
-                  ) -> dict[TopicPartition, int | LlogError]:
+def store_offsets(coordination: Coordination, root: str, group: str, offsets: Mapping[TopicPartition, int],
+                  metadata: Mapping[TopicPartition, str] | None = None) -> dict[TopicPartition, int | LlogError]:
     """Kafka's OffsetCommit (docs/protocol.md section 9.5): set ``group``'s next offset to read on
-    each partition to the one given, forward or back, in the incarnation current now. The caller
-    has checked the committer's generation, which is what lets a commit move a group back. Each
-    offset must lie in ``1..high watermark + 1``. Returns, per partition, the offset stored or
-    the error that refused it (the others are stored all the same)."""
+    each partition to the one given, forward or back, in the incarnation current now, with the
+    commit's ``metadata`` string (section 9.3; none when not given). The caller has checked the
+    committer's generation, which is what lets a commit move a group back, and the strings' size
+    (:data:`MAX_METADATA_BYTES`). Each offset must lie in ``1..high watermark + 1``. Returns, per
+    partition, the offset stored or the error that refused it (the others are stored all the
+    same)."""
     validate_group(group)
+    metadata = dict(metadata or {})
     records = {r.topic: r for r in topic_records(coordination, root, {tp.topic for tp in offsets})}
     out: dict[TopicPartition, int | LlogError] = {}
     keys: dict[TopicPartition, PartitionKeys] = {}
@@ -99,7 +107,7 @@ def store_offsets(coordination: Coordination, root: str, group: str, offsets: Ma
             del keys[tp]
     if keys:
         _cas_offsets(coordination, keys, group, {tp: offsets[tp] for tp in keys}, lambda current, new: current != new,
-                     "committing offsets")
+                     "committing offsets", {tp: metadata.get(tp, "") for tp in keys})
         out.update({tp: offsets[tp] for tp in keys})
     return out
 
@@ -184,11 +192,13 @@ def log_bounds(coordination: Coordination, keys: Mapping[TopicPartition, Partiti
 
 
 def _cas_offsets(coordination: Coordination, all_keys: Mapping[TopicPartition, PartitionKeys], group: str,
-                 offsets: Mapping[TopicPartition, int], moves: Callable[[int | None, int], bool], what: str
-                 ) -> dict[TopicPartition, int]:
-    """Write each ``offsets[tp]`` where ``moves(current, new)``, by CAS on the version read
-    (absent: only if still absent); conflicts re-read and retry, bounded."""
+                 offsets: Mapping[TopicPartition, int], moves: Callable[[int | None, int], bool], what: str,
+                 metadata: Mapping[TopicPartition, str] | None = None) -> dict[TopicPartition, int]:
+    """Write each ``offsets[tp]`` (with ``metadata[tp]``, else none) where ``moves(current, new)``
+    or the metadata differs, by CAS on the version read (absent: only if still absent);
+    conflicts re-read and retry, bounded."""
     validate_group(group)
+    metadata = metadata or {}
     todo, moved, unsure = dict(offsets), {}, set()
     for attempt in range(_MAX_ATTEMPTS):
         if not todo:
@@ -199,13 +209,16 @@ def _cas_offsets(coordination: Coordination, all_keys: Mapping[TopicPartition, P
         found = coordination.get_many([(k.consumer_group(group), k.partition_key) for k in keys.values()])
         writes = []
         for (tp, k), current in zip(keys.items(), found):
-            offset = None if current is None else ConsumerOffset.from_json(current.value, current.key).offset
-            if moves(offset, todo[tp]):
+            record = None if current is None else ConsumerOffset.from_json(current.value, current.key)
+            offset = None if record is None else record.offset
+            if moves(offset, todo[tp]) or (tp in metadata and record is not None and record.offset == todo[tp]
+                                           and record.metadata != metadata[tp]):
                 writes.append((tp, k, EXPECTED_ABSENT if current is None else current.version_id))
             elif tp in unsure and offset == todo[tp]:
                 moved[tp] = offset  # our attempt that failed in transit landed (or set the same)
         stamp = now_ms()
-        results = coordination.put_many([(k.consumer_group(group), ConsumerOffset(todo[tp], stamp).to_json(),
+        results = coordination.put_many([(k.consumer_group(group),
+                                          ConsumerOffset(todo[tp], stamp, metadata.get(tp, "")).to_json(),
                                           k.partition_key, version) for tp, k, version in writes])
         lost, unsure = {}, set()
         for (tp, _, _), result in zip(writes, results):
@@ -228,6 +241,53 @@ def committed_offsets(coordination: Coordination, root: str, group: str, partiti
     keys = list(incarnation_keys(coordination, root, partitions, topic_ids).values())
     found = coordination.get_many([(k.consumer_group(group), k.partition_key) for k in keys])
     return {tp: ConsumerOffset.from_json(v.value, v.key) for tp, v in zip(partitions, found) if v is not None}
+
+
+def delete_offsets(coordination: Coordination, root: str, group: str,
+                   partitions: Iterable[TopicPartition] | None = None) -> dict[TopicPartition, int]:
+    """Delete ``group``'s committed offsets (docs/protocol.md section 9.3, delete) on
+    ``partitions`` of the topics' current incarnations (default: every partition it has
+    committed). Each record is deleted at the version read: a commit that lands after the read is
+    later than the delete, and stays. Returns the offsets deleted."""
+    validate_group(group)
+    if partitions is None:
+        keys = {k.tp: k for k in partitions_of(coordination, root)}
+    else:
+        keys = incarnation_keys(coordination, root, partitions)
+    found = coordination.get_many([(k.consumer_group(group), k.partition_key) for k in keys.values()])
+    deleted = {}
+    for (tp, k), current in zip(keys.items(), found):
+        if current is None:
+            continue
+        try:  # absent by now (False): an attempt of ours that failed in transit landed, or another delete did
+            coordination.delete(current.key, k.partition_key, expected_version=current.version_id)
+            deleted[tp] = ConsumerOffset.from_json(current.value, current.key).offset
+        except VersionConflict:
+            pass  # committed again since the read: that commit is later than the delete
+    return deleted
+
+
+def groups_with_offsets(coordination: Coordination, root: str) -> set[str]:
+    """Every group that has a committed offset on some partition: one range scan of
+    ``P/consumers/`` per partition of every topic (a few at a time)."""
+    keys = partitions_of(coordination, root)
+
+    def scan(k: PartitionKeys) -> list[str]:
+        prefix = k.consumer_group("")
+        names = [found.key[len(prefix):] for found in coordination.range_scan(prefix, prefix + "~", k.partition_key)
+                 if found.key.startswith(prefix)]
+        return [name for name in names if name and "/" not in name]
+
+    with ThreadPoolExecutor(max_workers=_SCANS) as pool:
+        return {group for names in pool.map(scan, keys) for group in names}
+
+
+def has_offsets(coordination: Coordination, root: str, group: str) -> bool:
+    """Whether ``group`` has a committed offset on some partition (one read per shard)."""
+    validate_group(group)
+    keys = partitions_of(coordination, root)
+    return any(v is not None for v in coordination.get_many([(k.consumer_group(group), k.partition_key)
+                                                            for k in keys]))
 
 
 @dataclass(frozen=True)

@@ -230,3 +230,8 @@ def parse_s3_uri(uri: str) -> tuple[str, str]:
     if not bucket or not key:
         raise ValueError(f"s3 URI {uri!r} needs a bucket and a key")
     return bucket, key
+
+
+def kafka_groups_range(root: str) -> tuple[str, str]:
+    """``[R/kafka/groups/, R/kafka/groups/~)``: every group coordinator claim and no other key."""
+    return f"{root}/kafka/groups/", f"{root}/kafka/groups/~"

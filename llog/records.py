@@ -372,9 +372,14 @@ class ConsumerOffset:
 
     offset: int
     committed_at_ms: int
+    #: The string a Kafka client committed with the offset ("": none; section 9.3).
+    metadata: str = ""
 
     def to_json(self) -> bytes:
-        return _dump({"offset": self.offset, "committed_at_ms": self.committed_at_ms})
+        fields = {"offset": self.offset, "committed_at_ms": self.committed_at_ms}
+        if self.metadata:
+            fields["metadata"] = self.metadata
+        return _dump(fields)
 
     @classmethod
     def from_json(cls, raw: bytes | str, key: str = "consumers/{group}") -> "ConsumerOffset":
@@ -382,7 +387,8 @@ class ConsumerOffset:
         offset = _field(obj, "offset", int, key)
         if offset < 1:
             raise CorruptRecord(f"{key}: offset must be >= 1, got {offset}")
-        return cls(offset, _field(obj, "committed_at_ms", int, key))
+        return cls(offset, _field(obj, "committed_at_ms", int, key),
+                   _field(obj, "metadata", str, key, optional=True) or "")
 
 
 #: ``meta/compaction`` states (docs/protocol.md section 6), in order.

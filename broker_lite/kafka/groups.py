@@ -18,18 +18,23 @@ from __future__ import annotations
 import asyncio
 import datetime
 import logging
+import struct
 import time
 import uuid
 import weakref
 from dataclasses import dataclass, field
 
+from aiokafka.coordinator.protocol import ConsumerProtocolMemberMetadata
 from kio.schema.errors import ErrorCode
 
 from broker_lite.kafka.server import CLIENT, _build, error_code, serve
-from llog.consumer_groups import committed_offsets, store_offsets
+from llog.consumer_groups import (
+    MAX_METADATA_BYTES, committed_offsets, delete_offsets, groups_with_offsets, has_offsets, store_offsets,
+)
 from llog.discovery import partitions_of
-from llog.errors import InvalidGroupId, InvalidOffset, LlogError
+from llog.errors import InvalidGroupId, InvalidOffset, InvalidTopicName, LlogError, TopicNotFound
 from llog.keys import TopicPartition, validate_group
+from llog.records import ConsumerOffset
 
 log = logging.getLogger(__name__)
 
@@ -41,9 +46,16 @@ MIN_SESSION_TIMEOUT_MS, MAX_SESSION_TIMEOUT_MS = 6_000, 1_800_000
 INITIAL_REBALANCE_DELAY_MS = 3_000
 #: How often session timeouts and rebalance deadlines are checked.
 SWEEP_S = 0.25
+#: A claim whose group has had no member, no pending member id and no request for this long is
+#: released (docs/protocol.md section 9.5, release). Long enough for the OffsetCommit that follows
+#: a FindCoordinator, and for the commits of a consumer that assigns partitions itself (every 5 s
+#: by default) to keep the claim they use.
+IDLE_RELEASE_S = 5.0
 #: Kafka's transaction coordinator key type (FindCoordinator v1+): transactions are not served.
 _TRANSACTION = 1
 _NONE = datetime.timedelta(0)
+#: The protocol type of Kafka's consumers, whose metadata names the topics they subscribe to.
+CONSUMER_PROTOCOL = "consumer"
 _SEEN_STATES = {s.lower(): s for s in (EMPTY, PREPARING, COMPLETING, STABLE, DEAD)}
 
 
@@ -85,6 +97,18 @@ class Group:
     completing: bool = False
     #: CompletingRebalance: by when the leader's SyncGroup must have come.
     sync_deadline: float = 0.0
+    #: Static members (KIP-345): group.instance.id -> the member id that holds it now.
+    static: dict[str, str] = field(default_factory=dict)
+
+    def drop(self, member: Member) -> None:
+        """Forget ``member`` (and its instance id, while it holds it)."""
+        del self.members[member.member_id]
+        if member.group_instance_id is not None and self.static.get(member.group_instance_id) == member.member_id:
+            del self.static[member.group_instance_id]
+
+    def idle(self) -> bool:
+        """No member, no member id handed out, no rebalance or delete under way."""
+        return not self.members and not self.pending and self.state == EMPTY and not self.completing
 
     def supported(self) -> set[str]:
         """The protocols every member supports."""
@@ -112,6 +136,8 @@ class GroupCoordinator:
         self.listener = listener
         self.registry = listener.registry
         self.groups: dict[str, Group] = {}
+        #: When a request last used each group whose claim this listener holds.
+        self.touched: dict[str, float] = {}
         self.registry.on_lost.append(self._give_up)
         self._sweeper = asyncio.create_task(self._sweep())
 
@@ -127,6 +153,7 @@ class GroupCoordinator:
             return None
         if holder is None or holder.node_id != self.registry.node_id or not self.registry.holds(group_id):
             return None
+        self.touched[group_id] = time.monotonic()
         group = self.groups.get(group_id)
         if group is None and create:
             group = self.groups[group_id] = Group(group_id)
@@ -136,6 +163,7 @@ class GroupCoordinator:
         """The claims are lost (or the listener stops): pending answers say NOT_COORDINATOR and the
         members look the coordinator up again."""
         for group_id in group_ids:
+            self.touched.pop(group_id, None)
             group = self.groups.pop(group_id, None)
             if group is None:
                 continue
@@ -186,7 +214,7 @@ class GroupCoordinator:
                 return
             for member in [m for m in group.members.values() if m.join is None]:
                 log.info("Kafka group %s: member %s did not join in time", group.group_id, member.member_id)
-                del group.members[member.member_id]
+                group.drop(member)
             group.generation += 1
             now = time.monotonic()
             if not group.members:
@@ -218,7 +246,7 @@ class GroupCoordinator:
             group.completing = False
 
     def remove(self, group: Group, member: Member, why: str) -> None:
-        del group.members[member.member_id]
+        group.drop(member)
         _answer(member.join, _Joined(ErrorCode.unknown_member_id, member.member_id))
         _answer(member.sync, (ErrorCode.unknown_member_id, b""))
         log.info("Kafka group %s: member %s %s", group.group_id, member.member_id, why)
@@ -239,6 +267,25 @@ class GroupCoordinator:
                 if group.state == COMPLETING and now > group.sync_deadline:
                     self.prepare(group, "the leader sent no assignment within the rebalance timeout")
                 self.maybe_complete_join(group)
+            for group_id in self.registry.held():
+                if self._unused(group_id, now):
+                    asyncio.create_task(self.release(group_id, f"no member and no request for {IDLE_RELEASE_S:.0f} s"))
+
+    def _unused(self, group_id: str, now: float) -> bool:
+        group = self.groups.get(group_id)
+        return (group is None or group.idle()) and now - self.touched.setdefault(group_id, now) > IDLE_RELEASE_S
+
+    async def release(self, group_id: str, why: str, unused: bool = True) -> None:
+        """Forget the group and delete its claim: a listener keeps no record for a group nobody
+        uses (docs/protocol.md section 9.5, release). Its next member claims it again, here or
+        on another listener. With ``unused``, only if it is still unused (a request may have come
+        since the sweep looked)."""
+        if unused and not self._unused(group_id, time.monotonic()):
+            return
+        self.groups.pop(group_id, None)
+        self.touched.pop(group_id, None)
+        log.info("Kafka group %s: releasing its claim (%s)", group_id, why)
+        await self.registry.release(group_id)
 
     # --- JoinGroup, SyncGroup, Heartbeat, LeaveGroup --------------------------------------------
 
@@ -257,16 +304,43 @@ class GroupCoordinator:
         group = await self.owned(request.group_id)
         if group is None:
             return _Joined(ErrorCode.not_coordinator, member_id)
+        if group.state == DEAD:  # being deleted: the client finds the coordinator again and retries
+            return _Joined(ErrorCode.coordinator_not_available, member_id)
+        instance = getattr(request, "group_instance_id", None) or None
+        known = group.static.get(instance) if instance is not None else None
+        if instance is not None and member_id and member_id != known:
+            # KIP-345: the instance id is held by another member id (a newer instance), or by none
+            return _Joined(ErrorCode.fenced_instance_id if known is not None else ErrorCode.unknown_member_id,
+                           member_id)
         protocols = [(p.name, p.metadata) for p in request.protocols]
-        others = [m for m in group.members.values() if m.member_id != member_id]
+        others = [m for m in group.members.values() if m.member_id not in (member_id, known)]
         if others and (request.protocol_type != group.protocol_type
                        or not {name for name, _ in protocols} & set.intersection(
                            *({name for name, _ in m.protocols} for m in others))):
             return _Joined(ErrorCode.inconsistent_group_protocol, member_id)
         client_id, client_host = CLIENT.get()
-        if not member_id:
+        replaced = False
+        if not member_id and known is not None:
+            # KIP-345: a static member back with a new member id takes its instance's place; the
+            # old member id is fenced from now on.
             member_id = f"{client_id or 'member'}-{uuid.uuid4()}"
-            if version >= 4:  # KIP-394: the member joins again with the id, so a lost answer leaves no member behind
+            leader = group.leader
+            member = self._replace(group, group.members[known], member_id)
+            unchanged = member.protocols == protocols and member.protocol_type == request.protocol_type
+            member.session_timeout_s, member.rebalance_timeout_s = session_ms / 1000, rebalance_ms / 1000
+            member.client_id, member.client_host, member.seen = client_id, client_host, time.monotonic()
+            if group.state == STABLE and unchanged:
+                # No rebalance: the member gets its assignment back with SyncGroup. The leader
+                # named is the one before the swap, so a returning leader does not assign again
+                # (an assignment a Stable group would not hand out), as Kafka answers.
+                return _Joined(ErrorCode.none, member_id, group.generation, group.protocol_type, group.protocol,
+                               leader)
+            replaced = True  # else a rebalance, even in CompletingRebalance: the leader assigns to the old id
+        elif not member_id:
+            member_id = f"{client_id or 'member'}-{uuid.uuid4()}"
+            # KIP-394 (not for static members, KIP-345): the member joins again with the id, so
+            # a lost answer leaves no member behind
+            if version >= 4 and instance is None:
                 group.pending[member_id] = time.monotonic() + session_ms / 1000
                 return _Joined(ErrorCode.member_id_required, member_id)
         elif member_id in group.pending:
@@ -274,7 +348,7 @@ class GroupCoordinator:
         elif member_id not in group.members:
             return _Joined(ErrorCode.unknown_member_id, member_id)
         member = group.members.get(member_id)
-        if (member is not None and member.protocols == protocols and (
+        if (not replaced and member is not None and member.protocols == protocols and (
                 group.state == COMPLETING or (group.state == STABLE and member_id != group.leader))):
             # Kafka's rule: a member that joins again with nothing changed gets the current
             # generation (the leader in Stable rebalances: it may want a new assignment).
@@ -286,7 +360,9 @@ class GroupCoordinator:
         if member is None:
             member = group.members[member_id] = Member(member_id, client_id, client_host, session_ms / 1000,
                                                        rebalance_ms / 1000, request.protocol_type, protocols,
-                                                       getattr(request, "group_instance_id", None))
+                                                       instance)
+            if instance is not None:
+                group.static[instance] = member_id
             why = f"member {member_id} joined"
         else:
             member.protocols, member.protocol_type = protocols, request.protocol_type
@@ -306,6 +382,35 @@ class GroupCoordinator:
             return _Joined(ErrorCode.rebalance_in_progress, member_id)
         return waiting.result()
 
+    def _replace(self, group: Group, old: Member, member_id: str) -> Member:
+        """The static member ``old`` goes on as ``member_id`` (KIP-345); what the old id waits for
+        is answered FENCED_INSTANCE_ID."""
+        _answer(old.join, _Joined(ErrorCode.fenced_instance_id, old.member_id))
+        _answer(old.sync, (ErrorCode.fenced_instance_id, b""))
+        old.join = old.sync = None
+        log.info("Kafka group %s: static member %s goes on as %s (instance %s)", group.group_id, old.member_id,
+                 member_id, old.group_instance_id)
+        del group.members[old.member_id]
+        if group.leader == old.member_id:
+            group.leader = member_id
+        old.member_id = member_id
+        group.members[member_id] = old
+        group.static[old.group_instance_id] = member_id
+        return old
+
+    @staticmethod
+    def _member(group: Group, member_id: str, instance: str | None) -> tuple[ErrorCode, Member | None]:
+        """The member a request names, checked as Kafka does: with an instance id, a member id
+        that no longer holds it is fenced (KIP-345)."""
+        if instance:
+            known = group.static.get(instance)
+            if known is None:
+                return ErrorCode.unknown_member_id, None
+            if known != member_id:
+                return ErrorCode.fenced_instance_id, None
+        member = group.members.get(member_id)
+        return (ErrorCode.none, member) if member is not None else (ErrorCode.unknown_member_id, None)
+
     async def sync(self, request) -> tuple[ErrorCode, bytes, Group | None]:
         try:
             validate_group(request.group_id)
@@ -315,9 +420,9 @@ class GroupCoordinator:
         if group is None:
             return (ErrorCode.unknown_member_id if self.registry.holds(request.group_id)
                     else ErrorCode.not_coordinator), b"", None
-        member = group.members.get(request.member_id)
+        code, member = self._member(group, request.member_id, getattr(request, "group_instance_id", None))
         if member is None:
-            return ErrorCode.unknown_member_id, b"", group
+            return code, b"", group
         if request.generation_id != group.generation:
             return ErrorCode.illegal_generation, b"", group
         protocol_type, protocol = getattr(request, "protocol_type", None), getattr(request, "protocol_name", None)
@@ -353,9 +458,9 @@ class GroupCoordinator:
         group = await self.owned(request.group_id, create=False)
         if group is None:
             return ErrorCode.unknown_member_id if self.registry.holds(request.group_id) else ErrorCode.not_coordinator
-        member = group.members.get(request.member_id)
+        code, member = self._member(group, request.member_id, getattr(request, "group_instance_id", None))
         if member is None:
-            return ErrorCode.unknown_member_id
+            return code
         member.seen = time.monotonic()
         if group.state == PREPARING:
             return ErrorCode.rebalance_in_progress
@@ -363,7 +468,9 @@ class GroupCoordinator:
             return ErrorCode.illegal_generation
         return ErrorCode.none
 
-    async def leave(self, group_id: str, member_ids: list[str]) -> tuple[ErrorCode, list[ErrorCode]]:
+    async def leave(self, group_id: str, members: list[tuple[str, str | None]]) -> tuple[ErrorCode, list[ErrorCode]]:
+        """Each ``(member id, group instance id)`` leaves: a static member by its instance id, with
+        its member id or none (KIP-345, LeaveGroup v3+)."""
         try:
             validate_group(group_id)
         except InvalidGroupId:
@@ -371,13 +478,15 @@ class GroupCoordinator:
         group = await self.owned(group_id, create=False)
         if group is None:
             if self.registry.holds(group_id):
-                return ErrorCode.none, [ErrorCode.unknown_member_id] * len(member_ids)
+                return ErrorCode.none, [ErrorCode.unknown_member_id] * len(members)
             return ErrorCode.not_coordinator, []
         codes = []
-        for member_id in member_ids:
-            member = group.members.get(member_id)
+        for member_id, instance in members:
+            if instance and not member_id:  # by instance id alone (the admin client's removeMembers)
+                member_id = group.static.get(instance, "")
+            code, member = self._member(group, member_id, instance)
             if member is None:
-                codes.append(ErrorCode.unknown_member_id)
+                codes.append(code)
             else:
                 self.remove(group, member, "left the group")
                 codes.append(ErrorCode.none)
@@ -388,22 +497,28 @@ class GroupCoordinator:
     async def commit(self, request) -> dict[tuple[str, int], ErrorCode]:
         """Each partition's answer; the offsets are written only when the generation check
         passes (docs/protocol.md section 9.5)."""
-        wanted = {(t.name, p.partition_index): p.committed_offset for t in request.topics for p in t.partitions}
+        wanted = {(t.name, p.partition_index): (p.committed_offset, p.committed_metadata or "")
+                  for t in request.topics for p in t.partitions}
         code = await self._commit_check(request)
         if code != ErrorCode.none:
             return {key: code for key in wanted}
-        out, offsets = {}, {}
-        for (topic, partition), offset in wanted.items():
+        out, offsets, metadata = {}, {}, {}
+        for (topic, partition), (offset, text) in wanted.items():
+            if len(text.encode()) > MAX_METADATA_BYTES:
+                out[(topic, partition)] = ErrorCode.offset_metadata_too_large
+                continue
             try:
-                offsets[TopicPartition(topic, partition)] = offset
+                tp = TopicPartition(topic, partition)
             except LlogError:
                 out[(topic, partition)] = ErrorCode.unknown_topic_or_partition
+                continue
+            offsets[tp], metadata[tp] = offset, text
         if not offsets:
             return out
         app = self.listener.app
         try:
             stored = await asyncio.to_thread(store_offsets, app.reader.coordination, app.config.root_prefix,
-                                             request.group_id, offsets)
+                                             request.group_id, offsets, metadata)
         except LlogError as e:
             log.warning("Kafka group %s: committing offsets failed: %s", request.group_id, e)
             stored = {tp: e for tp in offsets}
@@ -428,12 +543,16 @@ class GroupCoordinator:
             return ErrorCode.not_coordinator
         generation, member_id = request.generation_id_or_member_epoch, request.member_id
         if generation < 0 and not member_id:
+            if group is not None and group.state == DEAD:
+                return ErrorCode.coordinator_not_available
             return ErrorCode.none if group is None or not group.members else ErrorCode.unknown_member_id
         if group is None:
             return ErrorCode.illegal_generation
-        member = group.members.get(member_id)
+        if group.state == DEAD:
+            return ErrorCode.coordinator_not_available
+        code, member = self._member(group, member_id, getattr(request, "group_instance_id", None))
         if member is None:
-            return ErrorCode.unknown_member_id
+            return code
         if group.state == COMPLETING:
             return ErrorCode.rebalance_in_progress
         if generation != group.generation:
@@ -441,9 +560,121 @@ class GroupCoordinator:
         member.seen = time.monotonic()
         return ErrorCode.none
 
-    def committed(self, group_id: str, wanted: list[tuple[str, list[int]]] | None) -> dict[tuple[str, int], int]:
+    # --- DeleteGroups, OffsetDelete -----------------------------------------------------------
+
+    async def delete_group(self, group_id: str) -> ErrorCode:
+        """Kafka's DeleteGroups for one group: refused while it has members; else its committed
+        offsets are deleted (docs/protocol.md section 9.3, delete) and its claim released."""
+        try:
+            validate_group(group_id)
+        except InvalidGroupId:
+            return ErrorCode.invalid_group_id
+        group = await self.owned(group_id, create=False)
+        if group is None and not self.registry.holds(group_id):
+            return ErrorCode.not_coordinator
+        if group is not None and group.state == DEAD:
+            return ErrorCode.group_id_not_found  # another delete of it is under way
+        if group is not None and not group.idle():
+            return ErrorCode.non_empty_group
+        existed = group is not None
+        if group is None:
+            group = self.groups[group_id] = Group(group_id)
+        group.state = DEAD  # joins and commits meanwhile: COORDINATOR_NOT_AVAILABLE, and they try again
+        app = self.listener.app
+        try:
+            deleted = await asyncio.to_thread(delete_offsets, app.reader.coordination, app.config.root_prefix,
+                                              group_id)
+        except LlogError as e:
+            log.warning("Kafka group %s: deleting its offsets failed: %s", group_id, e)
+            if self.groups.get(group_id) is group:
+                group.state = EMPTY
+            return ErrorCode.coordinator_not_available
+        log.info("Kafka group %s: deleted, with its offsets on %d partition(s)", group_id, len(deleted))
+        await self.release(group_id, "deleted", unused=False)
+        return ErrorCode.none if deleted or existed else ErrorCode.group_id_not_found
+
+    async def delete_offsets(self, group_id: str, wanted: list[tuple[str, int]]
+                             ) -> tuple[ErrorCode, dict[tuple[str, int], ErrorCode]]:
+        """Kafka's OffsetDelete: the group's error, and each partition's. A topic a member
+        subscribes to keeps its offsets (GROUP_SUBSCRIBED_TO_TOPIC); the others' are deleted."""
+        try:
+            validate_group(group_id)
+        except InvalidGroupId:
+            return ErrorCode.invalid_group_id, {}
+        group = await self.owned(group_id, create=False)
+        if group is None and not self.registry.holds(group_id):
+            return ErrorCode.not_coordinator, {}
+        if group is not None and group.state == DEAD:
+            return ErrorCode.group_id_not_found, {}
+        members = group is not None and bool(group.members)
+        if members and group.protocol_type != CONSUMER_PROTOCOL:
+            return ErrorCode.non_empty_group, {}  # Kafka's rule: it cannot tell what such a group uses
+        subscribed = _subscribed(group) if members else set()
+        out, todo = {}, {}
+        for topic, partition in wanted:
+            if subscribed is None or topic in subscribed:
+                out[(topic, partition)] = ErrorCode.group_subscribed_to_topic
+            else:
+                try:
+                    todo.setdefault(topic, []).append(TopicPartition(topic, partition))
+                except LlogError:
+                    out[(topic, partition)] = ErrorCode.unknown_topic_or_partition
+        app = self.listener.app
+        coordination, root = app.reader.coordination, app.config.root_prefix
+
+        def run() -> bool:
+            if not members and not has_offsets(coordination, root, group_id):
+                return False
+            for topic, partitions in todo.items():
+                try:
+                    delete_offsets(coordination, root, group_id, partitions)
+                    code = ErrorCode.none
+                except (TopicNotFound, InvalidTopicName):
+                    code = ErrorCode.unknown_topic_or_partition
+                out.update({(tp.topic, tp.partition): code for tp in partitions})
+            return True
+
+        try:
+            if not await asyncio.to_thread(run):
+                return ErrorCode.group_id_not_found, {}
+        except LlogError as e:
+            log.warning("Kafka group %s: deleting offsets failed: %s", group_id, e)
+            return ErrorCode.coordinator_not_available, {}
+        return ErrorCode.none, out
+
+    async def listed(self) -> dict[str, tuple[str, str]]:
+        """ListGroups' answer, group -> (protocol type, state): the groups coordinated here (those
+        without members only when they have committed offsets, as Empty), and on the listener
+        with the lowest node id, the groups with committed offsets whose claim nobody holds."""
+        out, memberless = {}, []
+        for group_id in self.registry.held():
+            group = self.groups.get(group_id)
+            if group is not None and group.members:
+                out[group_id] = (group.protocol_type or "", group.state)
+            else:
+                memberless.append(group_id)
+        app = self.listener.app
+        coordination, root = app.reader.coordination, app.config.root_prefix
+        if self.registry.lowest():
+            claimed = await self.registry.claimed()
+            with_offsets = await asyncio.to_thread(groups_with_offsets, coordination, root)
+            nobodys = (with_offsets - claimed) | (with_offsets & set(memberless))
+        else:
+            nobodys = {g for g in memberless if await asyncio.to_thread(has_offsets, coordination, root, g)}
+        for group_id in nobodys:
+            group = self.groups.get(group_id)
+            out[group_id] = (group.protocol_type or "" if group is not None else "", EMPTY)
+        return out
+
+    def has_offsets(self, group_id: str) -> bool:
+        """Whether the group has a committed offset (runs in a thread)."""
+        app = self.listener.app
+        return has_offsets(app.reader.coordination, app.config.root_prefix, group_id)
+
+    def committed(self, group_id: str, wanted: list[tuple[str, list[int]]] | None
+                  ) -> dict[tuple[str, int], ConsumerOffset]:
         """The committed offsets of ``group_id`` on ``wanted`` (every partition it has committed
-        when None); a partition without one is left out. Runs in a thread."""
+        when None), with their metadata; a partition without one is left out. Runs in a thread."""
         app = self.listener.app
         coordination, root = app.reader.coordination, app.config.root_prefix
         topics = None if wanted is None else {t for t, _ in wanted}
@@ -453,8 +684,35 @@ class GroupCoordinator:
             partitions = [k.tp for k in found]
         else:
             partitions = [TopicPartition(t, p) for t, ps in wanted if t in ids for p in ps if p >= 0]
-        return {(tp.topic, tp.partition): o.offset
+        return {(tp.topic, tp.partition): o
                 for tp, o in committed_offsets(coordination, root, group_id, partitions, ids).items()}
+
+
+def _subscribed(group: Group) -> set[str] | None:
+    """The topics the group's members subscribe to, from their metadata (Kafka's
+    ConsumerProtocolSubscription); None when some member's cannot be read (then, as Kafka
+    takes it, every topic)."""
+    topics: set[str] = set()
+    for member in group.members.values():
+        chosen = [member.metadata(group.protocol)] if group.protocol else [m for _, m in member.protocols]
+        for metadata in chosen:
+            found = _subscription_topics(metadata)
+            if found is None:
+                return None
+            topics |= found
+    return topics
+
+
+def _subscription_topics(metadata: bytes) -> set[str] | None:
+    """The topics of a ConsumerProtocolSubscription (every version, 0-3, starts with them, which
+    aiokafka's v0 schema reads), or None if it is not one."""
+    try:
+        topics = ConsumerProtocolMemberMetadata.decode(metadata).subscription
+    except (ValueError, TypeError, IndexError, struct.error):
+        return None
+    if topics is None or not all(isinstance(topic, str) for topic in topics):
+        return None
+    return set(topics)
 
 
 def _answer(future: asyncio.Future | None, value) -> None:
@@ -538,7 +796,8 @@ async def heartbeat(listener, request, response_class):
 @serve(13, "leave_group", "LeaveGroupRequest", 0, 5)
 async def leave_group(listener, request, response_class):
     version = response_class.__version__
-    members = [m.member_id for m in request.members] if version >= 3 else [request.member_id]
+    members = ([(m.member_id, m.group_instance_id) for m in request.members] if version >= 3
+               else [(request.member_id, None)])
     code, codes = await coordinator(listener).leave(request.group_id, members)
     if version < 3:
         code = codes[0] if code == ErrorCode.none and codes else code
@@ -586,7 +845,8 @@ async def offset_fetch(listener, request, response_class):
     def topics(wanted, found):
         return tuple(_build(response_class, f"OffsetFetchResponseTopic{suffix}", name=topic, partitions=tuple(
             _build(response_class, f"OffsetFetchResponsePartition{suffix}", partition_index=p,
-                   committed_offset=found.get((topic, p), -1), committed_leader_epoch=-1, metadata="",
+                   committed_offset=found[(topic, p)].offset if (topic, p) in found else -1,
+                   committed_leader_epoch=-1, metadata=found[(topic, p)].metadata if (topic, p) in found else "",
                    error_code=ErrorCode.none) for p in partitions)) for topic, partitions in wanted)
 
     if version >= 8:
@@ -600,16 +860,45 @@ async def offset_fetch(listener, request, response_class):
 
 @serve(16, "list_groups", "ListGroupsRequest", 0, 5)
 async def list_groups(listener, request, response_class):
-    """The groups this listener coordinates (a client asks every broker, as for Kafka)."""
+    """The groups this listener coordinates, and, on the listener with the lowest node id, the
+    groups with committed offsets that nobody coordinates (docs/kafka.md section 6): a client
+    asks every broker, as for Kafka, and sees each group once."""
     states = {_SEEN_STATES.get(s.lower(), s) for s in getattr(request, "states_filter", ()) or ()}
     types = {t.lower() for t in getattr(request, "types_filter", ()) or ()}
+    try:
+        found = await coordinator(listener).listed()
+    except LlogError as e:
+        log.warning("Kafka ListGroups: reading the groups failed: %s", e)
+        return _build(response_class, response_class.__name__, throttle_time=_NONE,
+                      error_code=ErrorCode.coordinator_not_available, groups=())
     groups = tuple(
-        _build(response_class, "ListedGroup", group_id=g.group_id, protocol_type=g.protocol_type or "",
-               group_state=g.state, group_type="classic")
-        for g in coordinator(listener).groups.values()
-        if (not states or g.state in states) and (not types or "classic" in types))
+        _build(response_class, "ListedGroup", group_id=group_id, protocol_type=protocol_type, group_state=state,
+               group_type="classic")
+        for group_id, (protocol_type, state) in sorted(found.items())
+        if (not states or state in states) and (not types or "classic" in types))
     return _build(response_class, response_class.__name__, throttle_time=_NONE, error_code=ErrorCode.none,
                   groups=groups)
+
+
+@serve(42, "delete_groups", "DeleteGroupsRequest", 0, 2)
+async def delete_groups(listener, request, response_class):
+    coord = coordinator(listener)
+    results = []
+    for group_id in request.groups_names:
+        results.append(_build(response_class, "DeletableGroupResult", group_id=group_id,
+                              error_code=await coord.delete_group(group_id)))
+    return _build(response_class, response_class.__name__, throttle_time=_NONE, results=tuple(results))
+
+
+@serve(47, "offset_delete", "OffsetDeleteRequest", 0, 0)
+async def offset_delete(listener, request, response_class):
+    wanted = [(t.name, p.partition_index) for t in request.topics for p in t.partitions]
+    code, codes = await coordinator(listener).delete_offsets(request.group_id, wanted)
+    topics = () if code != ErrorCode.none else tuple(
+        _build(response_class, "OffsetDeleteResponseTopic", name=t.name, partitions=tuple(
+            _build(response_class, "OffsetDeleteResponsePartition", partition_index=p.partition_index,
+                   error_code=codes[(t.name, p.partition_index)]) for p in t.partitions)) for t in request.topics)
+    return _build(response_class, response_class.__name__, throttle_time=_NONE, error_code=code, topics=topics)
 
 
 @serve(15, "describe_groups", "DescribeGroupsRequest", 0, 5)
@@ -626,11 +915,14 @@ async def describe_groups(listener, request, response_class):
                 holder = await coord.registry.coordinator(group_id, claim=False)
                 if holder is not None and holder.node_id != coord.registry.node_id:
                     values["error_code"] = ErrorCode.not_coordinator
+            if (values["error_code"] == ErrorCode.none and (group is None or not group.members)
+                    and await asyncio.to_thread(coord.has_offsets, group_id)):
+                values["group_state"] = EMPTY  # Kafka's state of a group with offsets and no members
         except InvalidGroupId:
             values["error_code"], group = ErrorCode.invalid_group_id, None
         except LlogError:
             values["error_code"], group = ErrorCode.coordinator_not_available, None
-        if group is not None:
+        if group is not None and group.state != DEAD:
             values.update(group_state=group.state, protocol_type=group.protocol_type or "",
                           protocol_data=group.protocol or "" if group.state == STABLE else "",
                           members=tuple(_build(

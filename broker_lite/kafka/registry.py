@@ -18,7 +18,9 @@ from dataclasses import asdict, dataclass
 
 from llog.coordination import Coordination
 from llog.errors import ClaimHeld, CorruptRecord, LlogError
-from llog.keys import KAFKA_PARTITION_KEY, kafka_group_key, kafka_listener_key, kafka_listeners_range
+from llog.keys import (
+    KAFKA_PARTITION_KEY, kafka_group_key, kafka_groups_range, kafka_listener_key, kafka_listeners_range,
+)
 from llog.records import now_ms
 
 log = logging.getLogger(__name__)
@@ -69,6 +71,7 @@ class ListenerRegistry:
         self._version = -1
         self._brokers: list[Listener] = []
         self._claims: dict[str, int] = {}  # group -> the version of its claim we created
+        self._releasing: dict[str, asyncio.Task] = {}  # group -> the delete of its claim, under way
         self._last_refresh = time.monotonic()
         self._task: asyncio.Task | None = None
         #: Called with the groups given up when the session is taken as lost, or the listener stops.
@@ -168,11 +171,43 @@ class ListenerRegistry:
     def holds(self, group: str) -> bool:
         return group in self._claims
 
+    def held(self) -> list[str]:
+        """The groups whose claim this listener holds."""
+        return list(self._claims)
+
+    def lowest(self) -> bool:
+        """Whether this listener has the lowest node id in its view of the registry: the one that
+        lists the groups nobody coordinates (docs/kafka.md section 6, ListGroups)."""
+        return self.brokers()[0].node_id == self.me.node_id
+
+    async def release(self, group: str) -> None:
+        """Delete ``group``'s claim (at the version created), so a group nobody uses leaves no
+        record behind (section 9.5, release). A lookup of the group meanwhile waits for it."""
+        version = self._claims.pop(group, None)
+        if version is None or group in self._releasing:
+            return
+        task = asyncio.create_task(asyncio.to_thread(self._release, {group: version}, None, -1))
+        self._releasing[group] = task
+        try:
+            await asyncio.shield(task)
+        finally:
+            if self._releasing.get(group) is task:
+                del self._releasing[group]
+
+    async def claimed(self) -> set[str]:
+        """The groups some listener holds a claim for (one range scan)."""
+        start, end = kafka_groups_range(self.root)
+        found = await asyncio.to_thread(self.coordination.range_scan, start, end, KAFKA_PARTITION_KEY)
+        return {v.key[len(start):] for v in found if v.key.startswith(start)}
+
     async def coordinator(self, group: str, claim: bool = True) -> Listener | None:
         """The listener that coordinates ``group``: the holder of its claim; when nobody holds
         it, this listener after claiming it (only with ``claim``; else None)."""
         if group in self._claims:
             return self.me
+        releasing = self._releasing.get(group)
+        if releasing is not None:  # read the claim once its delete is done, not the record being deleted
+            await asyncio.wait({releasing})
         holder, version = await asyncio.to_thread(self._coordinator, group, self.me, claim)
         if version is not None and not self.stopped:
             self._claims[group] = version

@@ -72,9 +72,9 @@ class Member:
     """A subscribed consumer that commits what each poll returned, synchronously, before it polls
     again: what it read is committed before any rebalance can move its partitions."""
 
-    def __init__(self, bootstrap: str, group: str, topic: str):
+    def __init__(self, bootstrap: str, group: str, topic: str, **settings):
         self.assigned: list[set[int]] = []
-        self.consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": group, **SETTINGS})
+        self.consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": group, **SETTINGS, **settings})
         self.consumer.subscribe([topic], on_assign=self._on_assign)
         self.read: list[tuple[int, int, bytes]] = []
         self.unsaved = False  # a commit failed: the next poll commits again
@@ -193,6 +193,49 @@ def test_a_consumer_that_assigns_commits_while_the_group_has_no_members_and_a_st
         consumer.close()
 
 
+def test_the_commit_metadata_string_is_stored_with_its_offset_and_goes_with_it(listeners, module_config):
+    """OffsetCommit's metadata comes back from OffsetFetch (kafka-python's and librdkafka's), on
+    any listener; a later commit without one, or an llog commit, leaves none (docs/protocol.md
+    section 9.3); one over 4096 bytes is OFFSET_METADATA_TOO_LARGE."""
+    from kafka import KafkaConsumer, OffsetAndMetadata
+    from kafka import TopicPartition as PyPartition
+
+    from llog.consumer_groups import commit_offsets
+    from llog.keys import TopicPartition
+
+    topic, group = _topic(module_config, 2), f"grp{uuid.uuid4().hex[:8]}"
+    _produce(listeners[0], topic, 10, "x", partitions=2)
+    consumer = Consumer({"bootstrap.servers": listeners[0], "group.id": group, "enable.auto.commit": False})
+    reader = KafkaConsumer(bootstrap_servers=listeners[1], group_id=group, enable_auto_commit=False)
+    try:
+        reader.commit({PyPartition(topic, 0): OffsetAndMetadata(4, "partition-time=1700000000000", -1),
+                       PyPartition(topic, 1): OffsetAndMetadata(6, "ünïcode", -1)})
+
+        def fetched(partition: int) -> tuple[int, str]:  # kafka-python's OffsetFetch, on the other listener
+            found = reader.committed(PyPartition(topic, partition), metadata=True)
+            return found.offset, found.metadata
+
+        assert [fetched(0), fetched(1)] == [(4, "partition-time=1700000000000"), (6, "ünïcode")]
+        # confluent-kafka sends its string with a NUL at the end and reads one back up to a NUL (as
+        # C strings go), so it reads back its own strings only.
+        consumer.commit(offsets=[KafkaPartition(topic, 0, 4, metadata="from librdkafka")], asynchronous=False)
+        assert consumer.committed([KafkaPartition(topic, 0)], timeout=30)[0].metadata == "from librdkafka"
+
+        consumer.commit(offsets=[KafkaPartition(topic, 0, 4)], asynchronous=False)  # same offset, no metadata
+        assert fetched(0) == (4, "")
+        with Coordination(module_config) as coordination:  # llog's own commit (HTTP broker, Spark source)
+            commit_offsets(coordination, module_config.root_prefix, group, {TopicPartition(topic, 1): 8})
+        assert fetched(1) == (8, "")
+
+        with pytest.raises(KafkaException) as refused:
+            consumer.commit(offsets=[KafkaPartition(topic, 0, 5, metadata="m" * 4097)], asynchronous=False)
+        assert refused.value.args[0].code() == KafkaError.OFFSET_METADATA_TOO_LARGE
+        assert _committed(module_config, group, topic) == {0: 4, 1: 8}
+    finally:
+        consumer.close()
+        reader.close()
+
+
 def test_two_listeners_name_the_same_coordinator(listeners):
     for _ in range(3):
         group = f"grp{uuid.uuid4().hex[:8]}"
@@ -305,30 +348,42 @@ class Raw:
         self.sock.close()
 
 
-def _join(raw: Raw, group: str, member_id: str = ""):
+def _join(raw: Raw, group: str, member_id: str = "", instance: str | None = None, metadata: bytes = b"m"):
     from kio.schema.join_group.v5.request import JoinGroupRequestProtocol
 
     response, _ = raw.call("join_group", 5, group_id=group, session_timeout=datetime.timedelta(seconds=6),
                            rebalance_timeout=datetime.timedelta(seconds=10), member_id=member_id,
-                           group_instance_id=None, protocol_type="consumer",
-                           protocols=(JoinGroupRequestProtocol(name="range", metadata=b"m"),))
+                           group_instance_id=instance, protocol_type="consumer",
+                           protocols=(JoinGroupRequestProtocol(name="range", metadata=metadata),))
     return response
 
 
-def _commit(raw: Raw, group: str, topic: str, generation: int, member_id: str, offset: int) -> ErrorCode:
+def _sync(raw: Raw, group: str, generation: int, member_id: str, instance: str | None = None,
+          assignments: dict[str, bytes] | None = None):
+    from kio.schema.sync_group.v3.request import SyncGroupRequestAssignment
+
+    response, _ = raw.call("sync_group", 3, group_id=group, generation_id=generation, member_id=member_id,
+                           group_instance_id=instance, assignments=tuple(
+                               SyncGroupRequestAssignment(member_id=m, assignment=a)
+                               for m, a in (assignments or {}).items()))
+    return response
+
+
+def _commit(raw: Raw, group: str, topic: str, generation: int, member_id: str, offset: int,
+            instance: str | None = None) -> ErrorCode:
     from kio.schema.offset_commit.v8.request import OffsetCommitRequestPartition, OffsetCommitRequestTopic
 
     response, _ = raw.call("offset_commit", 8, group_id=group, generation_id_or_member_epoch=generation,
-                           member_id=member_id, group_instance_id=None, topics=(OffsetCommitRequestTopic(
+                           member_id=member_id, group_instance_id=instance, topics=(OffsetCommitRequestTopic(
                                name=topic, partitions=(OffsetCommitRequestPartition(
                                    partition_index=0, committed_offset=offset, committed_leader_epoch=-1,
                                    committed_metadata=""),)),))
     return response.topics[0].partitions[0].error_code
 
 
-def _heartbeat(raw: Raw, group: str, generation: int, member_id: str) -> ErrorCode:
+def _heartbeat(raw: Raw, group: str, generation: int, member_id: str, instance: str | None = None) -> ErrorCode:
     response, _ = raw.call("heartbeat", 4, group_id=group, generation_id=generation, member_id=member_id,
-                           group_instance_id=None)
+                           group_instance_id=instance)
     return response.error_code
 
 
@@ -368,7 +423,10 @@ def test_generations_fence_commits_and_a_silent_member_is_removed_after_its_sess
             assert time.monotonic() < deadline, "the silent member was not removed"
             time.sleep(7)
         assert code == ErrorCode.unknown_member_id
-        assert _commit(raw, group, topic, generation, member, 8) == ErrorCode.unknown_member_id
+        # The coordinator knows the group without the member, or (its claim released once the group
+        # was unused for 5 s) no longer knows it, which Kafka answers ILLEGAL_GENERATION.
+        assert _commit(raw, group, topic, generation, member, 8) in (ErrorCode.unknown_member_id,
+                                                                     ErrorCode.illegal_generation)
         assert _commit(raw, group, topic, -1, "", 8) == ErrorCode.none  # no members now: assign()'s commit
         assert _committed(module_config, group, topic) == {0: 8}
     finally:
@@ -441,3 +499,217 @@ def test_kafka_python_consumers_share_a_group_with_librdkafka_ones(listeners, mo
         b.close()
         a.close()
     assert _committed(module_config, group, topic) == {p: 26 for p in range(PARTITIONS)}
+
+
+# --- static members, claims that go, DeleteGroups and OffsetDelete, ListGroups ---------------------
+
+def _coordinator_address(listeners: list[str], group: str) -> str:
+    code, _, host, port = _find_coordinator(listeners[0], group)
+    assert code == ErrorCode.none
+    return f"{host}:{port}"
+
+
+def test_a_static_member_back_with_a_new_member_id_fences_the_old_one_without_a_rebalance(
+        listeners, module_config):
+    """KIP-345: a member joining with a known ``group.instance.id`` takes its place; the old member
+    id is FENCED_INSTANCE_ID; unchanged metadata in a Stable group is no rebalance; LeaveGroup by
+    instance id removes it."""
+    topic, group = _topic(module_config, 1), f"grp{uuid.uuid4().hex[:8]}"
+    _produce(listeners[0], topic, 10, "x", partitions=1)
+    raw = Raw(_coordinator_address(listeners, group))
+    try:
+        first = _join(raw, group, instance="host-1")  # a static member gets no MEMBER_ID_REQUIRED
+        assert first.error_code == ErrorCode.none and first.leader == first.member_id
+        old, generation = first.member_id, first.generation_id
+        assert _sync(raw, group, generation, old, "host-1", {old: b"mine"}).assignment == b"mine"
+        assert _commit(raw, group, topic, generation, old, 4, "host-1") == ErrorCode.none
+
+        again = _join(raw, group, instance="host-1")  # restarted: same instance, no member id
+        new = again.member_id
+        assert again.error_code == ErrorCode.none and new != old
+        assert again.generation_id == generation  # no rebalance
+        assert again.leader == old and again.members == ()  # it is not asked to assign again
+        synced = _sync(raw, group, generation, new, "host-1")
+        assert synced.error_code == ErrorCode.none and synced.assignment == b"mine"
+
+        assert _heartbeat(raw, group, generation, old, "host-1") == ErrorCode.fenced_instance_id
+        assert _commit(raw, group, topic, generation, old, 9, "host-1") == ErrorCode.fenced_instance_id
+        assert _sync(raw, group, generation, old, "host-1").error_code == ErrorCode.fenced_instance_id
+        assert _join(raw, group, old, "host-1").error_code == ErrorCode.fenced_instance_id
+        assert _committed(module_config, group, topic) == {0: 4}
+        assert _heartbeat(raw, group, generation, new, "host-1") == ErrorCode.none
+        assert _commit(raw, group, topic, generation, new, 9, "host-1") == ErrorCode.none
+
+        changed = _join(raw, group, new, "host-1", metadata=b"other")  # new metadata: a rebalance
+        assert changed.error_code == ErrorCode.none and changed.generation_id == generation + 1
+        assert changed.leader == new and [m.group_instance_id for m in changed.members] == ["host-1"]
+
+        from kio.schema.leave_group.v4.request import MemberIdentity
+        left, _ = raw.call("leave_group", 4, group_id=group, members=(
+            MemberIdentity(member_id="", group_instance_id="host-1"),
+            MemberIdentity(member_id="", group_instance_id="host-2")))
+        assert [m.error_code for m in left.members] == [ErrorCode.none, ErrorCode.unknown_member_id]
+        assert _heartbeat(raw, group, generation + 1, new, "host-1") == ErrorCode.unknown_member_id
+    finally:
+        raw.close()
+
+
+def test_a_static_librdkafka_consumer_restarted_keeps_its_partitions_and_its_session_still_expires(
+        listeners, module_config):
+    """librdkafka with ``group.instance.id``: a closed static member does not leave; the next
+    consumer with its instance id takes its place and reads on from its commits; once that one
+    is closed, the session timeout removes it."""
+    topic, group = _topic(module_config), f"grp{uuid.uuid4().hex[:8]}"
+    _produce(listeners[0], topic, 40, "one")
+    admin = AdminClient({"bootstrap.servers": ",".join(listeners)})
+
+    def members():
+        described = admin.describe_consumer_groups([group], request_timeout=30)[group].result(60)
+        return [(m.group_instance_id, {tp.partition for tp in m.assignment.topic_partitions})
+                for m in described.members]
+
+    first = Member(listeners[0], group, topic, **{"group.instance.id": "static-1"})
+    try:
+        _until([first], lambda: len(first.read) >= 40 and not first.unsaved, "the static member read 40")
+        assert members() == [("static-1", set(range(PARTITIONS)))]
+    finally:
+        first.close()
+    assert members() == [("static-1", set(range(PARTITIONS)))]  # a static member does not leave on close
+
+    _produce(listeners[0], topic, 40, "two")
+    second = Member(listeners[1], group, topic, **{"group.instance.id": "static-1"})
+    try:
+        _until([second], lambda: len(second.read) >= 40, "the restarted static member read on")
+        assert sorted(v for _, _, v in second.read) == sorted(f"two-{i}".encode() for i in range(40))
+        assert second.assigned == [set(range(PARTITIONS))] and members() == [("static-1", set(range(PARTITIONS)))]
+    finally:
+        second.close()
+    deadline = time.monotonic() + 30
+    while members():
+        assert time.monotonic() < deadline, "the static member's session did not expire"
+        time.sleep(1)
+
+
+def _claim(config, group: str):
+    from llog.keys import KAFKA_PARTITION_KEY, kafka_group_key
+
+    with Coordination(config) as coordination:
+        return coordination.get(kafka_group_key(config.root_prefix, group), KAFKA_PARTITION_KEY)
+
+
+def test_the_claim_goes_when_the_last_member_leaves_and_the_group_is_joined_again_elsewhere(
+        listeners, module_config):
+    group = f"grp{uuid.uuid4().hex[:8]}"
+    address = _coordinator_address(listeners, group)
+    raw = Raw(address)
+    try:
+        member = _join(raw, group, instance="only")
+        assert member.error_code == ErrorCode.none
+        from kio.schema.leave_group.v4.request import MemberIdentity
+        left, _ = raw.call("leave_group", 4, group_id=group, members=(
+            MemberIdentity(member_id=member.member_id, group_instance_id="only"),))
+        assert left.error_code == ErrorCode.none and left.members[0].error_code == ErrorCode.none
+    finally:
+        raw.close()
+    deadline = time.monotonic() + 30
+    while _claim(module_config, group) is not None:
+        assert time.monotonic() < deadline, "the claim of a group with no members was not released"
+        time.sleep(0.5)
+
+    other = next(a for a in listeners if a != address)
+    code, _, host, port = _find_coordinator(other, group)  # free: the listener asked claims it
+    assert code == ErrorCode.none and f"{host}:{port}" == other
+    raw = Raw(other)
+    try:
+        first = _join(raw, group)
+        joined = _join(raw, group, first.member_id)
+        assert joined.error_code == ErrorCode.none and joined.generation_id == 1
+    finally:
+        raw.close()
+
+
+def _groups_tool(*args: str) -> str:
+    """``kafka-consumer-groups`` (Kafka 4.4's, as test_kafka_cli.py runs it): its stdout and stderr."""
+    from bench.kafka_broker import _java, kafka_jars
+
+    classpath = ":".join(str(jar) for jar in kafka_jars())
+    done = subprocess.run([_java(), "-cp", classpath, "org.apache.kafka.tools.consumer.group.ConsumerGroupCommand",
+                           *args], capture_output=True, text=True, timeout=120)
+    return done.stdout + done.stderr
+
+
+def _listed(listeners: list[str], group: str) -> list[str]:
+    """The state of ``group`` in each listener's ListGroups answer that lists it."""
+    states = []
+    for address in listeners:
+        raw = Raw(address)
+        try:
+            response, _ = raw.call("list_groups", 4, states_filter=())
+        finally:
+            raw.close()
+        assert response.error_code == ErrorCode.none
+        states += [g.group_state for g in response.groups if g.group_id == group]
+    return states
+
+
+def test_kafka_consumer_groups_deletes_offsets_and_groups_as_kafka_does(listeners, module_config):
+    """``--delete-offsets`` refuses a topic a member subscribes to and deletes another's;
+    ``--delete`` refuses a group with members, then deletes it; ``--list`` shows a group that only
+    has offsets, once."""
+    subscribed, other = _topic(module_config, 2), _topic(module_config, 1)
+    group = f"grp{uuid.uuid4().hex[:8]}"
+    _produce(listeners[0], subscribed, 10, "s", partitions=2)
+    _produce(listeners[0], other, 10, "o", partitions=1)
+    bootstrap = ",".join(listeners)
+    member = Member(listeners[0], group, subscribed)
+    try:
+        _until([member], lambda: member.owns == {0, 1}, "the member owns both partitions")
+        _until([member], lambda: len(member.read) == 10, "the member read the records")
+        member.consumer.commit(offsets=[KafkaPartition(other, 0, 6)], asynchronous=False)
+        assert _committed(module_config, group, subscribed) == {0: 6, 1: 6}
+        assert _committed(module_config, group, other) == {0: 6}
+
+        out = _groups_tool("--bootstrap-server", bootstrap, "--delete-offsets", "--group", group, "--topic", subscribed)
+        assert "GroupSubscribedToTopicException" in out or "subscribed" in out.lower(), out
+        assert _committed(module_config, group, subscribed) == {0: 6, 1: 6}
+        out = _groups_tool("--bootstrap-server", bootstrap, "--delete-offsets", "--group", group, "--topic", other)
+        assert "Request succeeded for deleting offsets" in out and "Error" not in out, out
+        assert _committed(module_config, group, other) == {}
+
+        out = _groups_tool("--bootstrap-server", bootstrap, "--delete", "--group", group)
+        assert "GroupNotEmptyException" in out or "not empty" in out.lower(), out
+        assert _committed(module_config, group, subscribed) == {0: 6, 1: 6}
+    finally:
+        member.close()
+
+    # The member is gone: the group only has offsets. It is listed, by one listener, as Empty.
+    assert group in _groups_tool("--bootstrap-server", bootstrap, "--list").split()
+    assert _listed(listeners, group) == ["Empty"]
+    out = _groups_tool("--bootstrap-server", bootstrap, "--delete", "--group", group)
+    assert f"Deletion of requested consumer groups ('{group}') was successful." in out, out
+    assert _committed(module_config, group, subscribed) == {}
+    assert _listed(listeners, group) == []
+
+
+def test_the_admin_client_deletes_a_group_and_lists_offset_only_groups_once(listeners, module_config):
+    """A group committed by llog itself (what the HTTP broker and the Spark source write) is
+    listed, once across the listeners, and confluent-kafka's ``delete_consumer_groups`` deletes it."""
+    from llog.consumer_groups import commit_offsets
+    from llog.keys import TopicPartition
+
+    topic, group = _topic(module_config, 1), f"grp{uuid.uuid4().hex[:8]}"
+    _produce(listeners[0], topic, 10, "x", partitions=1)
+    with Coordination(module_config) as coordination:
+        commit_offsets(coordination, module_config.root_prefix, group, {TopicPartition(topic, 0): 5})
+    admin = AdminClient({"bootstrap.servers": ",".join(listeners)})
+    listed = admin.list_consumer_groups(request_timeout=30).result(60)
+    assert [g.state.name for g in listed.valid if g.group_id == group] == ["EMPTY"], (listed.valid, listed.errors)
+    assert _listed(listeners, group) == ["Empty"]
+    described = admin.describe_consumer_groups([group], request_timeout=30)[group].result(60)
+    assert described.state.name == "EMPTY" and described.members == []
+
+    admin.delete_consumer_groups([group], request_timeout=30)[group].result(60)
+    assert _committed(module_config, group, topic) == {}
+    with pytest.raises(KafkaException) as refused:  # it no longer exists
+        admin.delete_consumer_groups([group], request_timeout=30)[group].result(60)
+    assert refused.value.args[0].code() == KafkaError.GROUP_ID_NOT_FOUND
