@@ -539,16 +539,17 @@ def judge_kafka_group(events: list[dict], topic: str, topic_id: str, logs: dict[
             for offset, value in zip(event["offsets"], event["values"]):
                 raw = value.encode()
                 if offset >= start:
-                    wrong = got.get(offset) != raw
+                    wrong, expected = got.get(offset) != raw, f"the log has {got.get(offset)!r}"
                 elif offset in acks:
-                    wrong = raw not in acks[offset]
+                    wrong, expected = raw not in acks[offset], f"below the log start {start}, acknowledged {acks[offset]}"
                 else:
                     fields = value.split(":")
                     wrong = len(fields) != 5 or fields[2] != topic or fields[3] != str(p)
+                    expected = f"below the log start {start}, not acknowledged: a value of {topic}[{p}]"
                 if wrong:
                     result["kafka_wrong_records"] += 1
                     result["problems"].append(f"Kafka member {member} consumed {value[:60]!r} at {topic}[{p}] offset "
-                                              f"{offset}; the log has {got.get(offset, b'')[:60]!r}")
+                                              f"{offset}; {expected}")
                 previous = last.get((member, event["n"], p))
                 if previous is not None and offset <= previous:
                     result["kafka_out_of_order"] += 1
