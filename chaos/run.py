@@ -378,11 +378,13 @@ def _disturb(run: Run) -> None:
             # Until a writer and a compactor were killed mid-operation, kill one of them: a short
             # run picking at random among all actors may well kill no compactor.
             # The broker too, until it was killed once (it keeps no activity file: never "mid-operation").
-            # Then the Kafka group's coordinator, until one was killed while it coordinated.
+            # The Kafka group's coordinator first, once the group has one, until one was killed
+            # while it coordinated: the group must get assignments again before the run ends.
             coordinator = None if run.coordinator_hits["kill"] else run.kafka_coordinator()
-            needed = [a for a in run.actors if a.paused_until is None and (
-                (a.role in _MUST_KILL and not run.killed_mid_operation[a.role])
-                or (a.role == "broker" and not run.kills["broker"]) or a.name == coordinator)]
+            needed = [a for a in run.actors if a.paused_until is None and a.name == coordinator] or [
+                a for a in run.actors if a.paused_until is None and (
+                    (a.role in _MUST_KILL and not run.killed_mid_operation[a.role])
+                    or (a.role == "broker" and not run.kills["broker"]))]
             aim = (rng.choice(needed) if needed else actor, now + _AIM_S)
 
 
@@ -513,12 +515,13 @@ def judge_kafka_group(events: list[dict], topic: str, topic_id: str, logs: dict[
       began before ``H`` was sent cannot hold the partition in a generation newer than ``H``'s
       (``H``'s member held it then), so its lower commit landing after ``H`` is a stale one
       the coordinator let through;
-    - the counts: records consumed, commits (per partition) acknowledged and refused,
+    - the counts: records consumed (also per partition), commits (per partition) acknowledged and refused,
       assignments, and assignments after the first coordinator kill.
     """
     result = {"kafka_consumed": 0, "kafka_commits_acked": 0, "kafka_commits_refused": 0, "kafka_assignments": 0,
               "kafka_assignments_after_coordinator_kill": 0, "kafka_wrong_records": 0, "kafka_out_of_order": 0,
-              "kafka_skipped": 0, "kafka_lost_commits": 0, "kafka_commits_moved_back": 0, "problems": []}
+              "kafka_skipped": 0, "kafka_lost_commits": 0, "kafka_commits_moved_back": 0,
+              "kafka_consumed_by_partition": {}, "problems": []}
     began: dict[tuple[str, int], float] = {}
     last: dict[tuple[str, int, int], int] = {}
     sent: dict[str, dict] = {}  # member -> its commit waiting for an answer
@@ -536,6 +539,8 @@ def judge_kafka_group(events: list[dict], topic: str, topic_id: str, logs: dict[
             key = (topic, topic_id, p)
             got, start, acks = logs.get(key, {}), log_starts.get(key, 1), acked.get(key, {})
             result["kafka_consumed"] += len(event["offsets"])
+            by_partition = result["kafka_consumed_by_partition"]
+            by_partition[p] = by_partition.get(p, 0) + len(event["offsets"])
             for offset, value in zip(event["offsets"], event["values"]):
                 raw = value.encode()
                 if offset >= start:
@@ -967,7 +972,8 @@ def main(argv: list[str] | None = None) -> int:
                 **{what: result[what] for what in (
                     "kafka_consumed", "kafka_commits_acked", "kafka_commits_refused", "kafka_assignments",
                     "kafka_assignments_after_coordinator_kill", "kafka_coordinator_kills", "kafka_coordinator_pauses",
-                    "kafka_commits_moved_back", *KAFKA_INVARIANTS, "kafka_group_committed")},
+                    "kafka_commits_moved_back", *KAFKA_INVARIANTS, "kafka_consumed_by_partition",
+                    "kafka_group_committed")},
                 "not_exercised": missing,
             }), flush=True)
             return 0 if ok else 1
