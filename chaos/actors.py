@@ -375,7 +375,7 @@ def producer(args, config: Config) -> None:
                         for g in groups:
                             g["sequence"] = sequences.get(g["partition"], 0)
                     answer = _post(f"{args.broker}/produce", body, route=(args.topic, groups[0]["partition"]))
-                except httpx.HTTPError as e:
+                except (httpx.HTTPError, ValueError) as e:  # ValueError: /producers answered no JSON (a 503 page)
                     _log(args.name, f"produce {seq} attempt {attempt}: {type(e).__name__}: {e}")
                     if not args.idempotent:
                         break  # its outcome is unknown: never sent again, it would be written twice
