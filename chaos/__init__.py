@@ -4,7 +4,8 @@ Writers, compactors (a share of their passes also retention passes), a GC loop, 
 admin, consumers committing group offsets, and two brokers (``python -m broker_lite``) behind
 HAProxy (as ``llog stack up --brokers 2`` runs them: a partition's requests go to one broker, to
 the other while that one is paused or killed) with producers (idempotent and plain) and a
-consumer through it, each its own process, work on a real local
+consumer through it, a confluent-kafka idempotent producer and a Kafka consumer group of two
+members through the brokers' Kafka listeners, each its own process, work on a real local
 stack (its S3 server, and Oxia as a replicated cluster: a coordinator and 3 servers, 3 shards,
 replication factor 3; ``--oxia-standalone``: one server of the run's own with 3 shards) for a set
 time, with the grace period ``G`` small so that pauses matter. Three topics: the main one, one
@@ -18,7 +19,8 @@ marked created on first use, have grown past ``--partitions`` and no further tha
 compactors lose the reply of an Oxia Write now and then, after the server applied it (failpoint
 ``coordination.after_write``). The controller, from a seed, pauses processes with SIGSTOP (up to
 a few seconds past the materialization budget ``G/4`` and the compactors' Oxia session), kills
-them with SIGKILL and starts them again (the brokers too), and restarts Oxia and the S3 server
+them with SIGKILL and starts them again (the brokers too, and among them, until it was killed
+once, the one whose listener coordinates the Kafka group), and restarts Oxia and the S3 server
 once each (in a cluster, the Oxia server leading the most shards is SIGKILLed under load and
 started again with its data). Every producer records each append it was acknowledged (a 200 with offsets, through
 the broker), after the acknowledgement.
@@ -39,16 +41,31 @@ no offset was acknowledged twice (``double_acked``), that no record is in the lo
 (``duplicated``), and that no record was read, during the run or now, in an incarnation other
 than the one its acknowledgement names (``mixed_incarnations``; not acknowledged: read in two). It
 counts what broke the invariants (``invariant_violations``, with what the readers and GC saw
-during the run, and a consumer group's committed offset seen moving back). One JSON line on
+during the run, and a consumer group's committed offset seen moving back).
+
+The Kafka consumer group (``kafka_consumer`` members ``kc0``, ``kc1``: classic protocol,
+``subscribe()``, each ``consume()`` followed by one synchronous commit; what each consumed and
+committed, and what the commit answered, in ``kafka_group/``) is judged by
+:func:`chaos.run.judge_kafka_group`: every record a member consumed is the log's at that offset
+(``kafka_wrong_records``), a partition's offsets increase within a member's assignment
+(``kafka_out_of_order``) with none skipped that the log still has (``kafka_skipped``), and the
+group's committed offset per partition (llog's consumer-group record) ends at or above the highest
+commit acknowledged, ``H``, except where a member assigned the partition after ``H`` was sent
+committed the lower offset (a newer generation that read the offset before ``H`` landed: Kafka
+allows it, ``kafka_commits_moved_back``); else ``kafka_lost_commits``. The run must show the group
+consumed, had commits acknowledged, had its coordinator killed (``kafka_coordinator_kills``) and
+got assignments again after that (``kafka_assignments_after_coordinator_kill``). One JSON line on
 stdout, with what the run did by the actors' own accounts (``records_acked``,
 ``compactions_completed``, ``gc_deleted_blobs``, ``topic_recreations``, ``retention_passes``
 (passes that moved a log start), ``group_commits``, ``lost_responses``, ``broker_kills``,
 ``kills`` and ``killed_mid_operation`` by role); exit 0 only if nothing was lost, double
 acknowledged, duplicated, mixed or broken, and the run did what its checks need
 (``not_exercised`` lists what it did not: any of those counters 0, nothing acknowledged to the
-broker's idempotent producer, to its plain one, or committed through it, no writer or no compactor killed mid-operation; a run much shorter
+broker's idempotent producer, to its plain one, or committed through it, the Kafka group's
+counts above, no writer or no compactor killed mid-operation; a run much shorter
 than ``3 G`` may not reach GC or retention).
 
 A failure replays with the seed it printed: ``python -m chaos --seed N`` (the timing of the
-processes themselves still varies).
+processes themselves still varies); ``--keep DIR`` keeps the run's directory (logs, acks,
+activity, the Kafka group's events) to look at.
 """

@@ -25,9 +25,11 @@ import argparse
 import base64
 import contextlib
 import json
+import os
 import random
 import signal
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -375,7 +377,7 @@ def producer(args, config: Config) -> None:
                         for g in groups:
                             g["sequence"] = sequences.get(g["partition"], 0)
                     answer = _post(f"{args.broker}/produce", body, route=(args.topic, groups[0]["partition"]))
-                except httpx.HTTPError as e:
+                except (httpx.HTTPError, ValueError) as e:  # ValueError: /producers answered no JSON (a 503 page)
                     _log(args.name, f"produce {seq} attempt {attempt}: {type(e).__name__}: {e}")
                     if not args.idempotent:
                         break  # its outcome is unknown: never sent again, it would be written twice
@@ -447,6 +449,83 @@ def kafka_producer(args, config: Config) -> None:
 _STOP_FLUSH_S = 8
 
 
+def kafka_consumer(args, config: Config) -> None:
+    """One member of a Kafka consumer group (``--group``, shared by every ``kafka_consumer``)
+    through the brokers' Kafka listeners: confluent-kafka's consumer, classic group protocol,
+    ``subscribe()`` to the main topic, no auto-commit; after each ``consume()`` it commits, once
+    and synchronously, the next offset of each partition it consumed. Its ``D/kafka_group/N.jsonl``
+    holds, in order: ``assign``/``revoke``/``lost`` (the partitions, the member's assignment number
+    ``n`` and the time), ``consumed`` (per partition of an assignment, the offsets and values),
+    ``commit`` (the offsets, written before the request is sent, with the time) and ``committed``
+    (the answer: per partition an error name or null; a request that failed as a whole names
+    its error for every partition)."""
+    from confluent_kafka import Consumer, KafkaException, TopicPartition as KafkaPartition
+
+    rng, activity = random.Random(args.seed), _activity(args)
+    events = _Lines(args.dir / "kafka_group" / f"{args.name}.jsonl")
+    assignment = {"n": 0}
+
+    def assigned(event: str):
+        def callback(consumer, partitions) -> None:
+            if event == "assign":
+                assignment["n"] += 1
+            events.write(event=event, member=args.name, n=assignment["n"], at=time.time(),
+                         partitions=sorted(p.partition for p in partitions))
+        return callback
+
+    consumer = Consumer({"bootstrap.servers": args.kafka, "group.id": args.group, "group.protocol": "classic",
+                         "enable.auto.commit": False, "auto.offset.reset": "earliest",
+                         # The lowest session timeout the coordinator takes: a member paused past it is
+                         # removed, and the group rebalances.
+                         "session.timeout.ms": 6000, "heartbeat.interval.ms": 1000, "socket.timeout.ms": 10_000,
+                         "fetch.wait.max.ms": 500, "log_level": 3})
+    consumer.subscribe([args.topic], on_assign=assigned("assign"), on_revoke=assigned("revoke"),
+                       on_lost=assigned("lost"))
+    try:
+        while not _stopping:
+            with activity.operation("kafka_consume") as did:
+                messages = consumer.consume(num_messages=rng.randint(1, 200), timeout=0.5)
+                n, taken = assignment["n"], {}
+                for message in messages:
+                    if message.error() is not None:
+                        _log(args.name, f"consume: {message.error()}")
+                        continue
+                    offsets, values = taken.setdefault(message.partition(), ([], []))
+                    offsets.append(message.offset())
+                    values.append((message.value() or b"").decode(errors="replace"))
+                for p, (offsets, values) in sorted(taken.items()):
+                    events.write(event="consumed", member=args.name, n=n, partition=p, offsets=offsets, values=values)
+                did.update(records=sum(len(offsets) for offsets, _ in taken.values()))
+                if not taken:
+                    continue
+                wanted = {p: offsets[-1] + 1 for p, (offsets, _) in taken.items()}
+                events.write(event="commit", member=args.name, n=n, sent=time.time(), offsets=wanted)
+                try:
+                    answer = consumer.commit(offsets=[KafkaPartition(args.topic, p, o) for p, o in wanted.items()],
+                                             asynchronous=False)
+                    errors = {tp.partition: tp.error.name() if tp.error else None for tp in answer}
+                except KafkaException as e:
+                    errors = {p: e.args[0].name() for p in wanted}
+                events.write(event="committed", member=args.name, n=n, answered=time.time(), offsets=wanted,
+                             errors=errors)
+                did.update(commits=sum(error is None for error in errors.values()))
+                if any(errors.values()):
+                    _log(args.name, f"commit {wanted}: {errors}")
+            time.sleep(rng.uniform(0, 0.1))
+    finally:
+        # Leave the group, but not for long: a LeaveGroup to a killed coordinator waits for its
+        # socket timeout, and the run waits for every actor. The events are written line by line.
+        closing = threading.Thread(target=consumer.close, daemon=True)
+        closing.start()
+        closing.join(_STOP_CLOSE_S)
+        if closing.is_alive():
+            os._exit(0)
+
+
+#: How long a Kafka consumer told to stop waits to leave its group.
+_STOP_CLOSE_S = 2
+
+
 def broker_consumer(args, config: Config) -> None:
     """Consumes the main topic through the broker (``POST /consume``, from the log start when
     retention moved it) and commits through it (``POST /groups/{group}/commit`` with the
@@ -487,7 +566,8 @@ def broker_consumer(args, config: Config) -> None:
 
 
 ROLES = {"writer": writer, "compactor": compactor, "gc": gc, "reader": reader, "admin": admin, "consumer": consumer,
-         "producer": producer, "broker_consumer": broker_consumer, "kafka_producer": kafka_producer}
+         "producer": producer, "broker_consumer": broker_consumer, "kafka_producer": kafka_producer,
+         "kafka_consumer": kafka_consumer}
 
 
 def main() -> None:

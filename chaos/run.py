@@ -7,6 +7,7 @@ import contextlib
 import json
 import os
 import random
+import shutil
 import signal
 import socket
 import subprocess
@@ -26,10 +27,11 @@ from llog import local_stack
 from llog.clock import ShiftedClock
 from llog.compactor import Compactor
 from llog.config import Config
+from llog.consumer_groups import committed_offsets
 from llog.coordination import Coordination
 from llog.discovery import topic_records
 from llog.gc import all_partitions, gc_pass, referenced_blobs
-from llog.keys import PartitionKeys, TopicPartition
+from llog.keys import KAFKA_PARTITION_KEY, PartitionKeys, TopicPartition, kafka_group_key
 from llog.reader import LogReader, ReadRequest
 from llog.records import DELETING, CompactionRecord
 from llog.topics import create_topic, delete_topic, read_topic
@@ -57,11 +59,14 @@ _MUST_KILL = ("writer", "compactor")
 _FINAL_GC_MARGIN_S = 30
 #: The processes of a run beyond the writers, compactors and readers: one each.
 _ONE_EACH = (("gc", "gc"), ("admin", "admin"), ("consumer", "cg"), ("producer", "pi"), ("producer", "pp"),
-             ("broker_consumer", "bc"), ("kafka_producer", "kp"), ("broker", "b0"), ("broker", "b1"))
+             ("broker_consumer", "bc"), ("kafka_producer", "kp"), ("kafka_consumer", "kc0"), ("kafka_consumer", "kc1"),
+             ("broker", "b0"), ("broker", "b1"))
 #: The names of the actors that go through the broker: its producers (idempotent, plain) and consumer.
 _BROKER_PRODUCERS, _BROKER_CONSUMER = ("pi", "pp"), "bc"
 #: The producer that goes through the brokers' Kafka listeners.
 _KAFKA_PRODUCER = "kp"
+#: The Kafka consumer group's members (``kafka_consumer`` actors) share this group.
+KAFKA_GROUP = "chaos-kafka"
 
 
 @dataclass
@@ -96,6 +101,11 @@ class Run:
     broker_ports: dict[str, int] = field(default_factory=dict)
     #: Each broker's Kafka listener port, by name.
     kafka_ports: dict[str, int] = field(default_factory=dict)
+    #: When (``time.time()``) a broker was SIGKILLed or SIGSTOPped while it coordinated the Kafka
+    #: group (its claim in Oxia named its listener), by ``"kill"``/``"pause"``.
+    coordinator_hits: dict[str, list[float]] = field(default_factory=lambda: {"kill": [], "pause": []})
+    #: The controller's own Oxia client (opened lazily), to find the Kafka group's coordinator.
+    coordination: Coordination | None = None
 
     @property
     def broker_url(self) -> str:
@@ -115,7 +125,8 @@ class Run:
         command = [sys.executable, "-m", "chaos.actors", actor.role, "--dir", str(self.dir), "--name", actor.label,
                    "--topic", TOPIC, "--recreated", RECREATED, "--grown", GROWN, "--partitions", str(self.args.partitions),
                    "--seed", str(self.rng.randrange(2**32)), "--broker", self.broker_url,
-                   "--topic-settings", json.dumps(topic_settings(self.args)), "--group", f"group-{actor.name}",
+                   "--topic-settings", json.dumps(topic_settings(self.args)),
+                   "--group", KAFKA_GROUP if actor.role == "kafka_consumer" else f"group-{actor.name}",
                    "--kafka", ",".join(f"127.0.0.1:{port}" for port in self.kafka_ports.values())]
         if actor.role in ("writer", "compactor"):
             command += ["--lose-replies", str(self.args.lose_replies)]
@@ -133,6 +144,7 @@ class Run:
         actor.paused_until = None
 
     def pause(self, actor: Actor, seconds: float) -> None:
+        self._note_coordinator(actor, "pause")
         actor.proc.send_signal(signal.SIGSTOP)
         actor.paused_until = time.monotonic() + seconds
         self.counts["pauses"] += 1
@@ -143,7 +155,31 @@ class Run:
                 actor.proc.send_signal(signal.SIGCONT)
                 actor.paused_until = None
 
+    def kafka_coordinator(self) -> str | None:
+        """The name of the broker process whose listener coordinates the Kafka group (its claim,
+        docs/protocol.md section 9.5, names its port and its broker id, which holds its pid), or
+        None (no claim, a process gone, or Oxia cannot say now)."""
+        try:
+            if self.coordination is None:
+                self.coordination = Coordination(self.config)
+            found = self.coordination.get(kafka_group_key(self.config.root_prefix, KAFKA_GROUP), KAFKA_PARTITION_KEY)
+        except Exception as e:  # noqa: BLE001 - Oxia restarting: not known now
+            _progress(f"finding the Kafka group's coordinator: {type(e).__name__}: {e}")
+            return None
+        if found is None:
+            return None
+        holder = json.loads(found.value)
+        return next((a.name for a in self.actors if a.role == "broker" and a.proc is not None
+                     and self.kafka_ports[a.name] == holder["port"]
+                     and f"-{a.proc.pid}-" in holder["broker_id"]), None)
+
+    def _note_coordinator(self, actor: Actor, what: str) -> None:
+        if actor.role == "broker" and self.kafka_coordinator() == actor.name:
+            _progress(f"{actor.label} coordinates the Kafka group {KAFKA_GROUP}")
+            self.coordinator_hits[what].append(time.time())
+
     def kill_and_restart(self, actor: Actor) -> None:
+        self._note_coordinator(actor, "kill")
         actor.proc.kill()
         actor.proc.wait(_STOP_S)
         if actor.proc.returncode == -signal.SIGKILL:
@@ -342,9 +378,13 @@ def _disturb(run: Run) -> None:
             # Until a writer and a compactor were killed mid-operation, kill one of them: a short
             # run picking at random among all actors may well kill no compactor.
             # The broker too, until it was killed once (it keeps no activity file: never "mid-operation").
-            needed = [a for a in run.actors if a.paused_until is None and (
-                (a.role in _MUST_KILL and not run.killed_mid_operation[a.role])
-                or (a.role == "broker" and not run.kills["broker"]))]
+            # The Kafka group's coordinator first, once the group has one, until one was killed
+            # while it coordinated: the group must get assignments again before the run ends.
+            coordinator = None if run.coordinator_hits["kill"] else run.kafka_coordinator()
+            needed = [a for a in run.actors if a.paused_until is None and a.name == coordinator] or [
+                a for a in run.actors if a.paused_until is None and (
+                    (a.role in _MUST_KILL and not run.killed_mid_operation[a.role])
+                    or (a.role == "broker" and not run.kills["broker"]))]
             aim = (rng.choice(needed) if needed else actor, now + _AIM_S)
 
 
@@ -436,6 +476,122 @@ def judge_acks(acked: dict[Incarnation, dict[int, list[bytes]]], logs: dict[Inca
             result["mixed_incarnations"] += wrong
             result["problems"].append(f"{v.decode()} read in incarnation(s) {sorted(ids)}, acknowledged in "
                                       f"{sorted(acked_in.get(v, ()))}")
+    return result
+
+
+def read_kafka_group(group_dir: Path) -> list[dict]:
+    """The events of the Kafka group's members (:func:`chaos.actors.kafka_consumer`), each
+    member's in the order it wrote them."""
+    events = []
+    for path in sorted(group_dir.glob("*.jsonl")):
+        for line in path.read_text().splitlines():
+            try:
+                events.append(json.loads(line))
+            except ValueError:
+                continue  # cut by a SIGKILL
+    return events
+
+
+def judge_kafka_group(events: list[dict], topic: str, topic_id: str, logs: dict[Incarnation, dict[int, bytes]],
+                      log_starts: dict[Incarnation, int], acked: dict[Incarnation, dict[int, list[bytes]]],
+                      committed: dict[int, int], coordinator_kills: list[float]) -> dict:
+    """The Kafka consumer group's run (``events``: :func:`read_kafka_group`) against the log read
+    back (``logs``, ``log_starts``), the acknowledgements (``acked``, :func:`read_acks`), the
+    group's committed offsets at the end (``committed``: partition -> offset, from llog's records)
+    and when its coordinator was killed:
+
+    - ``kafka_wrong_records``: a record a member consumed that is not the log's at its offset:
+      at or above the log start, the bytes read back there; below it (retention took it), an
+      acknowledged value of that offset, else a value written to that topic and partition;
+    - ``kafka_out_of_order``: within one assignment of a member, a partition's offsets not strictly
+      increasing; ``kafka_skipped``: offsets it jumped over that are at or above the log start
+      (records it should have been given: the log start only moves up, so they were there);
+    - ``kafka_lost_commits``: a partition whose committed offset ends below the highest commit
+      acknowledged for it (``H``), unless a member committed that lower offset in an assignment of
+      the partition that began after ``H`` was sent. That is Kafka's rule: a commit is fenced by
+      its generation, so once ``H`` passed the check only a newer generation moves the offset, and
+      a newer generation's member may start below ``H`` (it read the offset before ``H`` was
+      written) and commit its position (``kafka_commits_moved_back``). A member whose assignment
+      began before ``H`` was sent cannot hold the partition in a generation newer than ``H``'s
+      (``H``'s member held it then), so its lower commit landing after ``H`` is a stale one
+      the coordinator let through;
+    - the counts: records consumed (also per partition), commits (per partition) acknowledged and refused,
+      assignments, and assignments after the first coordinator kill.
+    """
+    result = {"kafka_consumed": 0, "kafka_commits_acked": 0, "kafka_commits_refused": 0, "kafka_assignments": 0,
+              "kafka_assignments_after_coordinator_kill": 0, "kafka_wrong_records": 0, "kafka_out_of_order": 0,
+              "kafka_skipped": 0, "kafka_lost_commits": 0, "kafka_commits_moved_back": 0,
+              "kafka_consumed_by_partition": {}, "problems": []}
+    began: dict[tuple[str, int], float] = {}
+    last: dict[tuple[str, int, int], int] = {}
+    sent: dict[str, dict] = {}  # member -> its commit waiting for an answer
+    commits: list[dict] = []
+    first_kill = min(coordinator_kills, default=None)
+    for event in events:
+        kind, member = event["event"], event["member"]
+        if kind == "assign":
+            began[(member, event["n"])] = event["at"]
+            if event["partitions"]:
+                result["kafka_assignments"] += 1
+                result["kafka_assignments_after_coordinator_kill"] += first_kill is not None and event["at"] > first_kill
+        elif kind == "consumed":
+            p = event["partition"]
+            key = (topic, topic_id, p)
+            got, start, acks = logs.get(key, {}), log_starts.get(key, 1), acked.get(key, {})
+            result["kafka_consumed"] += len(event["offsets"])
+            by_partition = result["kafka_consumed_by_partition"]
+            by_partition[p] = by_partition.get(p, 0) + len(event["offsets"])
+            for offset, value in zip(event["offsets"], event["values"]):
+                raw = value.encode()
+                if offset >= start:
+                    wrong, expected = got.get(offset) != raw, f"the log has {got.get(offset)!r}"
+                elif offset in acks:
+                    wrong, expected = raw not in acks[offset], f"below the log start {start}, acknowledged {acks[offset]}"
+                else:
+                    fields = value.split(":")
+                    wrong = len(fields) != 5 or fields[2] != topic or fields[3] != str(p)
+                    expected = f"below the log start {start}, not acknowledged: a value of {topic}[{p}]"
+                if wrong:
+                    result["kafka_wrong_records"] += 1
+                    result["problems"].append(f"Kafka member {member} consumed {value[:60]!r} at {topic}[{p}] offset "
+                                              f"{offset}; {expected}")
+                previous = last.get((member, event["n"], p))
+                if previous is not None and offset <= previous:
+                    result["kafka_out_of_order"] += 1
+                    result["problems"].append(f"Kafka member {member} consumed {topic}[{p}] offset {offset} after "
+                                              f"{previous} in one assignment")
+                elif previous is not None and offset > previous + 1 and offset - 1 >= start:
+                    result["kafka_skipped"] += offset - 1 - max(previous, start - 1)
+                    result["problems"].append(f"Kafka member {member} skipped {topic}[{p}] offsets "
+                                              f"{max(previous + 1, start)}..{offset - 1} (log start {start})")
+                last[(member, event["n"], p)] = offset
+        elif kind == "commit":
+            sent[member] = event
+        elif kind == "committed" and member in sent:
+            commit = sent.pop(member)
+            commits.append({**commit, "errors": {int(p): e for p, e in event["errors"].items()}})
+            result["kafka_commits_acked"] += sum(e is None for e in event["errors"].values())
+            result["kafka_commits_refused"] += sum(e is not None for e in event["errors"].values())
+    commits += [{**commit, "errors": None} for commit in sent.values()]  # never answered: maybe written
+    partitions = {int(p) for c in commits for p in c["offsets"]}
+    for p in sorted(partitions):
+        acked_commits = [c for c in commits if c["errors"] is not None and str(p) in c["offsets"]
+                         and c["errors"].get(p, "missing") is None]
+        if not acked_commits:
+            continue
+        high = max(c["offsets"][str(p)] for c in acked_commits)
+        high_sent = min(c["sent"] for c in acked_commits if c["offsets"][str(p)] == high)
+        final = committed.get(p)
+        if final is not None and final >= high:
+            continue
+        newer = [c for c in commits if c["offsets"].get(str(p)) == final
+                 and began.get((c["member"], c["n"]), 0.0) > high_sent]
+        if newer:
+            result["kafka_commits_moved_back"] += 1
+            continue
+        result["kafka_lost_commits"] += 1
+        result["problems"].append(f"Kafka group: {topic}[{p}] committed offset {final} at the end, below {high} "
+                                  "acknowledged, and no member committed it in an assignment newer than that commit")
     return result
 
 
@@ -632,12 +788,24 @@ def _verify(run: Run) -> dict:
             if changed:
                 problems.append(f"{key}: the final GC changed what {len(changed)} offset(s) read back, first "
                                 f"{changed[:5]}")
+        try:
+            group_offsets = {tp.partition: found.offset for tp, found in committed_offsets(
+                reader.coordination, run.config.root_prefix, KAFKA_GROUP,
+                [TopicPartition(TOPIC, p) for p in range(run.args.partitions)]).items()}
+        except Exception as e:  # noqa: BLE001 - reported
+            problems.append(f"the Kafka group's committed offsets: {type(e).__name__}: {e}")
+            group_offsets = {}
     result["invariant_violations"] = len(problems)
     acked = read_acks(run.dir / "acks")
     judged = judge_acks(acked, logs, starts, read_reads(run.dir / "reads"))
     totals = _activity_totals(run.dir)
     result.update({what: judged[what] for what in ("lost", "double_acked", "duplicated", "mixed_incarnations",
                                                    "gone_by_retention", "gone_with_deleted_topic")})
+    kafka = judge_kafka_group(read_kafka_group(run.dir / "kafka_group"), TOPIC, live.get(TOPIC, ""), logs, starts,
+                              acked, group_offsets, run.coordinator_hits["kill"])
+    judged["problems"] += kafka.pop("problems")
+    result.update(kafka, kafka_group_committed=group_offsets, kafka_coordinator_kills=len(run.coordinator_hits["kill"]),
+                  kafka_coordinator_pauses=len(run.coordinator_hits["pause"]))
     result.update(records_acked=sum(len(values) for acks in acked.values() for values in acks.values()),
                   incarnations_acked=len({key[1] for key in acked if key[0] == RECREATED}),
                   records_acked_via_broker=_acked_by(run.dir / "acks", _BROKER_PRODUCERS),
@@ -659,13 +827,22 @@ _EXERCISED = ("compactions_completed", "gc_deleted_blobs", "topic_recreations", 
               "lost_responses")
 
 
+#: What the Kafka consumer group must have done (:func:`judge_kafka_group`): consumed, had commits
+#: acknowledged, had its coordinator killed, and got assignments again after that.
+_KAFKA_EXERCISED = ("kafka_consumed", "kafka_commits_acked", "kafka_coordinator_kills",
+                    "kafka_assignments_after_coordinator_kill")
+#: The Kafka consumer group's invariants (:func:`judge_kafka_group`): each must be 0.
+KAFKA_INVARIANTS = ("kafka_wrong_records", "kafka_out_of_order", "kafka_skipped", "kafka_lost_commits")
+
+
 def not_exercised(run: Run, result: dict) -> list[str]:
     """What a run must have done for its checks to mean something, and did not: records
     acknowledged, each counter of :data:`_EXERCISED` (by the actors' own accounts), a writer and
     a compactor killed mid-operation, the broker killed."""
     missing = ["nothing acknowledged"] if not result["records_acked"] else []
     missing += [f"{what} is 0" for what in (*_EXERCISED, "records_acked_idempotent", "records_acked_plain",
-                                            "records_acked_via_kafka", "group_commits_via_broker") if not result[what]]
+                                            "records_acked_via_kafka", "group_commits_via_broker", *_KAFKA_EXERCISED)
+                if not result[what]]
     if result["grown_partitions"] <= run.args.partitions:
         missing.append(f"{GROWN} did not grow past {run.args.partitions} partitions")
     missing += [f"no {role} killed mid-operation" for role in _MUST_KILL if not run.killed_mid_operation[role]]
@@ -695,6 +872,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--settings", type=Path, default=None,
                         help="a running stack's settings.json, for its S3 server (default: start a private stack; "
                              "server restarts need a stack this run started). Oxia is always the run's own")
+    parser.add_argument("--keep", type=Path, default=None, metavar="DIR",
+                        help="copy the run's directory (the actors' logs, acknowledgements, activity, Kafka group "
+                             "events) to DIR at the end, for a look at a failure")
     args = parser.parse_args(argv)
     for name in ("writers", "compactors", "readers", "partitions"):
         if getattr(args, name) < 1:
@@ -712,7 +892,7 @@ def main(argv: list[str] | None = None) -> int:
     seed = args.seed if args.seed is not None else random.SystemRandom().randrange(2**31)
     _progress(f"seed {seed} (replay: python -m chaos --seed {seed} --seconds {args.seconds:g})")
     with tempfile.TemporaryDirectory(prefix="llog-chaos-") as tmp:
-        stack_dir, oxia = None, None
+        stack_dir, oxia, run = None, None, None
         if args.settings is None:
             stack_dir = Path(tmp) / "stack"
             local_stack.up(stack_dir=stack_dir, ports=local_stack.free_ports(), oxia_cluster=not args.oxia_standalone,
@@ -755,13 +935,16 @@ def main(argv: list[str] | None = None) -> int:
                           for p in (run.dir / "acks").glob("*.jsonl"))
             missing = not_exercised(run, result)
             ok = result["lost"] == result["duplicated"] == result["double_acked"] == result["mixed_incarnations"] \
-                == result["invariant_violations"] == 0 and result["final_gc"] == "ok" and not missing
+                == result["invariant_violations"] == 0 and result["final_gc"] == "ok" and not missing \
+                and not any(result[what] for what in KAFKA_INVARIANTS)
             if not ok:
                 for problem in missing + result["problems"][:20]:
                     _progress(problem)
                 for path in sorted((run.dir / "logs").glob("*.log")):
                     tail = path.read_text(errors="replace").splitlines()[-15:]
                     _progress(f"--- {path.name}\n" + "\n".join(tail))
+            if args.keep is not None:
+                shutil.copytree(run.dir, args.keep, dirs_exist_ok=True)
             print(json.dumps({
                 "chaos": "ok" if ok else "failed", "seed": seed, "seconds": seconds, "appends_acked": appends,
                 "records_acked": result["records_acked"], "compactions_completed": result["compactions_completed"],
@@ -786,10 +969,17 @@ def main(argv: list[str] | None = None) -> int:
                 "gone_with_deleted_topic": result["gone_with_deleted_topic"],
                 "invariant_violations": result["invariant_violations"], "final_recoveries": result["final_recoveries"],
                 "final_gc": result["final_gc"], "final_gc_deleted_blobs": result["final_gc_deleted_blobs"],
+                **{what: result[what] for what in (
+                    "kafka_consumed", "kafka_commits_acked", "kafka_commits_refused", "kafka_assignments",
+                    "kafka_assignments_after_coordinator_kill", "kafka_coordinator_kills", "kafka_coordinator_pauses",
+                    "kafka_commits_moved_back", *KAFKA_INVARIANTS, "kafka_consumed_by_partition",
+                    "kafka_group_committed")},
                 "not_exercised": missing,
             }), flush=True)
             return 0 if ok else 1
         finally:
+            if run is not None and run.coordination is not None:
+                run.coordination.close()
             if oxia is not None:
                 oxia.stop()
             if stack_dir is not None:

@@ -290,7 +290,11 @@ def _sessions(shards: _Shards, config: Config):
     imported when the first ephemeral record is written."""
     from oxia.internal.sessions import SessionManager
 
-    return SessionManager(shards, config.oxia_session_timeout_ms, config.client_identifier)
+    # At least 4 heartbeats per session timeout: the package's default cadence is floored at 2 s,
+    # so a session of 2 s got one heartbeat every 1999 ms and expired over and over.
+    timeout = config.oxia_session_timeout_ms
+    return SessionManager(shards, timeout, config.client_identifier,
+                          heartbeat_interval_ms=min(max(timeout // 10, 2000), timeout // 4))
 
 
 class _Slot:

@@ -48,7 +48,9 @@ port (``--broker-port``, else ``LLOG_STACK_BROKER_PORT``, else :data:`DEFAULT_BR
 ``--brokers N`` the brokers get free ports and HAProxy (:data:`HAPROXY`, config written to
 ``<stack_dir>/haproxy.cfg``) listens on the broker port, sending each request to the broker the
 consistent hash of its ``X-Llog-Partition: topic/partition`` header picks (docs/brokers.md).
-``--kafka-port K`` (with one broker) also starts its Kafka listener on K (docs/kafka.md).
+``--kafka-port K`` also starts Kafka listeners (docs/kafka.md): the one broker's on K; with
+``--brokers N``, broker ``i``'s on ``K + i``, with no balancer in front (Kafka clients connect to
+the brokers Metadata names), and the balancer's entry lists them all as the bootstrap servers.
 ``stack.json`` keeps ``broker``, the address clients use (the balancer when there is one), and
 ``brokers``, every broker process (``name``, ``pid``, ``port``, ``url``, ``role``, ``log``).
 :func:`kill_broker` and :func:`start_broker` act on one broker, :func:`haproxy_stats` reads the
@@ -840,6 +842,9 @@ def _broker_status(entry: dict | None) -> dict | None:
            "healthy": alive and _http_ok(f"{url}/health"), "log": entry.get("log")}
     if entry.get("kafka_port") is not None:
         out.update(kafka_port=entry["kafka_port"], kafka_bootstrap=f"{HOST}:{entry['kafka_port']}")
+    if entry.get("kafka_ports"):  # the balancer's: every broker's listener, any of which bootstraps a client
+        out.update(kafka_ports=entry["kafka_ports"],
+                   kafka_bootstrap=",".join(f"{HOST}:{p}" for p in entry["kafka_ports"]))
     if "balancer" in entry:
         out["balancer"] = entry["balancer"]
     return out
@@ -852,7 +857,8 @@ def _brokers_status(entries: Sequence[Mapping]) -> list[dict]:
         alive = _alive(entry.get("pid"), entry.get("binary"))
         out.append({"name": entry["name"], "role": entry["role"], "pid": entry["pid"] if alive else None,
                     "url": entry["url"], "port": entry["port"], "paused": _paused(entry["pid"] if alive else None),
-                    "healthy": alive and _http_ok(f"{entry['url']}/health"), "log": entry["log"]})
+                    "healthy": alive and _http_ok(f"{entry['url']}/health"), "log": entry["log"],
+                    **({"kafka_port": entry["kafka_port"]} if entry.get("kafka_port") is not None else {})})
     return out
 
 
@@ -864,7 +870,8 @@ def up(stack_dir: Path | None = None, ports: StackPorts | None = None, bucket: s
     with ``broker_port``, also an HTTP broker (``python -m broker_lite``) on that port (with
     ``kafka_port``, its Kafka listener on that one, docs/kafka.md); with
     ``brokers`` as well, that many brokers on ports of their own behind HAProxy on ``broker_port``
-    (``split_roles``: write and read brokers; see :func:`_start_brokers`). With
+    (``split_roles``: write and read brokers; with ``kafka_port``, broker ``i``'s Kafka listener
+    on ``kafka_port + i``; see :func:`_start_brokers`). With
     ``oxia_cluster``, Oxia is a coordinator and 3 servers, ``oxia_shards`` shards with
     replication factor 3 (module docstring); an existing cluster keeps the ports and shard count
     it was made with (its data names them; asking for another count is an error).
@@ -878,6 +885,7 @@ def up(stack_dir: Path | None = None, ports: StackPorts | None = None, bucket: s
     ports = ports or resolve_ports()
     if oxia_cluster and oxia_shards < 1:
         raise ConfigError(f"oxia_shards={oxia_shards}: an Oxia namespace needs at least 1 shard")
+    _check_kafka_layout(split_roles, kafka_port)  # before anything starts
     binaries = install()
     with _locked(paths.lock, timeout_s + 30, "`llog stack up` or `down`"):
         current = status(paths.root)
@@ -892,17 +900,16 @@ def up(stack_dir: Path | None = None, ports: StackPorts | None = None, bucket: s
                                             oxia_metrics=cluster.servers[0].metrics)
             _check_ports(ports, cluster)
             _start(paths, ports, bucket, binaries, timeout_s, cluster)
-        if kafka_port is not None and (brokers is not None or broker_port is None):
-            raise ConfigError("the Kafka listener runs beside one broker (--broker), not behind the balancer of "
-                              "--brokers N")
+        if kafka_port is not None and broker_port is None:
+            raise ConfigError("a Kafka listener runs in a broker: --kafka-port goes with --broker or --brokers N")
         if brokers is not None:
             if broker_port is None:
                 raise ConfigError("brokers behind a balancer need the balancer's port (broker_port)")
-            layout = {"brokers": brokers, "split_roles": split_roles, "port": broker_port}
+            layout = {"brokers": brokers, "split_roles": split_roles, "port": broker_port, "kafka_port": kafka_port}
             running = status(paths.root)
             if not ((_read_record(paths) or {}).get("broker_layout") == layout and running["broker"]["healthy"]
                     and all(b["healthy"] for b in running["brokers"])):
-                _start_brokers(paths, broker_port, brokers, split_roles, timeout_s)
+                _start_brokers(paths, broker_port, brokers, split_roles, timeout_s, kafka_port)
         elif broker_port is not None and not ((current["broker"] or {}).get("healthy")
                                               and (current["broker"] or {}).get("kafka_port") == kafka_port):
             _start_broker(paths, broker_port, timeout_s, kafka_port)
@@ -996,7 +1003,8 @@ def _wait_broker(paths: _Paths, entry: Mapping, deadline: float, timeout_s: floa
         time.sleep(0.25)
 
 
-def _start_brokers(paths: _Paths, port: int, count: int, split_roles: bool, timeout_s: float) -> None:
+def _start_brokers(paths: _Paths, port: int, count: int, split_roles: bool, timeout_s: float,
+                   kafka_port: int | None = None) -> None:
     """``count`` brokers on free ports and HAProxy on ``port`` in front of them (the balancer,
     ``record["broker"]``; the brokers are ``record["brokers"]``), replacing any the record names.
 
@@ -1007,11 +1015,23 @@ def _start_brokers(paths: _Paths, port: int, count: int, split_roles: bool, time
     ``split_roles``: the first half (rounded up) are ``--role write`` brokers, which get
     ``/produce`` and ``/producers``, the rest ``--role read`` ones, which get ``/consume`` and
     ``/groups/...``; they share the tail cache directory ``<stack_dir>/tail-cache``
-    (``LLOG_TAIL_CACHE_DIR``), where writers put what they commit and readers look first."""
+    (``LLOG_TAIL_CACHE_DIR``), where writers put what they commit and readers look first.
+
+    ``kafka_port``: broker ``i`` also runs a Kafka listener on ``kafka_port + i`` (ports a
+    client can be told in advance). Kafka clients connect to every broker Metadata names, so the
+    listeners are not behind HAProxy; the balancer's entry lists them (``kafka_ports``), and any
+    of them bootstraps a client. Not with ``split_roles``: a listener answers Metadata as the
+    leader of every partition (docs/kafka.md section 3), so a client would send its fetches to a
+    write broker and its produces to a read broker, each answered NOT_LEADER_OR_FOLLOWER."""
     if count < 1:
         raise ConfigError(f"brokers={count}: at least 1 broker")
     if split_roles and count < 2:
         raise ConfigError(f"brokers={count} with split roles: at least 1 write and 1 read broker, so 2")
+    _check_kafka_layout(split_roles, kafka_port)
+    kafka_ports = [kafka_port + i for i in range(count)] if kafka_port is not None else [None] * count
+    if kafka_port is not None and not 0 < kafka_port <= 65536 - count:
+        raise ConfigError(f"--kafka-port {kafka_port}: the {count} brokers' listeners take {kafka_port}.."
+                          f"{kafka_port + count - 1}, which must be ports (1..65535)")
     if not os.access(HAPROXY, os.X_OK):
         raise ConfigError(f"the balancer in front of several brokers is HAProxy, not found at {HAPROXY}: "
                           "install it (apt-get install haproxy)")
@@ -1020,15 +1040,20 @@ def _start_brokers(paths: _Paths, port: int, count: int, split_roles: bool, time
     _write_json(paths.record, record)
     if not _port_free(port):
         raise LlogError(f"the balancer's port {port} is in use (--broker-port picks another)")
+    for i, p in enumerate(kafka_ports):
+        if p is not None and (p == port or not _port_free(p)):
+            raise LlogError(f"broker-{i}'s Kafka listener port {p} (--kafka-port {kafka_port} + {i}) is in use "
+                            "(--kafka-port picks another first port)")
     writers = (count + 1) // 2 if split_roles else count
     roles = ["write" if i < writers else "read" for i in range(count)] if split_roles else ["both"] * count
     tail_cache_dir = paths.root / "tail-cache" if split_roles else None
-    *broker_ports, stats_port = _system_ports(count + 1, avoid=frozenset({port}))
+    *broker_ports, stats_port = _system_ports(count + 1, avoid=frozenset({port, *filter(None, kafka_ports)}))
     deadline = time.monotonic() + timeout_s
     try:
         record["brokers"] = []
-        for i, (role, broker_port) in enumerate(zip(roles, broker_ports)):
-            record["brokers"].append(_spawn_broker(paths, f"broker-{i}", broker_port, role, tail_cache_dir))
+        for i, (role, broker_port, listener_port) in enumerate(zip(roles, broker_ports, kafka_ports)):
+            record["brokers"].append(_spawn_broker(paths, f"broker-{i}", broker_port, role, tail_cache_dir,
+                                                   kafka_port=listener_port))
             _write_json(paths.record, record)
         for entry in record["brokers"]:
             _wait_broker(paths, entry, deadline, timeout_s)
@@ -1042,8 +1067,9 @@ def _start_brokers(paths: _Paths, port: int, count: int, split_roles: bool, time
         record["broker"] = {
             **entry, "port": port, "url": f"http://{HOST}:{port}", "log": str(paths.log("balancer")),
             "balancer": {"kind": "haproxy", "config": str(config_path), "stats_url": f"http://{HOST}:{stats_port}/stats",
-                         "route_header": PARTITION_HEADER, "split_roles": split_roles}}
-        record["broker_layout"] = {"brokers": count, "split_roles": split_roles, "port": port}
+                         "route_header": PARTITION_HEADER, "split_roles": split_roles},
+            **({"kafka_ports": kafka_ports} if kafka_port is not None else {})}
+        record["broker_layout"] = {"brokers": count, "split_roles": split_roles, "port": port, "kafka_port": kafka_port}
         _write_json(paths.record, record)
         balancer = {**record["broker"], "name": "balancer"}
         _wait_broker(paths, balancer, deadline, timeout_s)
@@ -1053,6 +1079,13 @@ def _start_brokers(paths: _Paths, port: int, count: int, split_roles: bool, time
         _stop_recorded_brokers(record)
         _write_json(paths.record, record)
         raise
+
+
+def _check_kafka_layout(split_roles: bool, kafka_port: int | None) -> None:
+    if split_roles and kafka_port is not None:
+        raise ConfigError("--kafka-port does not go with --split-roles: a Kafka listener answers Metadata as the "
+                          "leader of every partition, so clients would fetch from write brokers and produce to read "
+                          "brokers, each answering NOT_LEADER_OR_FOLLOWER (docs/kafka.md section 3)")
 
 
 def _wait_balanced(paths: _Paths, deadline: float, timeout_s: float) -> None:
@@ -1570,7 +1603,8 @@ def add_stack_command(subparsers) -> None:
                                 f"(port: --broker-port, else ${BROKER_PORT_ENV} or {DEFAULT_BROKER_PORT})")
     up_parser.add_argument("--broker-port", type=int, metavar="PORT", default=None)
     up_parser.add_argument("--kafka-port", type=int, metavar="PORT", default=None,
-                           help="with --broker: its Kafka listener on this port, for Kafka clients (docs/kafka.md)")
+                           help="with --broker: its Kafka listener on this port, for Kafka clients (docs/kafka.md); "
+                                "with --brokers N: broker i's listener on PORT+i (not with --split-roles)")
     up_parser.add_argument("--brokers", type=int, metavar="N", default=None,
                            help="start N brokers on ports of their own behind HAProxy, which listens on the broker "
                                 f"port and sends each topic-partition (header {PARTITION_HEADER}: topic/partition) "
@@ -1688,8 +1722,11 @@ def _print_status(info: dict) -> None:
         print(f"  balancer   {_health(broker)}  pid {broker['pid'] or '-'}  {broker['url']}  (HAProxy, route by "
               f"{balancer['route_header']}{', split roles' if balancer['split_roles'] else ''}; stats "
               f"{balancer['stats_url']}, config {balancer['config']})")
+        if broker.get("kafka_bootstrap"):
+            print(f"  Kafka bootstrap {broker['kafka_bootstrap']}  (every broker's listener, no balancer)")
         for b in info.get("brokers", []):
-            print(f"    {b['name']:<17} {_health(b)}  pid {_pid(b)}  {b['url']}  role {b['role']}")
+            print(f"    {b['name']:<17} {_health(b)}  pid {_pid(b)}  {b['url']}  role {b['role']}"
+                  + (f"  Kafka {HOST}:{b['kafka_port']}" if b.get("kafka_port") is not None else ""))
     elif broker:
         print(f"  broker     {_health(broker)}  pid {broker['pid'] or '-'}  {broker['url']}"
               + (f"  Kafka bootstrap {broker['kafka_bootstrap']}" if broker.get("kafka_bootstrap") else ""))

@@ -498,10 +498,10 @@ class KafkaListener:
                           error_code=ErrorCode.offset_out_of_range, high_watermark=outcome.high_watermark + 1,
                           last_stable_offset=outcome.high_watermark + 1,
                           log_start_offset=outcome.log_start_offset, aborted_transactions=(),
-                          preferred_read_replica=-1, records=None)
+                          preferred_read_replica=-1, records=b"")
         return _build(response_class, "PartitionData", partition_index=partition,
                       error_code=error_code(outcome), high_watermark=-1, last_stable_offset=-1, log_start_offset=-1, aborted_transactions=(),
-                      preferred_read_replica=-1, records=None)
+                      preferred_read_replica=-1, records=b"")
 
     # --- ListOffsets ----------------------------------------------------------------------------
 

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from chaos.run import check_at_rest, finish_interrupted, judge_acks, read_acks, read_reads
+from chaos.run import check_at_rest, finish_interrupted, judge_acks, judge_kafka_group, read_acks, read_reads
 from llog.compactor import Compactor
 from llog.records import DELETING_OLD, CompactionRecord
 from tests.helpers.clocks import past_the_lag
@@ -45,9 +45,14 @@ def test_a_short_chaos_run_loses_and_duplicates_nothing():
     assert summary["mixed_incarnations"] == 0 and summary["oxia_shards"] > 1, summary
     assert 4 < summary["grown_partitions"] <= 8, summary  # created on first use by writers, grown past --partitions
     assert summary["brokers"] == 2 and all(summary["balancer_requests"].values()), summary  # both behind HAProxy
+    # The Kafka consumer group: nothing wrong consumed, no acknowledged commit lost, and it went on
+    # after its coordinator was killed.
+    assert (summary["kafka_wrong_records"], summary["kafka_out_of_order"], summary["kafka_skipped"],
+            summary["kafka_lost_commits"]) == (0, 0, 0, 0), summary
     for counter in ("topic_recreations", "retention_passes", "group_commits", "group_commits_via_broker",
                     "records_acked_via_broker", "records_acked_idempotent", "records_acked_plain",
-                    "broker_kills", "lost_responses", "gone_by_retention"):
+                    "broker_kills", "lost_responses", "gone_by_retention", "kafka_consumed", "kafka_commits_acked",
+                    "kafka_coordinator_kills", "kafka_assignments_after_coordinator_kill"):
         assert summary[counter] > 0, (counter, summary)
 
 
@@ -128,3 +133,63 @@ def test_the_end_of_run_check_finishes_a_compaction_killed_between_its_index_ove
     assert finish_interrupted(config, T, [0], timeout_s=10) == 1
     assert check_at_rest(writer.coordination, config.root_prefix, T, [0]) == []
     assert [r.value for r in reader.read_range(T, 0, 1)] == records
+
+
+def _assign(member: str, n: int, at: float, partitions: list[int]) -> dict:
+    return {"event": "assign", "member": member, "n": n, "at": at, "partitions": partitions}
+
+
+def _consumed(member: str, n: int, offsets: list[int], values: list[str], partition: int = 0) -> dict:
+    return {"event": "consumed", "member": member, "n": n, "partition": partition, "offsets": offsets,
+            "values": values}
+
+
+def _commit(member: str, n: int, sent: float, offset: int, error: str | None = None, partition: int = 0) -> list[dict]:
+    return [{"event": "commit", "member": member, "n": n, "sent": sent, "offsets": {str(partition): offset}},
+            {"event": "committed", "member": member, "n": n, "answered": sent + 0.1,
+             "offsets": {str(partition): offset}, "errors": {str(partition): error}}]
+
+
+def test_the_kafka_group_check_sees_a_record_not_the_logs_out_of_order_or_skipped():
+    key = (T, "A", 0)
+    log = {key: {o: f"w0.1:0:chaos:0:{o}".encode() for o in range(3, 9)}}
+    acked = {key: {1: [b"w0.1:0:chaos:0:1"]}}
+    events = [_assign("kc0.1", 1, 10.0, [0]),
+              # 1 acknowledged, 2 below the log start and not acknowledged: both as they should be.
+              _consumed("kc0.1", 1, [1, 2, 3, 4], ["w0.1:0:chaos:0:1", "p:5:chaos:0:0", "w0.1:0:chaos:0:3",
+                                                   "w0.1:0:chaos:0:3"]),
+              _consumed("kc0.1", 1, [4, 7], ["w0.1:0:chaos:0:4", "w0.1:0:chaos:0:7"]),
+              _consumed("kc0.1", 1, [6], ["w0.1:0:chaos:0:6"]),
+              # A new assignment starts over: reading 5 again is no disorder.
+              _assign("kc0.1", 2, 20.0, [0]), _consumed("kc0.1", 2, [5], ["w0.1:0:chaos:0:5"])]
+    judged = judge_kafka_group(events, T, "A", log, {key: 3}, acked, {}, [])
+    assert (judged["kafka_consumed"], judged["kafka_wrong_records"], judged["kafka_out_of_order"],
+            judged["kafka_skipped"], judged["kafka_assignments"]) == (8, 1, 2, 2, 2), judged
+    assert judged["problems"][0] == ("Kafka member kc0.1 consumed 'w0.1:0:chaos:0:3' at chaos[0] offset 4; the log "
+                                     "has b'w0.1:0:chaos:0:4'")
+    assert "Kafka member kc0.1 skipped chaos[0] offsets 5..6 (log start 3)" in judged["problems"]
+    # Below the log start, a value of another partition is wrong too.
+    judged = judge_kafka_group([_consumed("kc0.1", 1, [2], ["p:5:chaos:1:0"])], T, "A", log, {key: 3}, acked, {}, [])
+    assert judged["kafka_wrong_records"] == 1, judged
+
+
+def test_the_kafka_group_check_tells_an_acknowledged_commit_lost_from_one_a_newer_generation_moved_back():
+    a, b = "kc0.1", "kc1.1"
+    events = [_assign(a, 1, 10.0, [0]), *_commit(a, 1, 11.0, 50), *_commit(a, 1, 12.0, 60),
+              *_commit(a, 1, 12.5, 70, error="ILLEGAL_GENERATION"), _assign(b, 1, 13.0, [0]),
+              *_commit(b, 1, 14.0, 55)]
+    judge = lambda committed: judge_kafka_group(events, T, "A", {}, {}, {}, committed, [12.8])  # noqa: E731
+    ok = judge({0: 60})
+    assert (ok["kafka_lost_commits"], ok["kafka_commits_acked"], ok["kafka_commits_refused"]) == (0, 3, 1), ok
+    # b was assigned the partition after 60 was sent: its 55 is a newer generation's, Kafka allows it.
+    moved = judge({0: 55})
+    assert (moved["kafka_lost_commits"], moved["kafka_commits_moved_back"]) == (0, 1), moved
+    assert moved["kafka_assignments_after_coordinator_kill"] == 1, moved
+    # Nothing written, or a's own older 50 landing last: 60 was lost.
+    for committed in ({}, {0: 50}):
+        lost = judge(committed)
+        assert lost["kafka_lost_commits"] == 1, (committed, lost)
+        assert "below 60 acknowledged" in lost["problems"][0]
+    # A member assigned before 60 was sent is no newer generation: its 55 landing last loses 60.
+    early = [_assign(b, 1, 10.5, [0]) if e["event"] == "assign" and e["member"] == b else e for e in events]
+    assert judge_kafka_group(early, T, "A", {}, {}, {}, {0: 55}, [])["kafka_lost_commits"] == 1

@@ -120,3 +120,19 @@ with Coordination(config) as c:
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr
     assert done.stdout.split() == ["[]", "True"]
+
+
+def test_a_claim_outlives_several_session_timeouts_of_the_shortest_session(config):
+    """A claim lives as long as its holder's session, which heartbeats keep alive: with the
+    shortest session allowed (2 s; the chaos run's), the claim is still there, at the version
+    created, after three timeouts. The ``oxia`` package's default cadence (a 2 s floor) sent a
+    2 s session one heartbeat every 1999 ms, and the claim vanished within a timeout or two."""
+    config = config.replace(oxia_session_timeout_ms=2000)
+    key = f"/{config.root_prefix}/short-session-claim"
+    with Coordination(config) as holder, Coordination(config) as other:
+        version = holder.claim(key, b"me", "pk")
+        for _ in range(12):  # 6 s
+            time.sleep(0.5)
+            found = other.get(key, "pk")
+            assert found is not None and found.version_id == version, "the claim expired with its session"
+        holder.release(key, "pk", version)

@@ -7,6 +7,7 @@ import json
 import shutil
 import socket
 import subprocess
+import time
 from dataclasses import asdict, replace
 from pathlib import Path
 
@@ -124,6 +125,77 @@ def test_up_status_use_idempotent_down(tmp_path: Path) -> None:
     finally:
         down(tmp_path, purge=True)
     assert not (tmp_path / "oxia").exists() and not (tmp_path / "s3").exists()
+
+
+def _two_free_ports() -> int:
+    """A port ``K`` with ``K + 1`` free too (``--brokers 2 --kafka-port K`` takes both)."""
+    for _ in range(50):
+        port = free_port()
+        with socket.socket() as probe:
+            try:
+                probe.bind(("127.0.0.1", port + 1))
+            except OSError:
+                continue
+        return port
+    raise AssertionError("no two adjacent free ports in 50 tries")
+
+
+def test_brokers_behind_the_balancer_each_run_a_kafka_listener(tmp_path: Path, capsys) -> None:
+    """``llog stack up --brokers 2 --kafka-port K``: broker ``i``'s listener on ``K + i``, the
+    status lists both as the bootstrap, Metadata names both, and a record produced through one
+    listener is consumed by a group through the other."""
+    from confluent_kafka import Consumer, Producer
+    from confluent_kafka.admin import AdminClient
+
+    kafka_port = _two_free_ports()
+    try:
+        info = up(stack_dir=tmp_path, ports=free_ports(), brokers=2, broker_port=free_port(), kafka_port=kafka_port)
+        listeners = [f"127.0.0.1:{kafka_port}", f"127.0.0.1:{kafka_port + 1}"]
+        assert info["broker"]["kafka_bootstrap"] == ",".join(listeners), info["broker"]
+        assert [(b["name"], b["kafka_port"]) for b in info["brokers"]] == [
+            ("broker-0", kafka_port), ("broker-1", kafka_port + 1)]
+        local_stack._print_status(status(tmp_path))
+        assert f"Kafka bootstrap {','.join(listeners)}" in capsys.readouterr().out
+
+        for bootstrap in listeners:  # each names both brokers, once it scanned the registry (every 2 s)
+            admin, named = AdminClient({"bootstrap.servers": bootstrap}), []
+            for _ in range(30):
+                named = sorted(b.port for b in admin.list_topics(timeout=30).brokers.values())
+                if named == [kafka_port, kafka_port + 1]:
+                    break
+                time.sleep(0.5)
+            assert named == [kafka_port, kafka_port + 1], bootstrap
+        producer = Producer({"bootstrap.servers": listeners[0]})
+        producer.produce("stack2", b"through broker-0", partition=0)
+        assert producer.flush(30) == 0
+        consumer = Consumer({"bootstrap.servers": listeners[1], "group.id": "stack2", "group.protocol": "classic",
+                             "auto.offset.reset": "earliest", "enable.auto.commit": False})
+        consumer.subscribe(["stack2"])
+        got = []
+        try:
+            for _ in range(30):  # the group's first rebalance waits 3 s for more members
+                message = consumer.poll(1)
+                if message is not None and message.error() is None:
+                    got.append(message.value())
+                    consumer.commit(message, asynchronous=False)
+                    break
+        finally:
+            consumer.close()
+        assert got == [b"through broker-0"]
+        # The stack again with the same layout leaves the brokers as they are.
+        pids = [b["pid"] for b in info["brokers"]]
+        again = up(stack_dir=tmp_path, brokers=2, broker_port=info["broker"]["port"], kafka_port=kafka_port)
+        assert [b["pid"] for b in again["brokers"]] == pids
+    finally:
+        down(tmp_path, purge=True)
+
+
+def test_kafka_listeners_do_not_go_with_split_roles(tmp_path: Path, capsys) -> None:
+    args = _parser().parse_args(["stack", "up", "--stack-dir", str(tmp_path), "--brokers", "2", "--split-roles",
+                                 "--kafka-port", "9092"])
+    assert args.func(args) == 1
+    assert "--kafka-port does not go with --split-roles" in capsys.readouterr().err
+    assert not (tmp_path / "stack.json").exists()
 
 
 def test_record_of_a_stack_from_before_versitygw_reads_as_not_running(tmp_path: Path) -> None:
