@@ -178,7 +178,9 @@ class KafkaListener:
                           **{key: functools.partial(handler, self) for key, handler in EXTRA_HANDLERS.items()}}
 
     async def start(self) -> None:
-        self._server = await asyncio.start_server(self._serve, self.host, self.port)
+        # Bound first (the port, if ephemeral, is then known and registered), served only once
+        # registered: Metadata and FindCoordinator answer from the registration.
+        self._server = await asyncio.start_server(self._serve, self.host, self.port, start_serving=False)
         if self.port == 0:  # an ephemeral port: the one the system gave
             self.port = self._server.sockets[0].getsockname()[1]
         from broker_lite.kafka.registry import ListenerRegistry
@@ -186,6 +188,7 @@ class KafkaListener:
         self.registry = ListenerRegistry(self.app.reader.coordination, self.app.config.root_prefix, self.advertised_host,
                                          self.port, self.app.broker_id, self.app.config.oxia_session_timeout_ms)
         await self.registry.start()
+        await self._server.start_serving()
         log.info("Kafka listener on %s:%d (advertised %s:%d)", self.host, self.port, self.advertised_host, self.port)
 
     async def stop(self) -> None:
