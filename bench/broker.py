@@ -20,7 +20,7 @@ from __future__ import annotations
 import uuid
 
 from bench.report import emit, env_int, progress
-from llog import progress as llog_progress
+from llog_tools import progress as llog_progress
 from llog.config import Config
 from loadtest.run import make_run_dir
 from loadtest.run import run as run_scenarios

@@ -47,7 +47,7 @@ import pyarrow as pa
 
 import llog.compactor as compactor_module
 from bench.report import emit, env_int, mb_s, progress, timed_together
-from llog import progress as llog_progress
+from llog_tools import progress as llog_progress
 from llog.clock import ShiftedClock
 from llog.compactor import Compactor, PartitionCompaction
 from llog.config import Config

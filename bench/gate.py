@@ -22,7 +22,7 @@ from pathlib import Path
 from bench.report import emit, env_int, progress
 from jobs.llog_to_delta import Job, run as run_job
 from jobs.local_spark import local_spark
-from llog import progress as llog_progress
+from llog_tools import progress as llog_progress
 from llog.config import Config
 from llog.topics import create_topic
 from llog.writer import LogWriter

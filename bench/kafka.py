@@ -76,7 +76,7 @@ from bench import arrow_floor, sink, source
 from bench.kafka_broker import KAFKA_VERSION, KafkaBroker, kafka_broker
 from bench.report import CpuMeter, SparkCpuMeter, emit, env_int, llog_records, progress, s3_server_marker
 from jobs.local_spark import local_spark
-from llog import progress as llog_progress
+from llog_tools import progress as llog_progress
 from llog.config import Config
 
 #: Spark's Kafka connector, for the pyspark this project pins, with a class of its jar.

@@ -34,7 +34,7 @@ from pathlib import Path
 import httpx
 
 from bench.report import emit, env_int, progress
-from llog import progress as llog_progress
+from llog_tools import progress as llog_progress
 from llog.config import Config
 from llog.topics import create_topic
 from llog.writer import LogWriter

@@ -40,7 +40,7 @@ from pathlib import Path
 from bench.arrow_floor import ArrowSource
 from bench.report import emit, env_int, progress, random_values, timed_together
 from jobs.local_spark import local_spark
-from llog import progress as llog_progress
+from llog_tools import progress as llog_progress
 from llog.config import Config
 from llog.process_clients import close_all, log_reader
 from llog.topics import create_topic

@@ -47,7 +47,7 @@ from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from functools import partial
 
-from llog.cli import positive
+from llog_tools.cli import positive
 from llog.compactor import DEFAULT_MAX_OFFSETS, Compactor
 from llog.config import Config
 from llog.coordination import Coordination

@@ -18,7 +18,7 @@ import pytest
 from compaction_job.job import JobOptions, main, parse_options, run
 from jobs.local_spark import local_spark
 from llog.coordination import Coordination
-from llog.describe import describe_topic
+from llog_tools.describe import describe_topic
 from llog.keys import s3_uri, shared_wal_object, shared_wal_prefix
 from llog.objects import ObjectStore
 from llog.topics import create_topic
@@ -232,7 +232,7 @@ def test_entry_points_run_as_a_script_and_as_a_module(cli_env):
 
 
 def _llog(env, *args) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "llog", *args], cwd=REPO, env=env, capture_output=True, text=True,
+    return subprocess.run([sys.executable, "-m", "llog_tools", *args], cwd=REPO, env=env, capture_output=True, text=True,
                           timeout=120)
 
 

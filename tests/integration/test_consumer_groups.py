@@ -8,7 +8,7 @@ import threading
 
 import pytest
 
-from llog.cli import main
+from llog_tools.cli import main
 from llog.consumer_groups import commit_offsets, committed_offsets, describe_group, reset_offsets
 from llog.errors import InvalidOffset, PartitionNotInitialized, TopicNotFound
 from llog.keys import TopicPartition

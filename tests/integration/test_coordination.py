@@ -9,7 +9,7 @@ import time
 import oxia
 import pytest
 
-from llog import local_stack
+from llog_tools import local_stack
 from llog.coordination import Coordination
 from llog.errors import VersionConflict
 

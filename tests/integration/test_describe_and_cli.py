@@ -6,12 +6,12 @@ import json
 
 import pytest
 
-from llog.cli import main
+from llog_tools.cli import main
 from llog.clock import ShiftedClock
 from llog.compactor import Compactor
 from llog.consumer_groups import commit_offsets
 from llog.control import initialize_partition
-from llog.describe import describe_topic
+from llog_tools.describe import describe_topic
 from llog.discovery import list_topics, partitions_of, topic_partitions
 from llog.topics import create_topic, delete_topic
 from llog.fence import fence

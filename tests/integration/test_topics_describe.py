@@ -12,14 +12,14 @@ import pytest
 from llog.clock import ShiftedClock
 from llog.compactor import Compactor
 from llog.control import read_control
-from llog.describe import (
+from llog_tools.describe import (
     PARTITION_COLUMNS, describe_topic, describe_topics, format_descriptions, format_topic_descriptions,
     format_topic_descriptions_json,
 )
 from llog.errors import TopicNotFound
 from llog.keys import shared_wal_prefix
 from llog.objects import ObjectStore
-from llog.pricing import PRICES_FILE_ENV, load_prices
+from llog_tools.pricing import PRICES_FILE_ENV, load_prices
 from llog.records import ACTIVE, WAL
 from llog.topics import TopicSettings, create_topic, read_topic
 from tests.helpers.retention import compacted_objects, current_keys, index_entries

@@ -10,7 +10,7 @@ pending append) and the compacted objects its index references (one LIST of
 
 Per topic (:func:`describe_topics`): its record (section 1: ``topic_id``, state, partition count,
 effective config), its partitions, its bytes and an estimate of their monthly storage cost at
-S3 Standard list prices (:mod:`llog.pricing`). A topic whose partitions were written before topic
+S3 Standard list prices (:mod:`llog_tools.pricing`). A topic whose partitions were written before topic
 records existed has no record: it is described from its partitions, and says so.
 """
 
@@ -29,7 +29,7 @@ from llog.discovery import partitions_of, topic_records
 from llog.errors import TopicNotFound
 from llog.keys import PartitionKeys, TopicPartition, s3_uri, validate_topic
 from llog.objects import ObjectStore
-from llog.pricing import PriceTable, PriceTableError, load_prices
+from llog_tools.pricing import PriceTable, PriceTableError, load_prices
 from llog.records import COMPACTED, CompactionCursor, IndexEntry, LocatedEntry, PendingAppend, TopicRecord
 from llog.topics import TopicSettings, list_topic_records, read_topic
 
@@ -161,7 +161,7 @@ def describe_topics(coordination: Coordination, objects: ObjectStore | None, roo
     """``topics`` (None: every topic), by name. ``config``
     gives the settings' defaults and the region whose prices the cost is at
     (``s3_region_name``); default: the object store's config. ``prices``: default the table
-    :func:`llog.pricing.load_prices` finds; when it finds none the cost is unknown, and the
+    :func:`llog_tools.pricing.load_prices` finds; when it finds none the cost is unknown, and the
     description says why. Raises :class:`TopicNotFound` for a named topic without a record."""
     config = config or (objects.config if objects is not None else Config())
     if topics is None:

@@ -5,7 +5,7 @@ Commands print their tables and JSON on stdout, and scripts pipe or parse that, 
 never writes to stdout; and a log file or a pipe on stderr gets no escape sequences, since
 without a terminal no progress is shown at all (no display is created). Usage::
 
-    from llog import progress
+    from llog_tools import progress
 
     with progress.task("streaming 3 micro-batches", total=3, unit="batches") as advance:
         for batch in batches:

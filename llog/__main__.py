@@ -1,5 +1,0 @@
-import sys
-
-from llog.cli import main
-
-sys.exit(main())
