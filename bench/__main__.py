@@ -11,9 +11,9 @@ import sys
 import tempfile
 from pathlib import Path
 
+from llog.config import Config
 from llog_tools import local_stack
 from llog_tools import progress as llog_progress
-from llog.config import Config
 
 CASES = {"core": "bench.core", "sink": "bench.sink", "source": "bench.source",
          "compaction": "bench.compaction", "broker": "bench.broker", "records": "bench.records",

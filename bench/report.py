@@ -16,10 +16,10 @@ from urllib.parse import urlsplit
 import numpy as np
 import pyarrow as pa
 
-from llog_tools import progress as llog_progress
 from llog.config import Config
 from llog.coordination import Coordination
-from llog_tools.describe import describe_topic
+from llog.describe import describe_topic
+from llog_tools import progress as llog_progress
 
 
 def emit(record: dict) -> None:

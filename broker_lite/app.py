@@ -74,7 +74,7 @@ from broker_lite.models import (
 )
 from llog.config import Config
 from llog.consumer_groups import commit_offsets, describe_group, log_bounds
-from llog_tools.describe import describe_partition
+from llog.describe import describe_partition
 from llog.discovery import partition_controls, topic_records
 from llog.errors import (
     EmptyAppend, InvalidOffset, InvalidPartition, InvalidPayload, InvalidTopicName, LlogError, PartitionNotInitialized,

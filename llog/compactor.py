@@ -53,7 +53,7 @@ from llog.coordination import EXPECTED_ABSENT, Coordination
 from llog.errors import ClaimHeld, CorruptRecord, InconsistentReadState, TopicDeleted, VersionConflict
 from llog.keys import PartitionKeys, partition_keys
 from llog.objects import ObjectStore
-from llog_tools.progress import TaskFactory, silent
+from llog.progress import TaskFactory, silent
 from llog.reader import LogReader
 from llog.retention import apply_retention, finish_retention
 from llog.topics import TopicSettings
@@ -124,7 +124,7 @@ class Compactor(ClientUser):
                           topic_id: str | None = None) -> PartitionCompaction:
         """Claim the partition, recover, with ``retention`` run a retention pass
         (docs/protocol.md section 10.3), compact until nothing is left or ``time.monotonic()``
-        passes ``deadline``, release the claim. ``progress`` (:mod:`llog_tools.progress`; ``llog
+        passes ``deadline``, release the claim. ``progress`` (:mod:`llog.progress`; ``llog
         compact`` passes :func:`llog_tools.progress.task`) counts the records compacted. ``topic_id``:
         the incarnation to compact (default: the topic's current one)."""
         return self._under_claim(topic, partition, topic_id, deadline, retention, compact=True, progress=progress)

@@ -51,7 +51,7 @@ from llog.discovery import partitions_of
 from llog.errors import InconsistentReadState
 from llog.keys import PartitionKeys, s3_uri, shared_wal_prefix
 from llog.objects import _DELETE_BATCH, ObjectStore
-from llog_tools.progress import TaskFactory, silent, track
+from llog.progress import TaskFactory, silent, track
 from llog.records import CompactionRecord, ControlRecord, IndexEntry
 from llog.sink_batches import pinned_references
 
@@ -80,7 +80,7 @@ def referenced_blobs(coordination: Coordination, root: str, partitions: Iterable
     """The ``s3://`` URIs of the blobs the partitions reference: their pending appends and
     compaction records (one multi-key read, first), then their index entries (one range scan
     each). Raises :class:`InconsistentReadState` if an index has a gap (module doc).
-    ``progress`` (:mod:`llog_tools.progress`) counts the partitions scanned."""
+    ``progress`` (:mod:`llog.progress`) counts the partitions scanned."""
     keys = list(partitions)
     referenced: set[str] = set()
     records = coordination.get_many([(key, k.partition_key) for k in keys for key in (k.control, k.compaction)])
@@ -147,7 +147,7 @@ def collect_garbage(objects: ObjectStore, root: str, referenced: set[str], grace
     ``partitions``, that are not in ``referenced`` and were older than ``grace_ms`` at ``now``,
     the time taken before the partitions behind ``referenced`` were discovered (module doc;
     :func:`gc_pass` does all of it in order). ``partitions`` must be among those whose
-    references ``referenced`` holds. ``progress`` (:mod:`llog_tools.progress`) counts the blobs
+    references ``referenced`` holds. ``progress`` (:mod:`llog.progress`) counts the blobs
     examined, then those deleted."""
     if grace_ms < 1:
         raise ValueError(f"grace period must be >= 1 ms, got {grace_ms}")
@@ -185,7 +185,7 @@ def collect_garbage(objects: ObjectStore, root: str, referenced: set[str], grace
 def gc_pass(coordination: Coordination, objects: ObjectStore, root: str, grace_ms: int,
             dry_run: bool = False, clock: Clock = SYSTEM, progress: TaskFactory = silent) -> GcReport:
     """One whole pass in the safe order (module doc): time, discovery, references, listing.
-    ``progress`` (:mod:`llog_tools.progress`; ``llog gc`` passes :func:`llog_tools.progress.task`) shows
+    ``progress`` (:mod:`llog.progress`; ``llog gc`` passes :func:`llog_tools.progress.task`) shows
     each step."""
     check_deployment(coordination, objects, objects.config, clock, "gc")
     began = datetime.fromtimestamp(clock.now_ms() / 1000, timezone.utc)

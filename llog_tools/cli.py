@@ -16,13 +16,14 @@ import math
 import sys
 import time
 
-from llog_tools import local_stack
 from llog.config import Config
 from llog.consumer_groups import describe_group, format_group, format_offsets, reset_offsets, topic_group_lags
 from llog.coordination import Coordination
-from llog_tools.describe import describe_topic, format_descriptions
+from llog.describe import describe_topic
 from llog.errors import LlogError
 from llog.fence import fence, unfence
+from llog_tools import local_stack
+from llog_tools.describe import format_descriptions
 
 
 def _describe(args) -> int:

@@ -34,10 +34,11 @@ terminal (and ``TERM`` is not ``dumb``); ``0``, ``false``, ``no``, ``off``: neve
 ``true``, ``yes``, ``on``: always, even into a pipe (tests, or a log kept with its escape
 sequences). Any other value raises :class:`~llog.errors.ConfigError` naming the variable.
 
-Library code (:mod:`llog.gc`, :mod:`llog.compactor`) takes a :data:`TaskFactory` argument that
-defaults to :func:`silent` (same signature as :func:`task`, shows nothing), and the command line
-passes :func:`task`: the library then neither imports rich nor decides what a person sees.
-rich is imported only when a display is created.
+Library code (:mod:`llog.gc`, :mod:`llog.compactor`) takes a :data:`~llog.progress.TaskFactory`
+argument that defaults to :func:`~llog.progress.silent` (same signature as :func:`task`, shows
+nothing; both from :mod:`llog.progress`, the core's half of this module, and importable from here
+too), and the command line passes :func:`task`: the library then neither imports rich nor
+decides what a person sees. rich is imported only when a display is created.
 """
 
 from __future__ import annotations
@@ -46,11 +47,16 @@ import io
 import os
 import sys
 import threading
-from collections.abc import Callable, Iterable, Iterator
-from contextlib import AbstractContextManager, contextmanager
+from collections.abc import Iterable, Iterator
+from contextlib import contextmanager
+from functools import partial
 from typing import TYPE_CHECKING, Any, TypeVar
 
+from llog import progress as llog_progress
 from llog.errors import ConfigError
+from llog.progress import Advance, TaskFactory, check_total, silent
+
+__all__ = ["ENV", "Advance", "TaskFactory", "enabled", "silent", "task", "track"]
 
 if TYPE_CHECKING:
     from rich.console import Console
@@ -62,54 +68,6 @@ _OFF = ("0", "false", "no", "off")
 _AUTO = ("", "auto")
 
 T = TypeVar("T")
-
-
-class Advance:
-    """What :func:`task` yields: call it to count work done (``advance()`` is one, ``advance(n)``
-    is ``n``). Thread-safe. Once the task has ended, calls only update :attr:`completed`."""
-
-    def __init__(self, description: str, total: int | None, display: "Progress | None" = None,
-                 task_id: "TaskID | None" = None):
-        self.description = description
-        self.total = total
-        self.completed = 0
-        self._display = display
-        self._task_id = task_id
-        self._lock = threading.Lock()
-
-    def __call__(self, amount: int = 1) -> None:
-        if amount < 0:
-            raise ValueError(f"progress only moves forward: advance({amount})")
-        with self._lock:
-            self.completed += amount
-            if self._display is not None:
-                self._display.update(self._task_id, completed=self.completed)
-
-    def update(self, *, description: str | None = None, total: int | None = None,
-               completed: int | None = None) -> None:
-        """Change the line: a new description, a total now known (or changed), or the count set
-        outright (say from a counter kept elsewhere)."""
-        _check_total(total)
-        if completed is not None and completed < 0:
-            raise ValueError(f"completed must be >= 0, got {completed}")
-        with self._lock:
-            if description is not None:
-                self.description = description
-            if total is not None:
-                self.total = total
-            if completed is not None:
-                self.completed = completed
-            if self._display is not None:
-                self._display.update(self._task_id, description=self.description, total=self.total,
-                                     completed=self.completed)
-
-    def _detach(self) -> None:
-        with self._lock:
-            self._display = None
-
-
-#: The shape of :func:`task` and :func:`silent`, for library functions that take either.
-TaskFactory = Callable[..., AbstractContextManager[Advance]]
 
 
 def enabled(console: "Console | None" = None) -> bool:
@@ -138,13 +96,13 @@ def task(description: str, total: int | None = None, *, unit: str = "",
     ``console``: where to draw (tests render into a string buffer); default stderr. A task
     started while another shows joins that display, whatever its ``console`` (nested tasks
     need not pass one)."""
-    _check_total(total)
+    check_total(total)
     opened = _open_line(description, total, unit, console)
     if opened is None:
         yield Advance(description, total)
         return
     display, task_id = opened
-    advance = Advance(description, total, display, task_id)
+    advance = _Shown(description, total, display, task_id)
     ended = "failed"
     try:
         yield advance
@@ -154,27 +112,32 @@ def task(description: str, total: int | None = None, *, unit: str = "",
         _close_line(task_id, ended)
 
 
-@contextmanager
-def silent(description: str, total: int | None = None, *, unit: str = "",
-           console: "Console | None" = None) -> Iterator[Advance]:
-    """:func:`task` that never shows anything: the default :data:`TaskFactory` of library code."""
-    _check_total(total)
-    yield Advance(description, total)
-
-
 def track(items: Iterable[T], description: str, total: int | None = None, *, unit: str = "",
           console: "Console | None" = None, progress: TaskFactory | None = None) -> Iterator[T]:
     """Yield the items of ``items`` inside a :func:`task` (or ``progress``, a :data:`TaskFactory`),
     advancing it by one after each. ``total`` defaults to ``len(items)`` if it has a length."""
-    if total is None and hasattr(items, "__len__"):
-        total = len(items)  # type: ignore[arg-type]
-    with (progress or task)(description, total, unit=unit, console=console) as advance:
-        for item in items:
-            yield item
-            advance()
+    return llog_progress.track(items, description, total, unit=unit, progress=partial(progress or task, console=console))
 
 
 # --- the shared display -------------------------------------------------------------------------
+
+
+class _Shown(Advance):
+    """An :class:`Advance` whose changes redraw its line on the display, until the task ends."""
+
+    def __init__(self, description: str, total: int | None, display: "Progress", task_id: "TaskID"):
+        super().__init__(description, total)
+        self._display: "Progress | None" = display
+        self._task_id = task_id
+
+    def _changed(self, **fields: Any) -> None:
+        if self._display is not None:
+            self._display.update(self._task_id, **fields)
+
+    def _detach(self) -> None:
+        with self._lock:
+            self._display = None
+
 
 _lock = threading.Lock()
 _display: "Progress | None" = None
@@ -323,11 +286,6 @@ class _LinesAbove(io.TextIOBase):
     @property
     def errors(self) -> str | None:
         return getattr(self._file, "errors", None)
-
-
-def _check_total(total: int | None) -> None:
-    if total is not None and (isinstance(total, bool) or not isinstance(total, int) or total < 0):
-        raise ValueError(f"total must be an int >= 0 or None (unknown), got {total!r}")
 
 
 def _isatty(stream) -> bool:

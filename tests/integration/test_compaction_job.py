@@ -18,7 +18,7 @@ import pytest
 from compaction_job.job import JobOptions, main, parse_options, run
 from jobs.local_spark import local_spark
 from llog.coordination import Coordination
-from llog_tools.describe import describe_topic
+from llog.describe import describe_topic
 from llog.keys import s3_uri, shared_wal_object, shared_wal_prefix
 from llog.objects import ObjectStore
 from llog.topics import create_topic

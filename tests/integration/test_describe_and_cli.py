@@ -6,18 +6,18 @@ import json
 
 import pytest
 
-from llog_tools.cli import main
 from llog.clock import ShiftedClock
 from llog.compactor import Compactor
 from llog.consumer_groups import commit_offsets
 from llog.control import initialize_partition
-from llog_tools.describe import describe_topic
+from llog.describe import describe_topic
 from llog.discovery import list_topics, partitions_of, topic_partitions
 from llog.topics import create_topic, delete_topic
 from llog.fence import fence
 from llog.keys import TopicPartition, partition_keys
 from llog.config import Config
 from llog.writer import LogWriter
+from llog_tools.cli import main
 from tests.helpers.retention import record_only
 
 

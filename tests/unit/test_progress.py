@@ -14,8 +14,8 @@ import threading
 import pytest
 from rich.console import Console
 
-from llog_tools import progress
 from llog.errors import ConfigError
+from llog_tools import progress
 
 ESC = "\x1b["
 
