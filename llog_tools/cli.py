@@ -422,7 +422,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
-    if argv[:1] == ["observe"]:  # Prometheus for the local stack (llog/observe.py has its own parser)
+    if argv[:1] == ["observe"]:  # Prometheus for the local stack (llog_tools/observe.py has its own parser)
         from llog_tools import observe
 
         return observe.main(argv[1:])
