@@ -52,9 +52,9 @@ from contextlib import contextmanager
 from functools import partial
 from typing import TYPE_CHECKING, Any, TypeVar
 
-from llog import progress as llog_progress
 from llog.errors import ConfigError
 from llog.progress import Advance, TaskFactory, check_total, silent
+from llog.progress import track as _track
 
 __all__ = ["ENV", "Advance", "TaskFactory", "enabled", "silent", "task", "track"]
 
@@ -116,14 +116,15 @@ def track(items: Iterable[T], description: str, total: int | None = None, *, uni
           console: "Console | None" = None, progress: TaskFactory | None = None) -> Iterator[T]:
     """Yield the items of ``items`` inside a :func:`task` (or ``progress``, a :data:`TaskFactory`),
     advancing it by one after each. ``total`` defaults to ``len(items)`` if it has a length."""
-    return llog_progress.track(items, description, total, unit=unit, progress=partial(progress or task, console=console))
+    return _track(items, description, total, unit=unit, progress=partial(progress or task, console=console))
 
 
 # --- the shared display -------------------------------------------------------------------------
 
 
 class _Shown(Advance):
-    """An :class:`Advance` whose changes redraw its line on the display, until the task ends."""
+    """An :class:`Advance` whose changes redraw its line on the display; once the task has ended
+    (:meth:`_detach`), calls only count."""
 
     def __init__(self, description: str, total: int | None, display: "Progress", task_id: "TaskID"):
         super().__init__(description, total)
