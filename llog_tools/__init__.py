@@ -6,3 +6,7 @@ observability stack (``llog observe``).
 It imports the core, :mod:`llog`; the core, the connectors, the broker and the compaction job
 never import it (tests/unit/test_import_layers.py).
 """
+
+# The core first: its package turns gRPC's fork handling off before gRPC loads (llog/__init__.py
+# says why), and the local stack imports grpc itself.
+import llog  # noqa: F401
