@@ -19,10 +19,10 @@ $(STAMP): setup.py
 	@rm -f $(VENV)/.installed-* && touch $@
 
 install: $(STAMP)
-	$(PY) -m llog stack install
+	$(PY) -m llog_tools stack install
 
 demo: install
-	$(PY) -m llog stack up
+	$(PY) -m llog_tools stack up
 	$(PY) -m jobs.demo
 
 # Servers and tools from Debian's packages that the tests run for real: headless Chromium (the test
@@ -70,16 +70,16 @@ proto: install
 	$(PY) -m grpc_tools.protoc -I .cache/proto --python_out=. llog/oxia_client.proto
 
 stack-up: install
-	$(PY) -m llog stack up
+	$(PY) -m llog_tools stack up
 
 stack-down:
-	$(PY) -m llog stack down
+	$(PY) -m llog_tools stack down
 
 stack-status:
-	$(PY) -m llog stack status
+	$(PY) -m llog_tools stack status
 
 # Prometheus (Debian's) scraping the running stack's brokers, and node_exporter serving the jobs'
 # textfile metrics (LLOG_METRICS_TEXTFILE_DIR): `llog observe down` stops them. Then import
 # conf/grafana/llog-dashboard.json in Grafana. OBSERVE_ARGS="--prometheus-port 9091".
 observe: install debian-packages
-	$(PY) -m llog observe up $(OBSERVE_ARGS)
+	$(PY) -m llog_tools observe up $(OBSERVE_ARGS)

@@ -6,8 +6,8 @@ setup(
     description="A Spark-first leaderless log (diskless Kafka): record bytes in S3, offsets and index in Oxia.",
     python_requires=">=3.11,<3.12",
     # compaction_job too: its Spark tasks import it on the executors (databricks.yml installs this wheel).
-    packages=find_packages(include=["llog", "llog.*", "llog_sink", "llog_sink.*", "llog_source", "llog_source.*", "pyspark_llog",
-                                    "compaction_job", "broker_lite"]),
+    packages=find_packages(include=["llog", "llog.*", "llog_tools", "llog_sink", "llog_sink.*", "llog_source", "llog_source.*",
+                                    "pyspark_llog", "compaction_job", "broker_lite"]),
     # No pyspark here: a cluster (Databricks, any Spark >= 4.0) keeps its own; `llog[spark]` brings
     # the versions this project is tested with (`make` installs it).
     install_requires=[
@@ -68,8 +68,8 @@ setup(
                 # The documentation site from docs/ (mkdocs.yml; `make docs`, tests/unit/test_docs_site.py).
                 "mkdocs==1.6.1", "mkdocs-material==9.8.2", "pymdown-extensions==13.1.2"],
     },
-    # The S3 price table `llog topics describe` estimates costs with (llog/pricing.py finds it
+    # The S3 price table `llog topics describe` estimates costs with (llog_tools/pricing.py finds it
     # in <prefix>/share/llog when installed, in conf/ in a checkout).
     data_files=[("share/llog", ["conf/s3_prices.json", "conf/llog.example.toml"])],
-    entry_points={"console_scripts": ["llog=llog.cli:main"]},
+    entry_points={"console_scripts": ["llog=llog_tools.cli:main"]},
 )

@@ -1,7 +1,7 @@
 """``python -m bench [core] [sink] [source] [compaction] [broker] [records] [gate] [latency] [kafka] [kafka-front-door]``: run benchmark cases against a private local stack.
 
 Results are JSON lines on stdout; what the run is doing goes to stderr, as lines, and as
-progress bars over the cases and their steps while stderr is a terminal (:mod:`llog.progress`).
+progress bars over the cases and their steps while stderr is a terminal (:mod:`llog_tools.progress`).
 """
 
 from __future__ import annotations
@@ -11,9 +11,9 @@ import sys
 import tempfile
 from pathlib import Path
 
-from llog import local_stack
-from llog import progress as llog_progress
 from llog.config import Config
+from llog_tools import local_stack
+from llog_tools import progress as llog_progress
 
 CASES = {"core": "bench.core", "sink": "bench.sink", "source": "bench.source",
          "compaction": "bench.compaction", "broker": "bench.broker", "records": "bench.records",

@@ -20,8 +20,8 @@ from __future__ import annotations
 import uuid
 
 from bench.report import emit, env_int, progress
-from llog import progress as llog_progress
 from llog.config import Config
+from llog_tools import progress as llog_progress
 from loadtest.run import make_run_dir
 from loadtest.run import run as run_scenarios
 from loadtest.scenarios import BENCH

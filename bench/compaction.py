@@ -47,7 +47,6 @@ import pyarrow as pa
 
 import llog.compactor as compactor_module
 from bench.report import emit, env_int, mb_s, progress, timed_together
-from llog import progress as llog_progress
 from llog.clock import ShiftedClock
 from llog.compactor import Compactor, PartitionCompaction
 from llog.config import Config
@@ -57,6 +56,7 @@ from llog.reader import LogReader
 from llog.records import COMPACTED, WAL, IndexEntry, LocatedEntry
 from llog.topics import create_topic
 from llog.writer import AppendGroup, LogWriter
+from llog_tools import progress as llog_progress
 
 TOPIC = "bench"
 STAMP_BYTES = 12  # big-endian offset (8 bytes) and partition (4 bytes) at the start of every record

@@ -22,10 +22,10 @@ from pathlib import Path
 from bench.report import emit, env_int, progress
 from jobs.llog_to_delta import Job, run as run_job
 from jobs.local_spark import local_spark
-from llog import progress as llog_progress
 from llog.config import Config
 from llog.topics import create_topic
 from llog.writer import LogWriter
+from llog_tools import progress as llog_progress
 
 SUITE = Path(__file__).resolve().parents[1] / "conf" / "expectations" / "events.json"
 TOPIC, PARTITIONS, PER_APPEND = "gate", 3, 5_000

@@ -76,8 +76,8 @@ from bench import arrow_floor, sink, source
 from bench.kafka_broker import KAFKA_VERSION, KafkaBroker, kafka_broker
 from bench.report import CpuMeter, SparkCpuMeter, emit, env_int, llog_records, progress, s3_server_marker
 from jobs.local_spark import local_spark
-from llog import progress as llog_progress
 from llog.config import Config
+from llog_tools import progress as llog_progress
 
 #: Spark's Kafka connector, for the pyspark this project pins, with a class of its jar.
 SPARK_KAFKA_PACKAGE = "org.apache.spark:spark-sql-kafka-0-10_2.13:4.2.0"

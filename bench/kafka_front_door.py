@@ -84,11 +84,11 @@ import httpx
 
 from bench.kafka_broker import KAFKA_VERSION, kafka_broker
 from bench.report import CpuMeter, emit, env_int, progress, s3_server_marker
-from llog import progress as llog_progress
 from llog.config import Config
 from llog.errors import LlogError
 from llog.topics import create_topic
 from llog.writer import LogWriter
+from llog_tools import progress as llog_progress
 
 VALUE_BYTES = 100
 #: The producers' settings, on both servers (everything else is librdkafka's default).

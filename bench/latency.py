@@ -34,10 +34,10 @@ from pathlib import Path
 import httpx
 
 from bench.report import emit, env_int, progress
-from llog import progress as llog_progress
 from llog.config import Config
 from llog.topics import create_topic
 from llog.writer import LogWriter
+from llog_tools import progress as llog_progress
 from loadtest.brokers import Broker
 
 SUITE = Path(__file__).resolve().parents[1] / "conf" / "expectations" / "events.json"

@@ -47,13 +47,13 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from bench.report import CpuMeter, emit, env_int, progress, random_values, s3_server_marker, timed_together
-from llog import progress as llog_progress
 from llog.codec import HEADERS_TYPE
 from llog.config import Config
 from llog.describe import describe_topic
 from llog.reader import LogReader, ReadRequest
 from llog.topics import create_topic
 from llog.writer import AppendGroup, LogWriter
+from llog_tools import progress as llog_progress
 
 VALUE_BYTES = 100
 KEY_BYTES = 16

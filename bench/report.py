@@ -1,6 +1,6 @@
 """JSON lines on stdout: one per measurement, a summary per case; and what every case uses
 (timing, sizes from the environment, random record values). Timing shows a progress bar over its
-rounds on stderr while that is a terminal (:mod:`llog.progress`); the bar moves between calls,
+rounds on stderr while that is a terminal (:mod:`llog_tools.progress`); the bar moves between calls,
 outside the timed spans."""
 
 from __future__ import annotations
@@ -16,10 +16,10 @@ from urllib.parse import urlsplit
 import numpy as np
 import pyarrow as pa
 
-from llog import progress as llog_progress
 from llog.config import Config
 from llog.coordination import Coordination
 from llog.describe import describe_topic
+from llog_tools import progress as llog_progress
 
 
 def emit(record: dict) -> None:
@@ -194,7 +194,7 @@ def check_landed(what: str, landed: int, sent: int, cut: int = 0, whole: bool = 
 
 def s3_server_marker(endpoint_url: str) -> str:
     """What the local stack's S3 server (versitygw) has in its command line when it serves
-    ``endpoint_url``: its listen address (``llog.local_stack``)."""
+    ``endpoint_url``: its listen address (``llog_tools.local_stack``)."""
     parts = urlsplit(endpoint_url)
     return f"--port {parts.hostname}:{parts.port} "
 

@@ -40,7 +40,6 @@ from pathlib import Path
 from bench.arrow_floor import ArrowSource
 from bench.report import emit, env_int, progress, random_values, timed_together
 from jobs.local_spark import local_spark
-from llog import progress as llog_progress
 from llog.config import Config
 from llog.process_clients import close_all, log_reader
 from llog.topics import create_topic
@@ -48,6 +47,7 @@ from llog.writer import AppendGroup, LogWriter
 from llog_source.partition_reader import read_split
 from llog_source.planning import LlogSplit, cut
 from llog_source.options import DEFAULT_MAX_RECORDS_PER_PARTITION
+from llog_tools import progress as llog_progress
 
 VALUE_BYTES = 100
 TOPIC = "bench"

@@ -11,7 +11,7 @@ from pyspark.sql.datasource import DataSource, DataSourceStreamArrowWriter, Writ
 
 from bench.report import CpuMeter, check_landed, progress
 from jobs.local_spark import wait_for_running_tasks
-from llog import progress as llog_progress
+from llog_tools import progress as llog_progress
 
 
 class _DropWriter(DataSourceStreamArrowWriter):

@@ -23,7 +23,7 @@ from uuid import uuid4
 import httpx
 
 from chaos.actors import ROLES, record_value
-from llog import local_stack
+from llog_tools import local_stack
 from llog.clock import ShiftedClock
 from llog.compactor import Compactor
 from llog.config import Config
@@ -246,7 +246,7 @@ class OxiaServer:
 
 class Balancer:
     """HAProxy in front of the run's brokers, configured as ``llog stack up --brokers N`` does
-    (:func:`llog.local_stack.haproxy_config`: a partition's requests go to one broker, by the
+    (:func:`llog_tools.local_stack.haproxy_config`: a partition's requests go to one broker, by the
     consistent hash of ``X-Llog-Partition``, and to another while that one is down)."""
 
     def __init__(self, directory: Path, port: int, stats_port: int, brokers: dict[str, int]):

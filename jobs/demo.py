@@ -27,15 +27,16 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from jobs.demo_report import write_report
-from llog import progress
 from llog.config import Config, llog_home
-from llog.describe import describe_topic, format_descriptions
+from llog.describe import describe_topic
 from llog.discovery import partition_controls
 from llog.topics import create_topic
 from llog.keys import shared_wal_prefix
 from llog.reader import LogReader, ReadRequest
 from llog.records import ControlRecord
 from llog.writer import AppendGroup, LogWriter
+from llog_tools import progress
+from llog_tools.describe import format_descriptions
 
 
 CHECKOUT = Path(__file__).resolve().parents[1]

@@ -1,7 +1,8 @@
 """llog: the Leaderless Log Protocol on Oxia and S3 (see docs/protocol.md).
 
-The protocol core shared by the Spark sink and source, the compaction job and the broker.
-It never imports Spark.
+The protocol core shared by the Spark sink and source, the compaction job, the broker and the
+tools around them (:mod:`llog_tools`: the ``llog`` command, the local stack). It never imports
+Spark, nor the tools.
 """
 
 import os
@@ -12,7 +13,8 @@ import os
 # JVM with fork + exec, and so does every Popen with a preexec_fn: a Spark session started in a
 # process that talks to Oxia failed with JAVA_GATEWAY_EXITED. Explicitly off, the child runs no
 # gRPC handler (0 of 1,000 forks failed, against 8 of 600 with the default). Set before gRPC
-# starts, here since every module that imports it is in this package; a value the user set wins.
+# starts, here since every module that imports it is in this package or imports it first
+# (llog_tools/__init__.py); a value the user set wins.
 os.environ.setdefault("GRPC_ENABLE_FORK_SUPPORT", "0")
 
 #: The public API, by where it lives. Imported on first use (PEP 562), so that a process that

@@ -125,7 +125,7 @@ class Compactor(ClientUser):
         """Claim the partition, recover, with ``retention`` run a retention pass
         (docs/protocol.md section 10.3), compact until nothing is left or ``time.monotonic()``
         passes ``deadline``, release the claim. ``progress`` (:mod:`llog.progress`; ``llog
-        compact`` passes :func:`llog.progress.task`) counts the records compacted. ``topic_id``:
+        compact`` passes :func:`llog_tools.progress.task`) counts the records compacted. ``topic_id``:
         the incarnation to compact (default: the topic's current one)."""
         return self._under_claim(topic, partition, topic_id, deadline, retention, compact=True, progress=progress)
 

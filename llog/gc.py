@@ -185,7 +185,7 @@ def collect_garbage(objects: ObjectStore, root: str, referenced: set[str], grace
 def gc_pass(coordination: Coordination, objects: ObjectStore, root: str, grace_ms: int,
             dry_run: bool = False, clock: Clock = SYSTEM, progress: TaskFactory = silent) -> GcReport:
     """One whole pass in the safe order (module doc): time, discovery, references, listing.
-    ``progress`` (:mod:`llog.progress`; ``llog gc`` passes :func:`llog.progress.task`) shows
+    ``progress`` (:mod:`llog.progress`; ``llog gc`` passes :func:`llog_tools.progress.task`) shows
     each step."""
     check_deployment(coordination, objects, objects.config, clock, "gc")
     began = datetime.fromtimestamp(clock.now_ms() / 1000, timezone.utc)

@@ -3,7 +3,7 @@ delete and list, each by the CAS the spec gives it. :class:`TopicCache` is what 
 before reserving offsets: the topic exists (or is created on first use), is not being deleted,
 and has the partition.
 
-``llog topics create|list|describe|alter|delete`` (``llog.cli``) calls these functions.
+``llog topics create|list|describe|alter|delete`` (``llog_tools.cli``) calls these functions.
 """
 
 from __future__ import annotations

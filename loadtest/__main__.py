@@ -12,7 +12,7 @@ import tempfile
 from pathlib import Path
 from uuid import uuid4
 
-from llog import local_stack
+from llog_tools import local_stack
 from llog.config import Config
 from loadtest import vegeta
 from loadtest.run import RESULTS_DIR, make_run_dir, progress, run

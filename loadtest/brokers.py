@@ -21,7 +21,7 @@ from pathlib import Path
 
 import httpx
 
-from llog import local_stack
+from llog_tools import local_stack
 from llog.config import Config
 from llog.errors import LlogError
 
@@ -121,8 +121,8 @@ class Broker:
 
 @dataclass
 class Balancer:
-    """HAProxy (``llog.local_stack.HAPROXY``) in front of ``brokers``, configured as ``llog stack
-    up --brokers N`` does (:func:`llog.local_stack.haproxy_config`): a request with the header
+    """HAProxy (``llog_tools.local_stack.HAPROXY``) in front of ``brokers``, configured as ``llog stack
+    up --brokers N`` does (:func:`llog_tools.local_stack.haproxy_config`): a request with the header
     ``X-Llog-Partition`` goes to the broker its consistent hash picks, one without it round robin."""
 
     name: str

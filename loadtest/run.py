@@ -44,7 +44,7 @@ from llog.errors import PartitionNotInitialized
 from llog.reader import LogReader
 from llog.topics import create_topic
 from loadtest import probe, vegeta
-from llog.local_stack import PARTITION_HEADER
+from llog_tools.local_stack import PARTITION_HEADER
 from loadtest.brokers import Balancer, Broker, MetricsSampler, counter_delta, cpu_seconds
 from loadtest.scenarios import Scenario, consume_body, produce_body
 

@@ -28,7 +28,7 @@ import numpy as np
 
 from llog import config
 from llog.errors import ConfigError, LlogError
-from llog.local_stack import _locked  # the install lock the Oxia build takes, one implementation
+from llog_tools.local_stack import _locked  # the install lock the Oxia build takes, one implementation
 
 VERSION = "v12.12.0"
 MODULE = "github.com/tsenart/vegeta/v12"

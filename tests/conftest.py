@@ -9,7 +9,7 @@ import pytest
 
 from llog import failpoints
 from llog.config import Config
-from llog.local_stack import down, free_ports, install, up
+from llog_tools.local_stack import down, free_ports, install, up
 
 _INTEGRATION_DIR = Path(__file__).parent / "integration"
 

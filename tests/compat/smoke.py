@@ -211,7 +211,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     summary: dict[str, object] = {**compat.features(), "python": sys.version.split()[0]}
     imports = {}
-    for module in ("llog", "llog.cli", "llog_sink", "llog_sink.spark_writers", "llog_source.spark_readers",
+    for module in ("llog", "llog_tools.cli", "llog_sink", "llog_sink.spark_writers", "llog_source.spark_readers",
                    "pyspark_llog", "compaction_job", "broker_lite"):
         try:
             __import__(module)

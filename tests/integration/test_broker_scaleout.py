@@ -16,10 +16,10 @@ from uuid import uuid4
 import httpx
 import pytest
 
-from llog import local_stack
+from llog_tools import local_stack
 from llog.config import Config
 from llog.coordination import Coordination
-from llog.local_stack import BROKER_HEADER, PARTITION_HEADER, add_stack_command, down, free_ports, install, up
+from llog_tools.local_stack import BROKER_HEADER, PARTITION_HEADER, add_stack_command, down, free_ports, install, up
 from llog.topics import create_topic
 from loadtest.run import make_run_dir, run
 from loadtest.scenarios import SCENARIOS

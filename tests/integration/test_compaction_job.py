@@ -232,7 +232,7 @@ def test_entry_points_run_as_a_script_and_as_a_module(cli_env):
 
 
 def _llog(env, *args) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "llog", *args], cwd=REPO, env=env, capture_output=True, text=True,
+    return subprocess.run([sys.executable, "-m", "llog_tools", *args], cwd=REPO, env=env, capture_output=True, text=True,
                           timeout=120)
 
 

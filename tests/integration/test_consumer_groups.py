@@ -8,11 +8,11 @@ import threading
 
 import pytest
 
-from llog.cli import main
 from llog.consumer_groups import commit_offsets, committed_offsets, describe_group, reset_offsets
 from llog.errors import InvalidOffset, PartitionNotInitialized, TopicNotFound
 from llog.keys import TopicPartition
 from llog.writer import AppendGroup
+from llog_tools.cli import main
 
 A0, A1, B0 = TopicPartition("a", 0), TopicPartition("a", 1), TopicPartition("b", 0)
 

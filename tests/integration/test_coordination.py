@@ -9,9 +9,9 @@ import time
 import oxia
 import pytest
 
-from llog import local_stack
 from llog.coordination import Coordination
 from llog.errors import VersionConflict
+from llog_tools import local_stack
 
 
 @pytest.fixture

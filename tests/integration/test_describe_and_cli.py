@@ -6,7 +6,6 @@ import json
 
 import pytest
 
-from llog.cli import main
 from llog.clock import ShiftedClock
 from llog.compactor import Compactor
 from llog.consumer_groups import commit_offsets
@@ -18,6 +17,7 @@ from llog.fence import fence
 from llog.keys import TopicPartition, partition_keys
 from llog.config import Config
 from llog.writer import LogWriter
+from llog_tools.cli import main
 from tests.helpers.retention import record_only
 
 

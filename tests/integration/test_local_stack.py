@@ -16,10 +16,10 @@ import httpx
 import oxia
 import pytest
 
-from llog import local_stack
+from llog_tools import local_stack
 from llog.config import Config
 from llog.errors import LlogError
-from llog.local_stack import (
+from llog_tools.local_stack import (
     DEFAULT_PORTS,
     S3_ACCESS_KEY_ID,
     S3_SECRET_ACCESS_KEY,

@@ -22,7 +22,7 @@ from nbclient import NotebookClient
 from llog.config import Config
 from llog.consumer_groups import describe_group
 from llog.coordination import Coordination
-from llog.describe import describe_topics
+from llog_tools.describe import describe_topics
 
 REPO = Path(__file__).resolve().parents[2]
 NOTEBOOKS = REPO / "notebooks"

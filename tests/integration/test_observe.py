@@ -22,7 +22,7 @@ from uuid import uuid4
 import httpx
 import pytest
 
-from llog import observe
+from llog_tools import observe
 from tests.helpers.broker_process import REPO, free_port, run_broker
 
 DASHBOARD = REPO / "conf" / "grafana" / "llog-dashboard.json"
@@ -89,7 +89,7 @@ def prometheus(stack, tmp_path_factory):
             textfile = Path(status["textfile_dir"])
             traffic(url)
             run([sys.executable, "-m", "compaction_job", "--metrics-file", str(textfile / "compaction.prom")], env, 600)
-            run([sys.executable, "-m", "llog", "gc", "--metrics-file", str(textfile / "gc.prom")], env, 300)
+            run([sys.executable, "-m", "llog_tools", "gc", "--metrics-file", str(textfile / "gc.prom")], env, 300)
             traffic(url)  # fresh samples for the rates
             prometheus = status["prometheus"]["url"]
             wait_for(prometheus, ["leaderless_log_consumer_group_lag_records",
@@ -154,9 +154,9 @@ def test_a_failed_gc_run_is_recorded_and_keeps_the_last_success(stack, tmp_path)
     config = stack.replace(root_prefix=f"t{uuid4().hex[:12]}")
     env = {**os.environ, "PYTHONPATH": str(REPO), "LLOG_SETTINGS_FILE": "/nonexistent", **config.to_options(),
            "LLOG_METRICS_TEXTFILE_DIR": str(tmp_path)}
-    run([sys.executable, "-m", "llog", "gc"], env, 300)
+    run([sys.executable, "-m", "llog_tools", "gc"], env, 300)
     broken = {**env, "LLOG_S3_ENDPOINT_URL": f"http://127.0.0.1:{free_port()}", "LLOG_S3_MAX_ATTEMPTS": "1"}
-    failed = subprocess.run([sys.executable, "-m", "llog", "gc"], cwd=REPO, env=broken, capture_output=True, text=True,
+    failed = subprocess.run([sys.executable, "-m", "llog_tools", "gc"], cwd=REPO, env=broken, capture_output=True, text=True,
                             timeout=300)
     assert failed.returncode == 1, failed.stderr
     samples = {(s.name, tuple(s.labels.items())): s.value

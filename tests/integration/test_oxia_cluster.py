@@ -23,7 +23,7 @@ import xxhash
 from llog.config import Config
 from llog.coordination import Coordination
 from llog.errors import LlogError
-from llog.local_stack import (
+from llog_tools.local_stack import (
     OXIA_COORDINATOR,
     OXIA_SERVERS,
     down,

@@ -29,7 +29,7 @@ from packaging.requirements import Requirement
 from tests.compat.wheel import build_wheel
 
 #: The top-level packages setup.py ships; compaction_job too, as its Spark tasks import it.
-PACKAGES = ("llog", "llog_sink", "llog_source", "pyspark_llog", "compaction_job", "broker_lite")
+PACKAGES = ("llog", "llog_tools", "llog_sink", "llog_source", "pyspark_llog", "compaction_job", "broker_lite")
 #: Distributions a cluster brings (or ``llog[spark]`` / ``llog[quality]`` do), and their extra.
 EXTRAS_ONLY = {"pyspark": "spark", "delta-spark": "spark", "great-expectations": "quality", "grpcio-status": "connect"}
 #: Python packages the borrowed dependencies must not provide in the install check.
@@ -70,7 +70,7 @@ def test_wheel_holds_every_package_and_the_price_table(wheel):
         names = set(archive.namelist())
         data = [n for n in names if n.endswith(".data/data/share/llog/s3_prices.json")]
         entry_points = next(n for n in names if n.endswith(".dist-info/entry_points.txt"))
-        assert "llog = llog.cli:main" in archive.read(entry_points).decode()
+        assert "llog = llog_tools.cli:main" in archive.read(entry_points).decode()
         assert len(data) == 1 and json.loads(archive.read(data[0]))  # the table, as JSON
     for package in PACKAGES:
         assert f"{package}/__init__.py" in names, f"{package} is not in the wheel"
@@ -108,7 +108,7 @@ for package in {packages!r}:
             out[name] = "missing " + (e.name or "?").split(".")[0]
         except Exception as e:
             out[name] = f"{{type(e).__name__}}: {{e}}"
-from llog.pricing import load_prices, prices_file
+from llog_tools.pricing import load_prices, prices_file
 load_prices()
 out["prices_file"] = str(prices_file())
 print(json.dumps(out))
@@ -135,8 +135,9 @@ def test_installed_wheel_imports_without_spark(wheel, tmp_path):
     failed = {m: why for m, why in result.items() if why != "ok" and why != "missing pyspark"}
     assert not failed, f"modules that fail to import without Spark: {failed}"
     needs_spark = sorted(m for m, why in result.items() if why == "missing pyspark")
-    # The core, the broker and the compaction job never import Spark at import time; the
+    # The core, its tools, the broker and the compaction job never import Spark at import time; the
     # connectors' Spark modules need it.
-    assert not [m for m in needs_spark if m.split(".")[0] in ("llog", "broker_lite", "compaction_job")], needs_spark
+    assert not [m for m in needs_spark
+                if m.split(".")[0] in ("llog", "llog_tools", "broker_lite", "compaction_job")], needs_spark
     assert {"llog_sink.spark_writers", "llog_source.spark_readers", "pyspark_llog"} <= set(needs_spark)
-    assert result["llog.cli"] == "ok" and result["llog_source.options"] == "ok"
+    assert result["llog_tools.cli"] == "ok" and result["llog_source.options"] == "ok"

@@ -21,11 +21,11 @@ APPENDS, PER_APPEND = 3, 5
 
 
 def _llog(config, *args: str, progress: str | None = None) -> subprocess.CompletedProcess:
-    """``python -m llog ARGS`` with stdout and stderr on pipes, settings exactly ``config``'s."""
+    """``python -m llog_tools ARGS`` with stdout and stderr on pipes, settings exactly ``config``'s."""
     env = {"PATH": "/usr/bin:/bin", "LLOG_SETTINGS_FILE": "/nonexistent", "TERM": "xterm", **config.to_options()}
     if progress is not None:
         env["LLOG_PROGRESS"] = progress
-    return subprocess.run([sys.executable, "-m", "llog", *args], cwd=REPO, env=env, capture_output=True, text=True,
+    return subprocess.run([sys.executable, "-m", "llog_tools", *args], cwd=REPO, env=env, capture_output=True, text=True,
                           timeout=120)
 
 

@@ -241,7 +241,7 @@ def test_group_commits_and_lag_goes_to_zero(spark, config, writer, tmp_path):
     # While batch n runs, the group has committed up to the end of batch n-1.
     assert lags == [600, 400, 200]
     env = {**os.environ, "LLOG_SETTINGS_FILE": "/nonexistent", **config.to_options()}
-    out = subprocess.run([sys.executable, "-m", "llog", "groups", "describe", "billing"], cwd=REPO, env=env,
+    out = subprocess.run([sys.executable, "-m", "llog_tools", "groups", "describe", "billing"], cwd=REPO, env=env,
                          capture_output=True, text=True, timeout=60)
     assert out.returncode == 0, out.stderr
     assert "total lag 0" in out.stdout

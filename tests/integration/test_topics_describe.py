@@ -1,7 +1,8 @@
-"""``llog topics describe`` (llog/describe.py) on real Oxia and the S3 server: each partition's log
-start and end offsets, records, its share of shared WAL blobs and its compacted objects' sizes,
-after compaction, retention and interrupted appends; per topic its record, effective config,
-total bytes and the monthly storage cost at S3 Standard list prices (conf/s3_prices.json)."""
+"""``llog topics describe`` (llog_tools/describe.py, on the partitions llog/describe.py reads) on
+real Oxia and the S3 server: each partition's log start and end offsets, records, its share of
+shared WAL blobs and its compacted objects' sizes, after compaction, retention and interrupted
+appends; per topic its record, effective config, total bytes and the monthly storage cost at S3
+Standard list prices (conf/s3_prices.json)."""
 
 from __future__ import annotations
 
@@ -12,16 +13,16 @@ import pytest
 from llog.clock import ShiftedClock
 from llog.compactor import Compactor
 from llog.control import read_control
-from llog.describe import (
-    PARTITION_COLUMNS, describe_topic, describe_topics, format_descriptions, format_topic_descriptions,
-    format_topic_descriptions_json,
-)
+from llog.describe import describe_topic
 from llog.errors import TopicNotFound
 from llog.keys import shared_wal_prefix
 from llog.objects import ObjectStore
-from llog.pricing import PRICES_FILE_ENV, load_prices
 from llog.records import ACTIVE, WAL
 from llog.topics import TopicSettings, create_topic, read_topic
+from llog_tools.describe import (
+    PARTITION_COLUMNS, describe_topics, format_descriptions, format_topic_descriptions, format_topic_descriptions_json,
+)
+from llog_tools.pricing import PRICES_FILE_ENV, load_prices
 from tests.helpers.retention import compacted_objects, current_keys, index_entries
 
 GIB = 2**30

@@ -1,11 +1,11 @@
-"""llog.observe without processes: the brokers found in a stack's state record, the config."""
+"""llog_tools.observe without processes: the brokers found in a stack's state record, the config."""
 
 from __future__ import annotations
 
 import pytest
 
 from llog.errors import LlogError
-from llog.observe import Paths, broker_targets, prometheus_config
+from llog_tools.observe import Paths, broker_targets, prometheus_config
 
 
 def test_brokers_of_both_record_shapes_without_repeats():

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from llog.pricing import (
+from llog_tools.pricing import (
     CHECKOUT_PRICES_FILE, GIB, PRICES_FILE_ENV, PriceTableError, StorageTier, load_prices, parse_prices, prices_file,
     tiered_cost,
 )

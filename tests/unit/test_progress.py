@@ -1,4 +1,4 @@
-"""llog.progress: nothing at all unless stderr is a terminal (or LLOG_PROGRESS forces it), a bar
+"""llog_tools.progress: nothing at all unless stderr is a terminal (or LLOG_PROGRESS forces it), a bar
 or a spinner with counts when it shows, and never a byte on stdout. No servers."""
 
 from __future__ import annotations
@@ -14,8 +14,8 @@ import threading
 import pytest
 from rich.console import Console
 
-from llog import progress
 from llog.errors import ConfigError
+from llog_tools import progress
 
 ESC = "\x1b["
 

@@ -16,13 +16,14 @@ import math
 import sys
 import time
 
-from llog import local_stack
 from llog.config import Config
 from llog.consumer_groups import describe_group, format_group, format_offsets, reset_offsets, topic_group_lags
 from llog.coordination import Coordination
-from llog.describe import describe_topic, format_descriptions
+from llog.describe import describe_topic
 from llog.errors import LlogError
 from llog.fence import fence, unfence
+from llog_tools import local_stack
+from llog_tools.describe import format_descriptions
 
 
 def _describe(args) -> int:
@@ -104,7 +105,7 @@ def _text(data: bytes | None) -> str:
 
 
 def _compact(args) -> int:
-    from llog import progress
+    from llog_tools import progress
     from llog.compactor import DEFAULT_MAX_OFFSETS, Compactor
 
     deadline = None if args.max_runtime is None else time.monotonic() + args.max_runtime
@@ -122,7 +123,7 @@ def _compact(args) -> int:
 
 
 def _gc(args) -> int:
-    from llog import progress
+    from llog_tools import progress
     from llog.gc import check_grace, gc_figures, gc_pass
     from llog.metrics import metrics_file, write_run_metrics
     from llog.objects import ObjectStore
@@ -198,7 +199,7 @@ def _topics_list(args) -> int:
 
 
 def _topics_describe(args) -> int:
-    from llog.describe import describe_topics, format_topic_descriptions, format_topic_descriptions_json
+    from llog_tools.describe import describe_topics, format_topic_descriptions, format_topic_descriptions_json
     from llog.objects import ObjectStore
 
     config = Config.load()
@@ -421,8 +422,8 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
-    if argv[:1] == ["observe"]:  # Prometheus for the local stack (llog/observe.py has its own parser)
-        from llog import observe
+    if argv[:1] == ["observe"]:  # Prometheus for the local stack (llog_tools/observe.py has its own parser)
+        from llog_tools import observe
 
         return observe.main(argv[1:])
     if argv[:1] == ["broker"]:

@@ -1,6 +1,6 @@
 """S3 list prices, and what a number of bytes costs a month to keep in S3 Standard.
 
-``llog topics describe`` (:mod:`llog.describe`) estimates each topic's monthly storage cost
+``llog topics describe`` (:mod:`llog_tools.describe`) estimates each topic's monthly storage cost
 from the price table ``conf/s3_prices.json`` (``conf/README.md`` describes it): USD per
 GB-month per region, tiered by the month's volume (S3 Standard: the first 50 TB at one price,
 the next 450 TB at a lower one, the rest lower still), and optionally the request prices.

@@ -1,0 +1,5 @@
+import sys
+
+from llog_tools.cli import main
+
+sys.exit(main())
