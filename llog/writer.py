@@ -613,6 +613,11 @@ class LogWriter(ClientUser):
                     again.append(i)
                     continue
                 if state.record.deleted:
+                    if slot.in_doubt:  # did an attempt land before the tombstone? It keeps the counter
+                        landed = self._resolve(slot, state)
+                        if landed is not None:  # acknowledged in the deleted incarnation, gone with it
+                            out[i] = (landed, slot.keys.index(landed + slot.staged.msg_count - 1))
+                            continue
                     self._follow(slot)
                     again.append(i)
                     continue
@@ -693,9 +698,12 @@ class LogWriter(ClientUser):
 
     def _follow(self, slot: _Slot) -> None:
         """The slot's topic incarnation was deleted (its ``meta/control`` is a tombstone, or the
-        record names another id; docs/protocol.md section 12) before any reservation of the slot
-        landed there that could still be read: move the slot to the topic's current incarnation,
-        as a Kafka producer goes on writing to a topic created again under the same name. Raises
+        record names another id; docs/protocol.md section 12) with no reservation of the slot there
+        (none sent, or each in doubt shown not to have landed: :meth:`_resolve` on the tombstone):
+        move the slot to the topic's current incarnation, as a Kafka producer goes on writing to a
+        topic created again under the same name. :class:`AppendOutcomeUnknown` while an attempt
+        is still in doubt (it may be in the deleted incarnation, and may have been read there).
+        Raises
         :class:`TopicNotFound` or :class:`TopicBeingDeleted` when there is none yet (a writer that
         auto-initializes creates it), :class:`UnknownPartition` when it has fewer partitions."""
         tp = slot.keys.tp
@@ -705,12 +713,16 @@ class LogWriter(ClientUser):
                                  f"record names that id as live; nothing was reserved")
         if tp.partition >= record.partitions:
             record = self.topics.check(tp.topic, tp.partition)  # grown if created on first use
+        if slot.in_doubt:
+            # An attempt at the deleted incarnation may have landed before its tombstone (and been
+            # read there): written again here, the same records would be in both.
+            raise AppendOutcomeUnknown(
+                f"{tp}: topic id {slot.keys.topic_id} was deleted while an attempt to reserve offsets there was "
+                f"in doubt; the append ({slot.staged.msg_count} records in {slot.staged.wal_uri}) may be in the "
+                f"deleted topic, so it is not written to topic id {record.topic_id}")
         log.info("%s: topic id %s was deleted; appending to the topic's current id %s", tp, slot.keys.topic_id,
                  record.topic_id)
         slot.keys = PartitionKeys(slot.keys.root, tp, record.topic_id)
-        # Attempts at the deleted incarnation can no longer land there (its control is a
-        # tombstone, which no CAS changes), and say nothing about this one.
-        slot.in_doubt.clear()
 
     def _reservation(self, slot: _Slot, control: ControlRecord) -> ControlRecord | None:
         """The control a reserving CAS writes for ``slot`` (section 4.3, with the sink's progress,

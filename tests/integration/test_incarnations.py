@@ -16,6 +16,7 @@ import pytest
 
 from llog.compactor import Compactor
 from llog.consumer_groups import commit_offsets, committed_offsets
+from llog.errors import AppendOutcomeUnknown
 from llog.coordination import Coordination
 from llog.gc import gc_pass
 from llog.keys import TopicPartition
@@ -24,6 +25,7 @@ from llog.reader import LogReader, ReadRequest
 from llog.topics import alter_topic, create_topic, delete_topic, read_topic
 from llog.writer import LogWriter
 from tests.helpers.clocks import past_the_lag
+from tests.integration.test_outcomes import _LostReply
 
 T = "orders"
 
@@ -96,6 +98,30 @@ def test_a_writer_paused_after_reserving_writes_nothing_into_the_new_topic(clien
     if collide:
         new.append(T, 0, expected)
     _assert_new_topic(config, objects, expected, [len(expected)])
+
+
+def test_a_reservation_in_doubt_when_its_topic_is_deleted_is_unknown_not_written_again(clients, hooks):
+    """The writer's reserving CAS lands in the old topic, its reply is lost, and the topic is
+    deleted and created again before the writer looks. Its records may be in the deleted topic
+    (they are: the delete's fence finished the append, and a reader could read them there), so
+    the append is reported in doubt, not moved to the new topic (the same records in both)."""
+    config, old, new, objects = clients
+    old.append(T, 0, [b"old-1", b"old-2", b"old-3"])
+
+    def lose_the_reservations_reply() -> None:
+        del hooks["writer.before_reserve_cas"]
+
+        def lost() -> None:
+            del hooks["coordination.after_write"]
+            _recreate(config, new.coordination, objects, new)
+            raise _LostReply()
+
+        hooks["coordination.after_write"] = lost
+
+    hooks["writer.before_reserve_cas"] = lose_the_reservations_reply
+    with pytest.raises(AppendOutcomeUnknown):
+        old.append(T, 0, [b"old-4", b"old-5", b"old-6"])
+    _assert_new_topic(config, objects, _new_records(new, 6))
 
 
 def test_a_helper_paused_before_materializing_writes_nothing_into_the_new_topic(clients, hooks):
