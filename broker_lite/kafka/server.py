@@ -452,7 +452,20 @@ class KafkaListener:
                     for (t, p, offset, _), (_, _, o) in zip(wanted, answered)}
             if not await self.app.consume.wait_for(more, deadline - time.monotonic()):
                 break
-            answered = await self._fetch_pass(wanted, max_bytes)
+            cache = self.app.consume.cache
+            woken = [i for i, (topic, partition, _, _) in enumerate(wanted)
+                     if (tail := cache.tail(TopicPartition(topic, partition))) is not None
+                     and tail >= more[TopicPartition(topic, partition)]]
+            if woken and len(woken) < len(wanted):
+                # Woken by a produce here: the partitions it wrote are read again (a tail cache
+                # hit, no Oxia read); the others keep their answer of a moment ago, as if the
+                # poll had ended then for them.
+                kept = sum(n for i, (_, n, _) in enumerate(answered) if i not in woken)
+                again = await self._fetch_pass([wanted[i] for i in woken], max(max_bytes - kept, 1))
+                for i, answer in zip(woken, again):
+                    answered[i] = answer
+            else:
+                answered = await self._fetch_pass(wanted, max_bytes)
         by_topic: dict[str, list] = {}
         for (topic, partition, _, _), (records, _, outcome) in zip(wanted, answered):
             by_topic.setdefault(topic, []).append(self._partition_data(response_class, partition, outcome, records))

@@ -244,6 +244,40 @@ def test_a_long_poll_returns_as_soon_as_a_record_is_produced(listeners):
         consumer.close()
 
 
+def test_a_long_poll_on_several_partitions_woken_by_one_returns_each_record_once(brokers):
+    """A consumer waits on three partitions at their end; each produce to one of them (on the
+    same broker) wakes its fetch, which reads that partition again from the tail cache and keeps
+    the others' answers: every record arrives, once, in order, and the metrics show the woken
+    reads answered from memory. The fetch waits up to 30 s (the broker's cap): a record that
+    did not wake it would only come once that wait ends, past each record's 15 s here."""
+    (url, bootstrap), _ = brokers
+    topic = _topic()
+    producer = Producer({"bootstrap.servers": bootstrap, "linger.ms": 0})
+    for partition in range(3):
+        producer.produce(topic, b"start", partition=partition)
+    assert producer.flush(30) == 0
+    consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": f"g{uuid.uuid4().hex[:6]}",
+                         "fetch.wait.max.ms": 30_000})
+    try:
+        consumer.assign([KafkaPartition(topic, partition, 2) for partition in range(3)])
+        assert consumer.poll(1.0) is None  # every partition at its end: the fetch waits
+        before = _fetched_from_cache(url)
+        got = []
+        for i in range(12):
+            producer.produce(topic, b"r%d" % i, partition=(0, 2)[i % 2])
+            assert producer.flush(30) == 0
+            deadline, message = time.monotonic() + 15, None
+            while message is None and time.monotonic() < deadline:
+                message = consumer.poll(0.5)
+            assert message is not None and message.error() is None, f"record {i} did not wake the waiting fetch"
+            got.append((message.partition(), message.offset(), message.value()))
+        assert got == [((0, 2)[i % 2], 2 + i // 2, b"r%d" % i) for i in range(12)]
+        assert consumer.poll(0.5) is None  # nothing twice
+        assert _fetched_from_cache(url) - before >= 12
+    finally:
+        consumer.close()
+
+
 # --- raw requests ---------------------------------------------------------------------------------
 
 def _produce_v8(topic: str, partition: int, batch: bytes) -> bytes:
