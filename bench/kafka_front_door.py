@@ -30,7 +30,8 @@ Values are 100 bytes.
 - **poll**: ``BENCH_FRONT_DOOR_POLL_RECORDS`` records (500) at ``BENCH_FRONT_DOOR_POLL_RATE``/s
   (50), each its own ``produce()`` call, to a consumer already waiting at the topic's end (its
   fetch parked in the broker's long poll); each record's time from ``produce()`` to the
-  consumer's ``poll()`` returning it.
+  consumer's ``poll()`` returning it, and (``poll_ack_*``) to its delivery callback: how much of
+  it is the write path.
 - **spark**: Spark's real-time mode (``trigger(realTime=...)`` with ``BENCH_FRONT_DOOR_SPARK_TRIGGER``,
   by default Spark's own default, 5 minutes) copying the values of a
   1-partition topic to another, both read and written by Spark's Kafka connector through the
@@ -616,8 +617,12 @@ def _poll(server: Server, sizes: Sizes) -> dict:
         raise RuntimeError(f"kafka-front-door ({server.name} poll): {consumer.duplicates} record(s) consumed twice")
     seqs = range(warmup, warmup + sizes.poll_records)
     latencies = [(consumer.seen[s] - acks.sent[s]) * 1000 for s in seqs]
+    # The same records' acknowledgements: the share of the write path in the latency above.
+    acked = [acks.acked[s] - acks.sent[s] for s in seqs if s in acks.acked]
     return {"poll_p50_ms": _quantile(latencies, 0.5), "poll_p99_ms": _quantile(latencies, 0.99),
-            "poll_max_ms": round(max(latencies), 1)}
+            "poll_max_ms": round(max(latencies), 1),
+            "poll_ack_p50_ms": _quantile([a * 1000 for a in acked], 0.5),
+            "poll_ack_p99_ms": _quantile([a * 1000 for a in acked], 0.99)}
 
 
 # --- Spark's real-time mode -------------------------------------------------------------------

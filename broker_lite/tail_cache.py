@@ -64,6 +64,7 @@ def _run(first: int, records: Records | list[bytes], created_at_ms: int) -> _Run
     if isinstance(records, pa.RecordBatch):  # records-v2
         if not records.schema.equals(V2_SCHEMA):
             records = records.cast(V2_SCHEMA)
+        records = _compact(records)
         lengths = pc.binary_length(records.column("value")).fill_null(0).to_numpy(zero_copy_only=False)
         return first, b"", np.cumsum(lengths, dtype=np.int64), created_at_ms, records.serialize().to_pybytes()
     if isinstance(records, pa.Array):  # the produce path: no Python object per record
@@ -72,6 +73,21 @@ def _run(first: int, records: Records | list[bytes], created_at_ms: int) -> _Run
         return first, data, (offsets[1:] - offsets[0]).astype(np.int64), created_at_ms, None
     ends = np.cumsum(np.fromiter(map(len, records), dtype=np.int64, count=len(records)))
     return first, b"".join(records), ends, created_at_ms, None
+
+
+def _compact(batch: pa.RecordBatch) -> pa.RecordBatch:
+    """``batch`` with columns an IPC message holds as their own bytes only: an all-null column
+    made afresh (:func:`llog.codec.nulls` hands out slices of one long array, which a message
+    would carry whole: half a MiB for the headers' list type), a list column copied (a slice
+    of one carries its children whole too)."""
+    columns = []
+    for column in batch.columns:
+        if column.null_count == len(column):
+            column = pa.nulls(len(column), column.type)
+        elif pa.types.is_list(column.type):
+            column = pa.concat_arrays([column])
+        columns.append(column)
+    return pa.RecordBatch.from_arrays(columns, schema=batch.schema)
 
 
 def _last(run: _Run) -> int:

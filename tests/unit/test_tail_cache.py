@@ -193,3 +193,22 @@ def test_the_directory_cache_returns_the_entry_s_created_at(tmp_path):
         (2, CREATED), (3, CREATED), (4, CREATED + 5), (5, CREATED + 5), (6, CREATED + 5)]
     (tmp_path / "root" / "t" / OLD / "0" / "00000000000000000007-00000000000000000009.llb").write_bytes(b"old form")
     assert reader.get(TP, OLD, 7, 10**6) is None  # a name of another form is not a run
+
+
+def test_a_records_v2_run_costs_its_own_bytes_not_the_arrays_it_was_sliced_from():
+    """A Kafka producer's record: timestamps set, keys and headers null (llog.codec.nulls: slices
+    of one long shared array), or a slice of a larger decoded batch with headers. Each run costs
+    about its own bytes (a run of one record once cost the cache half a MiB: the whole shared
+    null headers array went into its message)."""
+    import pyarrow as pa
+
+    from llog.codec import HEADERS_TYPE, to_records
+
+    cache = TailCache(10**9)
+    cache.add(TP, OLD, 1, to_records([b"v" * 100], timestamps=pa.array([1], pa.int64())), CREATED)
+    assert cache.bytes < 2_000
+    decoded = to_records([b"v" * 100] * 1000, headers=pa.array([[("h", b"x")]] * 1000, HEADERS_TYPE))
+    cache.add(TP, OLD, 2, decoded.slice(500, 1), CREATED)
+    assert cache.bytes < 4_000
+    assert [r["headers"] for b in cache.get(TP, OLD, 2, 10**6).batches for r in b.to_pylist()] == [
+        [{"key": "h", "value": b"x"}]]
