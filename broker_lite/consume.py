@@ -50,7 +50,7 @@ from broker_lite.models import (
     ConsumedHeader, ConsumedRecord, ConsumePartition, ConsumeRequest, ConsumeResponse, ConsumeResult,
 )
 from broker_lite.tail_cache import TailCache, TailCacheDir
-from llog.codec import Records, concat_records, to_records
+from llog.codec import V2_SCHEMA, Records, concat_records, nulls, to_records
 from llog.config import Config
 from llog.errors import LlogError, OffsetOutOfRange, PartitionNotInitialized, TopicNotFound, TopicRecreated
 from llog.keys import PartitionKeys, TopicPartition, validate_partition, validate_topic
@@ -161,8 +161,7 @@ class ConsumeService:
         for group, outcome in zip(groups, outcomes):
             if isinstance(outcome, AppendResult) and not outcome.duplicate:  # a duplicate's records are old
                 tp = TopicPartition(outcome.topic, outcome.partition)
-                records = group.records if _values_only(group) else to_records(
-                    group.records, group.keys, group.headers, group.timestamps)
+                records = group.records if _values_only(group) else _as_records(group)
                 by_partition.setdefault((tp, outcome.topic_id), []).append((outcome, records))
         for (tp, topic_id), committed in by_partition.items():
             first, last = committed[0][0].start_offset, committed[-1][0].end_offset
@@ -598,6 +597,18 @@ class ConsumeService:
             self._probe.cancel()
         await asyncio.to_thread(self._pool.shutdown, wait=True)
         await asyncio.to_thread(self._files.shutdown, wait=True)
+
+
+def _as_records(group: AppendGroup) -> Records:
+    """A group's records as a batch of records-v2, for the tail cache: its Arrow columns as they
+    are when they have the types (the Kafka listener's; the writer has checked them), else
+    :func:`llog.codec.to_records`."""
+    columns = [group.keys, group.records, group.headers, group.timestamps]
+    n = len(group.records)
+    if all(c is None or (isinstance(c, pa.Array) and c.type == f.type) for c, f in zip(columns, V2_SCHEMA)):
+        return pa.RecordBatch.from_arrays([c if c is not None else nulls(f.type, n) for c, f in zip(columns, V2_SCHEMA)],
+                                          schema=V2_SCHEMA)
+    return to_records(group.records, group.keys, group.headers, group.timestamps)
 
 
 def _values_only(group: AppendGroup) -> bool:

@@ -48,16 +48,17 @@ RECORD_OVERHEAD = 16
 
 
 #: A run: ``(first offset, value bytes back to back, where each value ends, created_at_ms,
-#: records-v2)``. ``created_at_ms`` is that of the index entry the run landed in (what a reader of
-#: the log finds for its records; Kafka's log-append time). ``records-v2`` is None when the
+#: records-v2)``. ``created_at_ms`` is that of the index entry the run landed in (what a reader
+#: of the log finds for its records; Kafka's log-append time). ``records-v2`` is None when the
 #: records are values and nothing more (an HTTP producer's, a Spark job's); otherwise (a Kafka
 #: producer's: keys, headers, event times, tombstones) it is the run's records as one Arrow IPC
-#: message of :data:`~llog.codec.V2_SCHEMA`, the value bytes are not kept a second time (the
-#: second item is empty), and the ends still count each value's bytes (a tombstone's as 0), the
-#: budget a lookup spends. Only atomic objects and a numeric array, which the garbage collector
-#: stops tracking: the cache holds tens of thousands of runs, and every object it tracks is walked
-#: by each full collection (a list per run, then an object per run, made those pauses 40-100 ms).
-_Run = tuple[int, bytes, np.ndarray, int, bytes | None]
+#: message of :data:`~llog.codec.V2_SCHEMA` (an Arrow buffer), the value bytes are not kept a
+#: second time (the second item is empty), and the ends still count each value's bytes (a
+#: tombstone's as 0), the budget a lookup spends. Only atomic objects, a numeric array and an
+#: Arrow buffer, none of which the garbage collector tracks, so it stops tracking the tuple: the
+#: cache holds tens of thousands of runs, and every object it tracks is walked by each full
+#: collection (a list per run, then an object per run, made those pauses 40-100 ms).
+_Run = tuple[int, bytes, np.ndarray, int, pa.Buffer | None]
 
 
 def _run(first: int, records: Records | list[bytes], created_at_ms: int) -> _Run:
@@ -65,8 +66,12 @@ def _run(first: int, records: Records | list[bytes], created_at_ms: int) -> _Run
         if not records.schema.equals(V2_SCHEMA):
             records = records.cast(V2_SCHEMA)
         records = _compact(records)
-        lengths = pc.binary_length(records.column("value")).fill_null(0).to_numpy(zero_copy_only=False)
-        return first, b"", np.cumsum(lengths, dtype=np.int64), created_at_ms, records.serialize().to_pybytes()
+        values = records.column("value")
+        offsets = np.frombuffer(values.buffers()[1], dtype=np.int32, count=len(values) + 1, offset=4 * values.offset)
+        lengths = np.diff(offsets).astype(np.int64)
+        if values.null_count:  # a tombstone counts 0 bytes, whatever its offsets say
+            lengths[values.is_null().to_numpy(zero_copy_only=False)] = 0
+        return first, b"", np.cumsum(lengths), created_at_ms, records.serialize()
     if isinstance(records, pa.Array):  # the produce path: no Python object per record
         offsets = np.frombuffer(records.buffers()[1], dtype=np.int32, count=len(records) + 1, offset=4 * records.offset)
         data = records.buffers()[2].to_pybytes()[offsets[0]:offsets[-1]] if len(records) else b""
@@ -110,7 +115,7 @@ def _batch(run: _Run, start: int, stop: int) -> pa.RecordBatch:
         values = pa.Array.from_buffers(pa.binary(), count, [None, pa.py_buffer(offsets), pa.py_buffer(data)])
         keys, headers, times = nulls(pa.binary(), count), nulls(HEADERS_TYPE, count), nulls(pa.int64(), count)
     else:
-        keys, values, headers, times = pa.ipc.read_record_batch(pa.py_buffer(v2), V2_SCHEMA).slice(start, count).columns
+        keys, values, headers, times = pa.ipc.read_record_batch(v2, V2_SCHEMA).slice(start, count).columns
     return _record_batch(first + start, values, created_at_ms, keys, headers, times)
 
 
