@@ -702,8 +702,7 @@ class LogWriter(ClientUser):
         (none sent, or each in doubt shown not to have landed: :meth:`_resolve` on the tombstone):
         move the slot to the topic's current incarnation, as a Kafka producer goes on writing to a
         topic created again under the same name. :class:`AppendOutcomeUnknown` while an attempt
-        is still in doubt (it may be in the deleted incarnation, and may have been read there).
-        Raises
+        is still in doubt (it may be in the deleted incarnation, and may have been read there);
         :class:`TopicNotFound` or :class:`TopicBeingDeleted` when there is none yet (a writer that
         auto-initializes creates it), :class:`UnknownPartition` when it has fewer partitions."""
         tp = slot.keys.tp
