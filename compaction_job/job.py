@@ -37,7 +37,6 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
-import math
 import os
 import random
 import re
@@ -49,7 +48,7 @@ from datetime import datetime, timezone
 from functools import partial
 
 from llog.compactor import DEFAULT_MAX_OFFSETS, Compactor
-from llog.config import Config
+from llog.config import Config, positive
 from llog.coordination import Coordination
 from llog.discovery import partitions_of
 from llog.errors import LlogError
@@ -304,21 +303,6 @@ def _pattern(text: str) -> re.Pattern:
         return re.compile(text)
     except re.error as e:
         raise ValueError(f"topic pattern {text!r} is not a valid regular expression: {e}") from None
-
-
-def positive(kind):
-    """An argparse type: a positive ``int``, or a positive finite ``float`` (argparse names the
-    argument in the error). The ``llog`` command has its own (llog_tools/cli.py): this job
-    imports the core only."""
-    def parse(text: str):
-        try:
-            value = kind(text)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"{text!r} is not a{'n integer' if kind is int else ' number'}") from None
-        if not (math.isfinite(value) and value > 0):
-            raise argparse.ArgumentTypeError(f"must be {'>= 1' if kind is int else '> 0'}, got {text}")
-        return value
-    return parse
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -26,6 +26,7 @@ import dataclasses
 import functools
 import inspect
 import json
+import math
 import os
 import re
 import sys
@@ -560,6 +561,20 @@ def with_settings_table(page: str) -> str:
     if begin < 0 or end < begin:
         raise ConfigError(f"the page has no {DOCS_TABLE_BEGIN!r} line followed by a {DOCS_TABLE_END!r} line")
     return page[:begin + len(DOCS_TABLE_BEGIN) + 1] + settings_table() + page[end + 1:]
+
+
+def positive(kind):
+    """An argparse type: a positive ``int``, or a positive finite ``float`` (argparse names the
+    argument in the error). The ``llog`` command and the compaction job share it."""
+    def parse(text: str):
+        try:
+            value = kind(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{text!r} is not a{'n integer' if kind is int else ' number'}") from None
+        if not (math.isfinite(value) and value > 0):
+            raise argparse.ArgumentTypeError(f"must be {'>= 1' if kind is int else '> 0'}, got {text}")
+        return value
+    return parse
 
 
 def main(argv: list[str] | None = None) -> int:

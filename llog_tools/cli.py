@@ -12,11 +12,10 @@ import argparse
 import dataclasses
 import json
 import os
-import math
 import sys
 import time
 
-from llog.config import Config
+from llog.config import Config, positive
 from llog.consumer_groups import describe_group, format_group, format_offsets, reset_offsets, topic_group_lags
 from llog.coordination import Coordination
 from llog.describe import describe_topic
@@ -285,20 +284,6 @@ def _retention(args) -> int:
 def _table(rows: list[tuple[str, ...]]) -> str:
     widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
     return "\n".join("  ".join(cell.ljust(w) for cell, w in zip(row, widths)).rstrip() for row in rows)
-
-
-def positive(kind):
-    """An argparse type: a positive ``int``, or a positive finite ``float`` (argparse names the
-    argument in the error)."""
-    def parse(text: str):
-        try:
-            value = kind(text)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"{text!r} is not a{'n integer' if kind is int else ' number'}") from None
-        if not (math.isfinite(value) and value > 0):
-            raise argparse.ArgumentTypeError(f"must be {'>= 1' if kind is int else '> 0'}, got {text}")
-        return value
-    return parse
 
 
 def build_parser() -> argparse.ArgumentParser:
