@@ -19,6 +19,8 @@ PUTs and GETs, the write and read paths' hot loops, skip botocore's per-request 
 ms longer and twice the CPU through ``put_object``): boto3 presigns the URL (0.1 ms; a GET's is
 kept for a few minutes) and urllib3 sends the request, with the same attempts, timeouts and
 error mapping. A GET URL refused (403, say an expired session token) is signed again once.
+LIST pages do the same and read the XML with ElementTree: 8-21 µs of CPU an object, against
+61-78 µs through botocore's parser (:meth:`ObjectStore.list`).
 """
 
 from __future__ import annotations
@@ -28,10 +30,12 @@ import email.utils
 import logging
 import threading
 import time
+import urllib.parse
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from typing import TypeVar
+from xml.etree import ElementTree
 
 import botocore.exceptions
 import urllib3
@@ -70,6 +74,23 @@ class ObjectInfo:
     key: str
     size: int
     last_modified: datetime
+
+
+def _list_result(xml: bytes) -> tuple[list[ObjectInfo], str | None]:
+    """A ListObjectsV2 answer's objects and next continuation token (None when not truncated).
+    Keys come URL-encoded when the request asked so (botocore's presigned URL does, so that any
+    key survives XML)."""
+    root = ElementTree.fromstring(xml)
+    ns = root.tag[:root.tag.index("}") + 1] if root.tag.startswith("{") else ""
+    decode = urllib.parse.unquote_plus if root.findtext(ns + "EncodingType") == "url" else str
+    objects = [ObjectInfo(decode(c.findtext(ns + "Key")), int(c.findtext(ns + "Size")),
+                          datetime.fromisoformat(c.findtext(ns + "LastModified")))
+               for c in root.iterfind(ns + "Contents")]
+    truncated = root.findtext(ns + "IsTruncated") == "true"
+    token = root.findtext(ns + "NextContinuationToken") if truncated else None
+    if truncated and not token:
+        raise ValueError("a truncated page without NextContinuationToken")
+    return objects, token
 
 
 def make_s3_client(config: Config, max_pool_connections: int = 32, attempts: int | None = None):
@@ -288,17 +309,45 @@ class ObjectStore:
         return url
 
     def list(self, prefix: str, bucket: str | None = None) -> Iterator[ObjectInfo]:
-        """Objects under ``prefix`` in ``bucket`` (default: the configured one)."""
+        """Objects under ``prefix`` in ``bucket`` (default: the configured one), page by page
+        (ListObjectsV2, up to 1,000 objects a page), each page a call of its own with its own
+        retries.
+
+        Like PUTs and GETs, a page skips botocore's machinery: a presigned URL, urllib3, and
+        ElementTree for the XML. botocore's parsing took 61-78 µs of CPU an object (two thirds
+        of it dateutil reading ``LastModified``), holding the GIL: the HTTP broker's bucket scan
+        (when it starts, then every minute) of a couple of thousand objects delayed
+        its flushes by up to 100 ms, and the Kafka front door's produce -> waiting consumer p99
+        went from 16 ms to 70-126 ms in the runs it fell into."""
         bucket = bucket or self.config.require("s3_bucket").s3_bucket
-        request = {"Bucket": bucket, "Prefix": prefix}
-        while True:  # page by page, each page a call of its own with its own retries
-            page = self._call("list", f"s3://{bucket}/{prefix}", lambda: self._s3.list_objects_v2(**request))
+        token: str | None = None
+        while True:
+            objects, token = self._call("list", f"s3://{bucket}/{prefix}",
+                                        lambda: self._list_page(bucket, prefix, token))
             self._count("list")
-            for obj in page.get("Contents", []):
-                yield ObjectInfo(obj["Key"], obj["Size"], obj["LastModified"])
-            if not page.get("IsTruncated"):
+            yield from objects
+            if token is None:
                 return
-            request["ContinuationToken"] = page["NextContinuationToken"]
+
+    def _list_page(self, bucket: str, prefix: str, token: str | None) -> tuple[list[ObjectInfo], str | None]:
+        """One ListObjectsV2 page: its objects, and the token of the next page (None: the last)."""
+        params = {"Bucket": bucket, "Prefix": prefix, **({"ContinuationToken": token} if token else {})}
+        try:
+            url = self._s3.generate_presigned_url("list_objects_v2", Params=params, ExpiresIn=_URL_EXPIRES_S)
+        except botocore.exceptions.BotoCoreError as e:
+            raise self._fail("presign", f"s3://{bucket}/{prefix}", e) from e
+        try:
+            response = self._http.request("GET", url, preload_content=True)
+        except urllib3.exceptions.HTTPError as e:
+            raise _Transient(str(e)) from e
+        if response.status >= 500 or response.status == 429:
+            raise _Transient(f"HTTP {response.status}: {response.data[:200]!r}")
+        if response.status != 200:
+            raise self._fail("list", f"s3://{bucket}/{prefix}", f"HTTP {response.status}: {response.data[:300]!r}")
+        try:
+            return _list_result(response.data)
+        except (ElementTree.ParseError, KeyError, ValueError, TypeError) as e:  # a body cut short, say
+            raise _Transient(f"unreadable ListObjectsV2 answer ({e}): {response.data[:200]!r}") from e
 
     def server_time_ms(self, clock) -> tuple[int, int, int]:
         """The S3 server's time (its ``Date`` header on a HEAD of the bucket, whole seconds), and

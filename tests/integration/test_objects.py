@@ -83,3 +83,29 @@ def test_a_refused_url_is_signed_again_once(objects, config):
             bad.get(uri)
     finally:
         bad.close()
+
+
+def test_listing_pages_through_every_object_as_botocore_reads_them(objects, config):
+    """:meth:`ObjectStore.list` parses ListObjectsV2 itself (module doc): the same keys, sizes
+    and times as botocore's own parsing, over several pages, keys with characters XML and URLs
+    escape included."""
+    prefix = f"{config.root_prefix}/listing/"
+    odd = ["a b+c", "x&y<z>", "pct%20", "ünï/cödé", "tab\tkey", "q?r=s#t"]
+    names = [f"{i:05d}" for i in range(2100)] + odd
+    with ThreadPoolExecutor(max_workers=16) as pool:
+        list(pool.map(lambda n: objects.put(prefix + n, b"x" * (len(n) % 7)), names))
+    listed = list(objects.list(prefix))
+    assert objects.stats["list"] == 3  # 1,000 a page
+    expected = [o for page in objects._s3.get_paginator("list_objects_v2").paginate(Bucket=config.s3_bucket,
+                                                                                   Prefix=prefix)
+                for o in page.get("Contents", [])]
+    assert [(i.key, i.size, i.last_modified) for i in listed] == [(o["Key"], o["Size"], o["LastModified"])
+                                                                  for o in expected]
+    assert sorted(i.key for i in listed) == sorted(prefix + n for n in names)
+    assert listed[0].last_modified.tzinfo is not None
+    assert list(objects.list(f"{config.root_prefix}/nothing-here/")) == []
+
+
+def test_list_errors_name_the_prefix(objects, config):
+    with pytest.raises(StorageError, match=r"list s3://no-such-bucket-[0-9a-f]+/p/ .*404"):
+        list(objects.list("p/", bucket=f"no-such-bucket-{os.urandom(4).hex()}"))
