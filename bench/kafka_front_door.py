@@ -4,8 +4,7 @@ Apache Kafka 4.4 broker, the same Kafka clients and settings on both, on the sam
 llog is a broker process (``python -m broker_lite --kafka-port``) on the bench's local stack
 (Oxia and versitygw); Kafka is :func:`bench.kafka_broker.kafka_broker` (one KRaft node, its stock
 settings). Every measure runs on Kafka, then on llog, each on topics of its own, created first
-(not timed: Kafka's by its admin client, llog's by ``llog.topics.create_topic``, since the
-listener does not serve CreateTopics yet). The clients are confluent-kafka (librdkafka); producers
+by Kafka's admin client (not timed). The clients are confluent-kafka (librdkafka); producers
 use ``linger.ms=5`` and ``enable.idempotence=true`` (the Java client's default, not
 librdkafka's), everything else librdkafka's defaults (no compression). Consumers use
 ``assign()``, ``fetch.queue.backoff.ms=10`` (:data:`CONSUMER`: librdkafka's default of 1 s
@@ -87,8 +86,6 @@ from bench.kafka_broker import KAFKA_VERSION, kafka_broker
 from bench.report import CpuMeter, emit, env_int, progress, s3_server_marker
 from llog.config import Config
 from llog.errors import LlogError
-from llog.topics import create_topic
-from llog.writer import LogWriter
 from llog_tools import progress as llog_progress
 
 VALUE_BYTES = 100
@@ -167,11 +164,9 @@ def run(config: Config) -> dict:
         progress(f"kafka-front-door: starting Kafka {KAFKA_VERSION} (KRaft, one node) and an llog broker "
                  f"with a Kafka listener")
         with kafka_broker(Path(tmp) / "kafka") as kafka, _llog_broker(config, Path(tmp)) as llog:
-            servers = [Server("kafka", kafka.bootstrap_servers, functools.partial(_create_kafka_topic,
-                                                                                  kafka.bootstrap_servers),
-                              kafka.marker),
-                       Server("llog", llog.bootstrap_servers, functools.partial(_create_llog_topic, config),
-                              llog.marker)]
+            servers = [Server(name, bootstrap_servers, functools.partial(_create_topic, bootstrap_servers), marker)
+                       for name, bootstrap_servers, marker in (("kafka", kafka.bootstrap_servers, kafka.marker),
+                                                               ("llog", llog.bootstrap_servers, llog.marker))]
             s3_marker = s3_server_marker(config.s3_endpoint_url)
             for server in servers:
                 results[server.name] = {}
@@ -250,17 +245,13 @@ def _healthy(url: str) -> bool:
         return False
 
 
-def _create_kafka_topic(bootstrap_servers: str, topic: str, partitions: int) -> None:
+def _create_topic(bootstrap_servers: str, topic: str, partitions: int) -> None:
+    """By Kafka's admin client (CreateTopics), on either server."""
     from confluent_kafka.admin import AdminClient, NewTopic
 
     admin = AdminClient({"bootstrap.servers": bootstrap_servers})
     admin.create_topics([NewTopic(topic, partitions, 1)], request_timeout=CLIENT_TIMEOUT_S)[topic].result(
         CLIENT_TIMEOUT_S)
-
-
-def _create_llog_topic(config: Config, topic: str, partitions: int) -> None:
-    with LogWriter(config) as writer:
-        create_topic(writer.coordination, config.root_prefix, topic, partitions)
 
 
 def _topic(phase: str) -> str:
