@@ -313,12 +313,11 @@ class ObjectStore:
         (ListObjectsV2, up to 1,000 objects a page), each page a call of its own with its own
         retries.
 
-        Like PUTs and GETs, a page skips botocore's machinery: a presigned URL, urllib3, and
-        ElementTree for the XML. botocore's parsing took 61-78 µs of CPU an object (two thirds
-        of it dateutil reading ``LastModified``), holding the GIL: the HTTP broker's bucket scan
-        (when it starts, then every minute) of a couple of thousand objects delayed
-        its flushes by up to 100 ms, and the Kafka front door's produce -> waiting consumer p99
-        went from 16 ms to 70-126 ms in the runs it fell into."""
+        Like PUTs and GETs, a page skips botocore's machinery (module doc). Its parser took
+        61-78 µs of CPU an object, two thirds of it dateutil reading ``LastModified``, holding
+        the GIL: the HTTP broker's bucket scan (when it starts, then every minute) of a couple of
+        thousand objects held its flushes back by up to 100 ms (docs/benchmarks.md, the Kafka
+        listener's waiting consumer)."""
         bucket = bucket or self.config.require("s3_bucket").s3_bucket
         token: str | None = None
         while True:
