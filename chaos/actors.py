@@ -5,18 +5,24 @@ actor works until SIGTERM. A writer (``append_shared`` to the main topic, to the
 admin deletes and re-creates, and to one that writers create on first use and grow by writing
 to ever higher partitions: docs/protocol.md section 10.2) and a producer (``POST /produce`` to the broker, idempotent or
 not) append one JSON line per acknowledged group to ``D/acks/N.jsonl``, only after the
-acknowledgement, with the incarnation (``topic_id``) the ack says the records landed in.
+acknowledgement, with the incarnation (``topic_id``) the ack says the records landed in, when the
+append was first sent (``sent_at``) and when it was acknowledged (``acked_at``). The admin writes
+each incarnation it deletes to ``D/deletes/N.jsonl`` before the delete.
 Readers (direct, and consumers through the broker) write what they read of the re-created topic,
 with the incarnation they read it in, to ``D/reads/N.jsonl``; consumers commit group offsets
 (``commit_offsets``, ``POST /groups/{group}/commit``). With ``--lose-replies P`` a writer or
 compactor loses the reply of each Oxia Write with probability ``P`` after the server applied it
-(failpoint ``coordination.after_write``), and counts it in its activity file. What a reader or GC sees that the
-protocol forbids (an unreadable or wrong record, a gap) goes to ``D/violations/N.jsonl``;
+(failpoint ``coordination.after_write``), and counts it in its activity file. What a reader, a
+compactor (``InconsistentReadState``) or GC sees that the protocol forbids (an unreadable or wrong
+record, a gap) goes to ``D/violations/N.jsonl``;
 transient failures (a server restarting) are logged and retried. Every actor writes a ``begin``
 line to ``D/activity/N.jsonl`` before each operation (an append, one partition's compaction pass,
 a GC pass, one partition's read) and an ``end`` line, with what the operation did, after it: a
 SIGKILL that leaves a ``begin`` last killed the actor mid-operation, and the ``end`` lines are
-what the run counts as compactions completed and blobs GC deleted.
+what the run counts as compactions completed (and compaction records resumed) and blobs GC
+deleted. A compactor also writes a ``step`` line at each step of a compaction
+(:data:`BETWEEN_COMPACTION_STEPS`): one killed after such a line left its ``meta/compaction``
+record for the next one to resume.
 """
 
 from __future__ import annotations
