@@ -11,8 +11,8 @@ replication factor 3; ``--oxia-standalone``: one server of the run's own with 3 
 time, with the grace period ``G`` small so that pauses matter. Three topics: the main one, one
 the admin deletes and creates again every few seconds while writers append to it (a writer
 whose append meets the tombstone moves it to the current incarnation; each ack records the
-``topic_id`` it landed in), both with ``retention.ms`` 70% of the run (at least a little above
-``G``: retention takes what the first 30% wrote, and leaves the rest to check), and one no one
+``topic_id`` it landed in), both with ``retention.ms`` 80% of the run (at least a little above
+``G``: retention takes what the first 20% wrote, and leaves the rest to check), and one no one
 creates: writers create it on first use and grow it, racing, by writing to ever higher
 partitions, up to twice ``--partitions`` (docs/protocol.md section 10.2; at the end it must be
 marked created on first use, have grown past ``--partitions`` and no further than a write named:
