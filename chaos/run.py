@@ -643,8 +643,9 @@ def judge_kafka_group(events: list[dict], topic: str, topic_id: str, logs: dict[
     """
     result = {"kafka_consumed": 0, "kafka_commits_acked": 0, "kafka_commits_refused": 0, "kafka_assignments": 0,
               "kafka_assignments_after_coordinator_kill": 0, "kafka_wrong_records": 0, "kafka_out_of_order": 0,
-              "kafka_skipped": 0, "kafka_lost_commits": 0, "kafka_commits_moved_back": 0, "kafka_started_past_commit": 0,
-              "kafka_consumed_after_coordinator_kill": 0, "kafka_consumed_by_partition": {}, "problems": []}
+              "kafka_skipped": 0, "kafka_lost_commits": 0, "kafka_commits_moved_back": 0,
+              "kafka_started_past_commit": 0, "kafka_consumed_after_coordinator_kill": 0,
+              "kafka_consumed_by_partition": {}, "problems": []}
     began: dict[tuple[str, int], float] = {}
     last: dict[tuple[str, int, int], int] = {}
     sent: dict[str, dict] = {}  # member -> its commit waiting for an answer
@@ -1002,8 +1003,8 @@ def _verify(run: Run) -> dict:
     ack_lines = read_ack_lines(run.dir / "acks")
     problems += [f"an acknowledgement line that does not parse: {line}" for line in ack_lines.damaged]
     result["invariant_violations"] = len(problems)
-    judged = judge_acks(acked, logs, starts, read_reads(run.dir / "reads"), deleted,
-                        {key: retention_safe_from(run.stopped_at, settings[key[0]], run.config.gc_grace_ms) for key in logs})
+    safe_from = {key: retention_safe_from(run.stopped_at, settings[key[0]], run.config.gc_grace_ms) for key in logs}
+    judged = judge_acks(acked, logs, starts, read_reads(run.dir / "reads"), deleted, safe_from)
     totals = _activity_totals(run.dir)
     result.update({what: judged[what] for what in ("lost", "verified", "double_acked", "duplicated",
                                                    "mixed_incarnations", "gone_by_retention",

@@ -141,7 +141,8 @@ def test_retention_excuses_only_acknowledgements_sent_before_it_could_take_them(
     assert safe == 971.0
     assert retention_safe_from(1000.0, TopicSettings(5_000, -1, "delete", "none"), 12_000) == 989.0  # floor G
     assert retention_safe_from(1000.0, TopicSettings(-1, -1, "delete", "none"), 12_000) == float("-inf")
-    (acks / "w0.1.jsonl").write_text(_ack("w0.1", 0, "B", 1, 3, sent_at=900.0) + _ack("w0.1", 1, "B", 4, 2, sent_at=980.0)
+    (acks / "w0.1.jsonl").write_text(_ack("w0.1", 0, "B", 1, 3, sent_at=900.0)
+                                     + _ack("w0.1", 1, "B", 4, 2, sent_at=980.0)
                                      + _ack("w0.1", 2, "B", 6, 2, sent_at=990.0))
     key = (T, "B", 0)
     log = {key: {6: b"w0.1:2:chaos:0:0", 7: b"w0.1:2:chaos:0:1"}}
