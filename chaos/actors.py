@@ -5,18 +5,24 @@ actor works until SIGTERM. A writer (``append_shared`` to the main topic, to the
 admin deletes and re-creates, and to one that writers create on first use and grow by writing
 to ever higher partitions: docs/protocol.md section 10.2) and a producer (``POST /produce`` to the broker, idempotent or
 not) append one JSON line per acknowledged group to ``D/acks/N.jsonl``, only after the
-acknowledgement, with the incarnation (``topic_id``) the ack says the records landed in.
+acknowledgement, with the incarnation (``topic_id``) the ack says the records landed in, when the
+append was first sent (``sent_at``) and when it was acknowledged (``acked_at``). The admin writes
+each incarnation it deletes to ``D/deletes/N.jsonl`` before the delete.
 Readers (direct, and consumers through the broker) write what they read of the re-created topic,
 with the incarnation they read it in, to ``D/reads/N.jsonl``; consumers commit group offsets
 (``commit_offsets``, ``POST /groups/{group}/commit``). With ``--lose-replies P`` a writer or
 compactor loses the reply of each Oxia Write with probability ``P`` after the server applied it
-(failpoint ``coordination.after_write``), and counts it in its activity file. What a reader or GC sees that the
-protocol forbids (an unreadable or wrong record, a gap) goes to ``D/violations/N.jsonl``;
+(failpoint ``coordination.after_write``), and counts it in its activity file. What a reader, a
+compactor (``InconsistentReadState``) or GC sees that the protocol forbids (an unreadable or wrong
+record, a gap) goes to ``D/violations/N.jsonl``;
 transient failures (a server restarting) are logged and retried. Every actor writes a ``begin``
 line to ``D/activity/N.jsonl`` before each operation (an append, one partition's compaction pass,
 a GC pass, one partition's read) and an ``end`` line, with what the operation did, after it: a
 SIGKILL that leaves a ``begin`` last killed the actor mid-operation, and the ``end`` lines are
-what the run counts as compactions completed and blobs GC deleted.
+what the run counts as compactions completed (and compaction records resumed) and blobs GC
+deleted. A compactor also writes a ``step`` line at each step of a compaction
+(:data:`BETWEEN_COMPACTION_STEPS`): one killed after such a line left its ``meta/compaction``
+record for the next one to resume.
 """
 
 from __future__ import annotations
@@ -122,6 +128,17 @@ def _activity(args) -> _Lines:
     return _Lines(args.dir / "activity" / f"{args.name}.jsonl")
 
 
+def _ack(acks: _Lines, name: str, seq: int, topic: str, topic_id: str, partition: int, start: int, count: int,
+         sent_at: float) -> None:
+    """One acknowledgement line, written after the acknowledgement: offsets ``start..start+count-1``
+    of ``topic[partition]`` in incarnation ``topic_id``, ``sent_at`` the time the append was first
+    sent (before its blob was written, so its index entry's ``created_at_ms``, and that of any
+    compacted entry holding it, is no earlier: the run's retention check relies on it,
+    :func:`chaos.run.judge_acks`) and ``acked_at`` the time now."""
+    acks.write(name=name, seq=seq, topic=topic, topic_id=topic_id, partition=partition, start=start, count=count,
+               sent_at=round(sent_at, 3), acked_at=round(time.time(), 3))
+
+
 def _log(name: str, message: str) -> None:
     print(f"{time.strftime('%H:%M:%S')} {name}: {message}", file=sys.stderr, flush=True)
 
@@ -146,6 +163,7 @@ def writer(args, config: Config) -> None:
                                                           for i in range(rng.randint(1, 10))]))
             # The operation ends once its acks are recorded: a kill before that was mid-append.
             with activity.operation("append", seq=seq) as did:
+                sent_at = time.time()  # before the blob's created_at_ms (section 4.2): see _ack
                 try:
                     results = log.append_shared(groups)
                 except AppendFailed as e:
@@ -155,8 +173,7 @@ def writer(args, config: Config) -> None:
                     _log(args.name, f"append {seq} failed: {type(e).__name__}: {e}")
                     results = []
                 for r in results:
-                    acks.write(name=args.name, seq=seq, topic=r.topic, topic_id=r.topic_id, partition=r.partition,
-                               start=r.start_offset, count=r.count)
+                    _ack(acks, args.name, seq, r.topic, r.topic_id, r.partition, r.start_offset, r.count, sent_at)
                 did.update(acked=len(results), of=len(groups))
             if not results:
                 time.sleep(0.2)
@@ -179,24 +196,53 @@ def _partitions(args) -> dict[str, range]:
     return topics
 
 
+#: The compactor's failpoints (docs/protocol.md section 6) after which its ``meta/compaction``
+#: record exists and stays until the cursor moved: a kill after one of them, before the next
+#: ``end`` or step line, leaves a record that the next compactor's step 0 resumes (section 6.0).
+#: The compactor actor writes a ``step`` line at each, and at ``compactor.after_cursor_move``
+#: (the record is deleted next: a kill there may leave it or not).
+BETWEEN_COMPACTION_STEPS = ("compactor.after_record_create", "compactor.after_index_overwrite",
+                            "compactor.after_delete_range")
+_LAST_COMPACTION_STEP = "compactor.after_cursor_move"
+
+
+def _note_steps(activity: "_Lines") -> None:
+    """A ``step`` line in the activity file at each compaction step (:data:`BETWEEN_COMPACTION_STEPS`)."""
+    for point in (*BETWEEN_COMPACTION_STEPS, _LAST_COMPACTION_STEP):
+        failpoints.hooks[point] = lambda point=point: activity.write(step=point)
+
+
+def compaction_pass(c: Compactor, activity: "_Lines", violations: "_Lines", name: str, topic: str, p: int,
+                    retention: bool) -> None:
+    """One compactor pass over ``topic[p]`` (with ``retention``, also a retention pass), as an
+    operation in the activity file. ``InconsistentReadState`` (the index, the cursor or the log
+    start disagree: docs/protocol.md sections 5.5, 8.1) is a violation; other errors are logged and
+    the next pass resumes."""
+    try:
+        with activity.operation("compact", topic=topic, partition=p, retention=retention) as did:
+            done = c.compact_partition(topic, p, deadline=time.monotonic() + 5, retention=retention)
+            did.update(compactions=done.compactions, records=done.records, recoveries=done.recoveries,
+                       resumed=done.resumed_compactions, retained_records=done.retention_records)
+        if done.compactions or done.retention_records:
+            _log(name, f"{topic}[{p}]: {done.compactions} compaction(s), {done.records} records, "
+                       f"retention dropped {done.retention_records}")
+    except InconsistentReadState as e:
+        violations.write(actor=name, topic=topic, partition=p, error=type(e).__name__, detail=str(e))
+    except Exception as e:  # noqa: BLE001 - the next pass resumes
+        _log(name, f"{topic}[{p}]: {type(e).__name__}: {e}")
+
+
 def compactor(args, config: Config) -> None:
     rng, activity = random.Random(args.seed), _activity(args)
+    violations = _Lines(args.dir / "violations" / f"{args.name}.jsonl")
     _lose_replies(args, activity)
+    _note_steps(activity)
     with Compactor(config, max_offsets=args.max_offsets) as c:
         while not _stopping:
             for topic, partitions in _partitions(args).items():
                 for p in partitions:
                     retention = rng.random() < 0.3  # a pass that also applies the topic's retention.ms
-                    try:
-                        with activity.operation("compact", topic=topic, partition=p, retention=retention) as did:
-                            done = c.compact_partition(topic, p, deadline=time.monotonic() + 5, retention=retention)
-                            did.update(compactions=done.compactions, records=done.records, recoveries=done.recoveries,
-                                       retained_records=done.retention_records)
-                        if done.compactions or done.retention_records:
-                            _log(args.name, f"{topic}[{p}]: {done.compactions} compaction(s), {done.records} records, "
-                                            f"retention dropped {done.retention_records}")
-                    except Exception as e:  # noqa: BLE001 - the next pass resumes
-                        _log(args.name, f"{topic}[{p}]: {type(e).__name__}: {e}")
+                    compaction_pass(c, activity, violations, args.name, topic, p, retention)
             time.sleep(0.3)
 
 
@@ -275,6 +321,7 @@ def admin(args, config: Config) -> None:
     controller set it) every few seconds, while writers append to it. A delete killed midway is
     finished by the next one (the record stays DELETING until then)."""
     rng, activity = random.Random(args.seed), _activity(args)
+    deletes = _Lines(args.dir / "deletes" / f"{args.name}.jsonl")
     with LogReader(config) as reader:
         while not _stopping:
             time.sleep(rng.uniform(4, 10))
@@ -284,6 +331,9 @@ def admin(args, config: Config) -> None:
                 with activity.operation("recreate", topic=args.recreated) as did:
                     old = read_topic(reader.coordination, config.root_prefix, args.recreated)
                     if old is not None:
+                        # Before the delete: the run excuses the acknowledgements of an incarnation only if
+                        # the admin named it here and its partitions are tombstones at the end.
+                        deletes.write(topic=args.recreated, topic_id=old.record.topic_id, at=time.time())
                         delete_topic(reader.coordination, reader.objects, config.root_prefix, args.recreated,
                                      claim_wait_s=20, config=config)
                     new = create_topic(reader.coordination, config.root_prefix, args.recreated, args.partitions,
@@ -364,6 +414,7 @@ def producer(args, config: Config) -> None:
                    "records": [record_value(args.name, seq, args.topic, p, i).decode() for i in range(rng.randint(1, 20))]}
                   for p in partitions]
         with activity.operation("produce", seq=seq) as did:
+            sent_at = time.time()  # before the first attempt: an answer's entry is no older (see _ack)
             for attempt in range(60):
                 if _stopping:
                     return
@@ -389,8 +440,8 @@ def producer(args, config: Config) -> None:
                 results = answer.json().get("results", []) if answer.status_code == 200 else []
                 for r in results:
                     if r.get("ok"):
-                        acks.write(name=args.name, seq=seq, topic=r["topic"], topic_id=r["index_key"].rsplit("/", 5)[1],
-                                   partition=r["partition"], start=r["start_offset"], count=r["count"])
+                        _ack(acks, args.name, seq, r["topic"], r["index_key"].rsplit("/", 5)[1], r["partition"],
+                             r["start_offset"], r["count"], sent_at)
                         if args.idempotent:
                             sequences[r["partition"]] = sequences.get(r["partition"], 0) + r["count"]
                     elif args.idempotent:  # refused: the producer's sequences are off; start as a new one
@@ -421,11 +472,10 @@ def kafka_producer(args, config: Config) -> None:
                          "message.timeout.ms": 60_000, "socket.timeout.ms": 10_000, "log_level": 3})
     counts = {"acked": 0, "failed": 0}
 
-    def delivered(err, message, seq: int) -> None:
+    def delivered(err, message, seq: int, sent_at: float) -> None:
         if err is None and message.offset() >= 1:
             counts["acked"] += 1
-            acks.write(name=args.name, seq=seq, topic=args.topic, topic_id=record.topic_id,
-                       partition=message.partition(), start=message.offset(), count=1)
+            _ack(acks, args.name, seq, args.topic, record.topic_id, message.partition(), message.offset(), 1, sent_at)
         else:
             counts["failed"] += 1
             _log(args.name, f"record {seq}: {err} (offset {message.offset()})")
@@ -437,7 +487,8 @@ def kafka_producer(args, config: Config) -> None:
             for _ in range(rng.randint(1, 20)):
                 producer.produce(args.topic, record_value(args.name, seq, args.topic, partition, 0),
                                  partition=partition,
-                                 on_delivery=lambda err, message, seq=seq: delivered(err, message, seq))
+                                 on_delivery=lambda err, message, seq=seq, sent_at=time.time(): delivered(
+                                     err, message, seq, sent_at))
                 seq += 1
             producer.poll(0.05)
             did.update(**counts)
@@ -494,7 +545,8 @@ def kafka_consumer(args, config: Config) -> None:
                     offsets.append(message.offset())
                     values.append((message.value() or b"").decode(errors="replace"))
                 for p, (offsets, values) in sorted(taken.items()):
-                    events.write(event="consumed", member=args.name, n=n, partition=p, offsets=offsets, values=values)
+                    events.write(event="consumed", member=args.name, n=n, at=time.time(), partition=p, offsets=offsets,
+                                 values=values)
                 did.update(records=sum(len(offsets) for offsets, _ in taken.values()))
                 if not taken:
                     continue

@@ -15,14 +15,15 @@ import sys
 import tempfile
 import time
 from collections import Counter
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import NamedTuple
 from uuid import uuid4
 
 import httpx
 
-from chaos.actors import ROLES, record_value
+from chaos.actors import BETWEEN_COMPACTION_STEPS, ROLES, record_value
 from llog_tools import local_stack
 from llog.clock import ShiftedClock
 from llog.compactor import Compactor
@@ -33,8 +34,8 @@ from llog.discovery import topic_records
 from llog.gc import all_partitions, gc_pass, referenced_blobs
 from llog.keys import KAFKA_PARTITION_KEY, PartitionKeys, TopicPartition, kafka_group_key
 from llog.reader import LogReader, ReadRequest
-from llog.records import DELETING, CompactionRecord
-from llog.topics import create_topic, delete_topic, read_topic
+from llog.records import DELETING, CompactionRecord, ControlRecord
+from llog.topics import TopicSettings, create_topic, delete_topic, read_topic
 from tests.helpers.invariants import check_partition
 
 REPO = Path(__file__).resolve().parents[1]
@@ -51,8 +52,11 @@ _OXIA_SHARDS = 3
 #: How long actors get to stop after SIGTERM, and the bound on every other wait here.
 _STOP_S = 10
 #: How long a kill waits for its actor to be mid-operation (its activity file shows a ``begin``
-#: last) before it kills the actor anyway: a kill between operations tests little.
-_AIM_S = 2
+#: last; a compactor's, a step between its record's create and its cursor's move) before it kills
+#: the actor anyway: a kill between operations tests little. Compactors get longer: they are
+#: between steps for tens of milliseconds per compaction, and compact nothing in the first ``G``.
+_AIM_S = {"compactor": 6}
+_AIM_DEFAULT_S = 2
 #: The roles a run must have killed mid-operation (:func:`not_exercised`); the first kills go to them.
 _MUST_KILL = ("writer", "compactor")
 #: How far past the grace period ``G`` the final GC's clock runs ahead of the real one.
@@ -106,6 +110,16 @@ class Run:
     coordinator_hits: dict[str, list[float]] = field(default_factory=lambda: {"kill": [], "pause": []})
     #: The controller's own Oxia client (opened lazily), to find the Kafka group's coordinator.
     coordination: Coordination | None = None
+    #: Each actor that exited by itself: its label, exit status, the last line of its log, and
+    #: when (``time.time()``) the controller saw it.
+    exits: list[dict] = field(default_factory=list)
+    #: When (``time.time()``) each server restart began and ended (healthy again).
+    outages: list[tuple[float, float]] = field(default_factory=list)
+    #: When (``time.time()``) every actor had stopped: no retention pass ran after it.
+    stopped_at: float = 0.0
+    #: ``(topic, topic_id)`` of each incarnation whose delete the end of the run finished (the
+    #: admin was killed in it).
+    deleted_at_rest: set[tuple[str, str]] = field(default_factory=set)
 
     @property
     def broker_url(self) -> str:
@@ -184,7 +198,7 @@ class Run:
         actor.proc.wait(_STOP_S)
         if actor.proc.returncode == -signal.SIGKILL:
             self.kills[actor.role] += 1
-            self.killed_mid_operation[actor.role] += _mid_operation(self.activity(actor))
+            self.killed_mid_operation[actor.role] += _mid_operation(self.activity(actor), actor.role)
         self.start(actor)
 
     def stop_all(self) -> None:
@@ -201,9 +215,18 @@ class Run:
 
 
 def topic_settings(args: argparse.Namespace) -> dict:
-    """Both topics' settings: ``retention.ms`` small (a little above ``G``, as retention never
-    takes an entry younger than ``G`` anyway), so that passes drop records in a short run too."""
-    return {"retention.ms": args.grace_ms * 5 // 4}
+    """Both topics' settings: ``retention.ms`` :data:`RETENTION_SHARE` of the run (at least a little
+    above ``G``, as retention never takes an entry younger than ``G`` anyway), so that retention
+    passes drop what the first part of the run wrote, and leave at least
+    :data:`MIN_VERIFIED_FRACTION` of what it acknowledged to read back and check."""
+    return {"retention.ms": max(args.grace_ms * 5 // 4, int(args.seconds * 1000 * RETENTION_SHARE))}
+
+
+#: ``retention.ms`` as a share of the run's ``--seconds`` (:func:`topic_settings`): what the last
+#: 80% of the run acknowledged stays, and retention takes from what the first 20% (and the start
+#: before the chaos) wrote. Writers may ack more early on, before kills and pauses pile up: a 150 s
+#: run with 60% checked 0.525 of what it acknowledged, a 40 s run with 70% 0.547.
+RETENTION_SHARE = 0.8
 
 
 class OxiaServer:
@@ -304,9 +327,12 @@ def _progress(message: str) -> None:
     print(f"chaos: {message}", file=sys.stderr, flush=True)
 
 
-def _mid_operation(activity: Path) -> bool:
+def _mid_operation(activity: Path, role: str) -> bool:
     """Whether the last line of an actor's activity file (:mod:`chaos.actors`) begins an
-    operation that has not ended."""
+    operation that has not ended; for a compactor, whether it is a step between its
+    ``meta/compaction`` record's create and its cursor's move
+    (:data:`chaos.actors.BETWEEN_COMPACTION_STEPS`): a pass with nothing to compact tests no
+    recovery."""
     try:
         with open(activity, "rb") as f:
             f.seek(max(0, f.seek(0, os.SEEK_END) - 4096))
@@ -315,9 +341,12 @@ def _mid_operation(activity: Path) -> bool:
         return False
     for line in reversed(tail):
         try:
-            return "begin" in json.loads(line)
+            last = json.loads(line)
         except ValueError:
             continue  # cut by the SIGKILL, or by the seek
+        if role == "compactor":
+            return last.get("step") in BETWEEN_COMPACTION_STEPS
+        return "begin" in last
     return False
 
 
@@ -339,6 +368,7 @@ def _disturb(run: Run) -> None:
         for service, at in list(restarts.items()):
             if now >= at:
                 _progress(f"restarting {service}")
+                outage_began = time.time()
                 if service == "oxia" and run.oxia is not None:
                     run.oxia.restart()
                 elif service == "oxia":  # the cluster: SIGKILL the server leading the most shards, under load
@@ -350,6 +380,7 @@ def _disturb(run: Run) -> None:
                 else:
                     local_stack.restart_service(run.stack_dir, service)
                 run.counts["server_restarts"] += 1
+                run.outages.append((outage_began, time.time()))
                 del restarts[service]
         for actor in run.actors:
             if actor.proc.poll() is not None and actor.paused_until is None:
@@ -357,10 +388,12 @@ def _disturb(run: Run) -> None:
                 _progress(f"{actor.label} exited by itself ({actor.proc.returncode}: {' '.join(last)[-300:]}); "
                           "starting it again")
                 run.counts["exits"] += 1
+                run.exits.append({"actor": actor.label, "status": actor.proc.returncode, "at": time.time(),
+                                  "last": " ".join(last)[-200:]})
                 run.start(actor)
         if aim is not None:
             actor, until = aim
-            busy = _mid_operation(run.activity(actor))
+            busy = _mid_operation(run.activity(actor), actor.role)
             if busy or now >= until:
                 _progress(f"killing {actor.label}" + ("" if busy else " (not mid-operation)"))
                 run.kill_and_restart(actor)
@@ -385,26 +418,63 @@ def _disturb(run: Run) -> None:
                 a for a in run.actors if a.paused_until is None and (
                     (a.role in _MUST_KILL and not run.killed_mid_operation[a.role])
                     or (a.role == "broker" and not run.kills["broker"]))]
-            aim = (rng.choice(needed) if needed else actor, now + _AIM_S)
+            target = rng.choice(needed) if needed else actor
+            aim = (target, now + _AIM_S.get(target.role, _AIM_DEFAULT_S))
 
 
 #: An incarnation's partition: ``(topic, topic_id, partition)``.
 Incarnation = tuple[str, str, int]
 
 
-def read_acks(acks_dir: Path) -> dict[Incarnation, dict[int, list[bytes]]]:
+class AckedRecord(NamedTuple):
+    """One acknowledged record: its value and when its append was first sent (``sent_at``,
+    ``time.time()``: its index entry's ``created_at_ms`` is no earlier, :func:`chaos.actors._ack`)."""
+
+    value: bytes
+    sent_at: float
+
+
+@dataclass
+class AckLines:
+    """The acknowledgement lines of a run's ack files (:func:`read_ack_lines`)."""
+
+    lines: list[dict] = field(default_factory=list)
+    #: A file's last line cut short (its actor killed while writing it): that acknowledgement
+    #: cannot be judged, and is counted, not a crash of the check.
+    cut: list[str] = field(default_factory=list)
+    #: A line that does not parse and is not its file's last: no kill explains it.
+    damaged: list[str] = field(default_factory=list)
+
+
+def read_ack_lines(acks_dir: Path, names: Iterable[str] | None = None) -> AckLines:
+    """The acknowledgement lines of the ack files (:mod:`chaos.actors`), of every actor or of the
+    ones named ``names`` (any of their incarnations)."""
+    out = AckLines()
+    paths = sorted(acks_dir.glob("*.jsonl")) if names is None else sorted(
+        path for name in names for path in acks_dir.glob(f"{name}.*.jsonl"))
+    for path in paths:
+        text = path.read_text()
+        lines = text.splitlines()
+        for number, line in enumerate(lines, 1):
+            try:
+                out.lines.append(json.loads(line))
+            except ValueError:
+                last = number == len(lines) and not text.endswith("\n")
+                (out.cut if last else out.damaged).append(f"{path.name} line {number}: {line[:80]!r}")
+    return out
+
+
+def read_acks(acks_dir: Path) -> dict[Incarnation, dict[int, list[AckedRecord]]]:
     """Per incarnation's partition (the ``topic_id`` its acknowledgement says the records landed
-    in), offset -> the value of every acknowledgement of that offset, in the ack files
-    (:mod:`chaos.actors`). More than one means the offset was acknowledged to two appends: each
-    one is kept, so that the check sees it."""
-    out: dict[Incarnation, dict[int, list[bytes]]] = {}
-    for path in sorted(acks_dir.glob("*.jsonl")):
-        for line in path.read_text().splitlines():
-            ack = json.loads(line)
-            acks = out.setdefault((ack["topic"], ack["topic_id"], ack["partition"]), {})
-            for i in range(ack["count"]):
-                acks.setdefault(ack["start"] + i, []).append(
-                    record_value(ack["name"], ack["seq"], ack["topic"], ack["partition"], i))
+    in), offset -> every acknowledgement of that offset, in the ack files (:mod:`chaos.actors`).
+    More than one means the offset was acknowledged to two appends: each one is kept, so that the
+    check sees it. A cut last line is left out (:func:`read_ack_lines`)."""
+    out: dict[Incarnation, dict[int, list[AckedRecord]]] = {}
+    for ack in read_ack_lines(acks_dir).lines:
+        acks = out.setdefault((ack["topic"], ack["topic_id"], ack["partition"]), {})
+        for i in range(ack["count"]):
+            acks.setdefault(ack["start"] + i, []).append(AckedRecord(
+                record_value(ack["name"], ack["seq"], ack["topic"], ack["partition"], i), ack["sent_at"]))
     return out
 
 
@@ -422,48 +492,72 @@ def read_reads(reads_dir: Path) -> list[tuple[str, bytes]]:
     return out
 
 
-def judge_acks(acked: dict[Incarnation, dict[int, list[bytes]]], logs: dict[Incarnation, dict[int, bytes]],
-               log_starts: dict[Incarnation, int], reads: Iterable[tuple[str, bytes]] = ()) -> dict:
+def judge_acks(acked: dict[Incarnation, dict[int, list[AckedRecord]]], logs: dict[Incarnation, dict[int, bytes]],
+               log_starts: dict[Incarnation, int], reads: Iterable[tuple[str, bytes]] = (),
+               deleted: Iterable[Incarnation] = (), kept_from: Mapping[Incarnation, float] | None = None) -> dict:
     """For acknowledgements ``acked``, the live incarnations' logs read back (``logs``, from their
-    log starts ``log_starts``) and what was read during the run (``reads``):
+    log starts ``log_starts``), what was read during the run (``reads``), the partitions of
+    incarnations the run deleted (``deleted``: named by the admin and tombstones at the end) and,
+    per live partition, the time from which an append retention cannot have taken
+    (``kept_from``; None: retention's times unknown, anything below the log start may be gone):
 
-    - ``lost``: acknowledgements of a live incarnation at or above its log start whose record is
-      not at its offset with its bytes;
+    - ``lost``: acknowledgements whose record is not at its offset with its bytes, at or above the
+      log start; below it, when sent at or after ``kept_from`` (retention takes an entry only once
+      ``created_at_ms`` is older than ``retention.ms`` and ``G``, docs/protocol.md section 10.3,
+      and an entry is created after its append was sent); and every acknowledgement of a
+      partition not read back that is not in ``deleted`` (a live incarnation's partition
+      unreadable or past its count, an incarnation no one deleted);
+    - ``verified``: acknowledgements checked against the log read back (at or above its start);
     - ``double_acked``: offsets acknowledged more than once;
     - ``duplicated``: values in the logs more than once;
     - ``mixed_incarnations``: records read (during the run or now) in an incarnation other than
       the one their acknowledgement says they landed in, or, not acknowledged, read in two;
-    - ``gone_by_retention``, ``gone_with_deleted_topic``: acknowledged records expected gone
-      (below the log start; in an incarnation deleted since).
+    - ``gone_by_retention``, ``gone_with_deleted_topic``: acknowledged records gone as they may be
+      (below the log start and sent before ``kept_from``; in ``deleted``).
     """
-    result = {"lost": 0, "double_acked": 0, "duplicated": 0, "mixed_incarnations": 0, "gone_by_retention": 0,
-              "gone_with_deleted_topic": 0, "problems": []}
+    result = {"lost": 0, "verified": 0, "double_acked": 0, "duplicated": 0, "mixed_incarnations": 0,
+              "gone_by_retention": 0, "gone_with_deleted_topic": 0, "problems": []}
+    deleted = set(deleted)
     seen: Counter[bytes] = Counter()
     for got in logs.values():
         seen.update(got.values())
     for key, acks in sorted(acked.items()):
         name = f"{key[0]}[{key[2]}] of {key[1]}"
-        twice = sorted(o for o, values in acks.items() if len(values) > 1)
+        count = sum(map(len, acks.values()))
+        twice = sorted(o for o, ones in acks.items() if len(ones) > 1)
         result["double_acked"] += len(twice)
         if twice:
             result["problems"].append(f"{name}: {len(twice)} offset(s) acknowledged more than once, first "
-                                      f"{twice[0]} to {[v.decode() for v in acks[twice[0]]]}")
-        if key not in logs:  # the incarnation was deleted (or its partition is unreadable: a problem already)
-            result["gone_with_deleted_topic"] += sum(map(len, acks.values()))
+                                      f"{twice[0]} to {[a.value.decode() for a in acks[twice[0]]]}")
+        if key not in logs:
+            if key in deleted:
+                result["gone_with_deleted_topic"] += count
+            else:
+                result["lost"] += count
+                result["problems"].append(f"{name}: {count} acknowledged record(s) not read back: the partition "
+                                          "is not in a live incarnation and its incarnation was not deleted")
             continue
         got, start = logs[key], log_starts.get(key, 1)
-        result["gone_by_retention"] += sum(len(values) for o, values in acks.items() if o < start)
-        wrong = [o for o, values in acks.items() for v in values if o >= start and got.get(o) != v]
-        result["lost"] += len(wrong)
+        kept = float("-inf") if kept_from is None else kept_from.get(key, float("-inf"))
+        below = [(o, a) for o, ones in acks.items() if o < start for a in ones]
+        young = sorted(o for o, a in below if kept_from is not None and a.sent_at >= kept)
+        result["gone_by_retention"] += len(below) - len(young)
+        wrong = sorted(o for o, ones in acks.items() for a in ones if o >= start and got.get(o) != a.value)
+        result["verified"] += count - len(below)
+        result["lost"] += len(wrong) + len(young)
         if wrong:
             result["problems"].append(f"{name}: {len(wrong)} acknowledged record(s) lost or wrong, "
-                                      f"first at offsets {sorted(wrong)[:5]}")
+                                      f"first at offsets {wrong[:5]}")
+        if young:
+            result["problems"].append(f"{name}: {len(young)} acknowledged record(s) below the log start {start} "
+                                      f"though sent after {kept:.3f}, too young for retention to take, first at "
+                                      f"offsets {young[:5]}")
     result["duplicated"] = sum(n - 1 for n in seen.values() if n > 1)
     acked_in: dict[bytes, set[str]] = {}
     for (_, topic_id, _), acks in acked.items():
-        for values in acks.values():
-            for v in values:
-                acked_in.setdefault(v, set()).add(topic_id)
+        for ones in acks.values():
+            for a in ones:
+                acked_in.setdefault(a.value, set()).add(topic_id)
     read_in: dict[bytes, set[str]] = {}
     for (_, topic_id, _), got in logs.items():
         for v in got.values():
@@ -477,6 +571,24 @@ def judge_acks(acked: dict[Incarnation, dict[int, list[bytes]]], logs: dict[Inca
             result["problems"].append(f"{v.decode()} read in incarnation(s) {sorted(ids)}, acknowledged in "
                                       f"{sorted(acked_in.get(v, ()))}")
     return result
+
+
+def retention_safe_from(stopped_at: float, settings: TopicSettings, grace_ms: int) -> float:
+    """The time from which an append to a topic with ``settings`` cannot have been taken by
+    retention in a run whose actors all stopped at ``stopped_at``: a retention pass at ``now``
+    takes an entry only if ``created_at_ms < now - max(retention.ms, G)`` (docs/protocol.md
+    section 10.3, the retention floor ``G``), and its ``now`` is before ``stopped_at``. A second's
+    margin for the milliseconds ``created_at_ms`` keeps. With ``retention.bytes`` set, size takes
+    entries of any age (+inf: no time protects); with neither set, nothing is taken (-inf)."""
+    if settings.retention_bytes >= 0:
+        return float("inf")
+    if settings.retention_ms < 0:
+        return float("-inf")
+    return stopped_at - max(settings.retention_ms, grace_ms) / 1000 + _ROUNDING_MARGIN_S
+
+
+#: The margin :func:`retention_safe_from` leaves for ``created_at_ms``'s milliseconds and the ack's rounding.
+_ROUNDING_MARGIN_S = 1.0
 
 
 def read_kafka_group(group_dir: Path) -> list[dict]:
@@ -493,12 +605,14 @@ def read_kafka_group(group_dir: Path) -> list[dict]:
 
 
 def judge_kafka_group(events: list[dict], topic: str, topic_id: str, logs: dict[Incarnation, dict[int, bytes]],
-                      log_starts: dict[Incarnation, int], acked: dict[Incarnation, dict[int, list[bytes]]],
-                      committed: dict[int, int], coordinator_kills: list[float]) -> dict:
+                      log_starts: dict[Incarnation, int], acked: dict[Incarnation, dict[int, list[AckedRecord]]],
+                      committed: dict[int, int], coordinator_kills: list[float],
+                      retention_s: float | None = None) -> dict:
     """The Kafka consumer group's run (``events``: :func:`read_kafka_group`) against the log read
     back (``logs``, ``log_starts``), the acknowledgements (``acked``, :func:`read_acks`), the
-    group's committed offsets at the end (``committed``: partition -> offset, from llog's records)
-    and when its coordinator was killed:
+    group's committed offsets at the end (``committed``: partition -> offset, from llog's records),
+    when its coordinator was killed, and how old an entry must be before retention may take it
+    (``retention_s``: ``max(retention.ms, G)``; None: any age):
 
     - ``kafka_wrong_records``: a record a member consumed that is not the log's at its offset:
       at or above the log start, the bytes read back there; below it (retention took it), an
@@ -515,17 +629,28 @@ def judge_kafka_group(events: list[dict], topic: str, topic_id: str, logs: dict[
       began before ``H`` was sent cannot hold the partition in a generation newer than ``H``'s
       (``H``'s member held it then), so its lower commit landing after ``H`` is a stale one
       the coordinator let through;
-    - the counts: records consumed (also per partition), commits (per partition) acknowledged and refused,
-      assignments, and assignments after the first coordinator kill.
+    - ``kafka_started_past_commit``: a member's first offset of a partition in an assignment above
+      every offset a commit of that partition sent before the assignment began could have written
+      (the group's committed offset then, which the member resumes from; none: the log start; a
+      commit answered with an error counts too, as the client sends it again after a timeout and an
+      earlier attempt may have landed), when
+      the record just below it was still in the log then: in the log at the end, or acknowledged
+      as sent less than ``retention_s`` before the assignment (retention cannot have taken it). The
+      records in between were never given to the group;
+    - the counts: records consumed (also per partition, and after the first coordinator kill),
+      commits (per partition) acknowledged and refused, assignments, and assignments after the
+      first coordinator kill.
     """
     result = {"kafka_consumed": 0, "kafka_commits_acked": 0, "kafka_commits_refused": 0, "kafka_assignments": 0,
               "kafka_assignments_after_coordinator_kill": 0, "kafka_wrong_records": 0, "kafka_out_of_order": 0,
               "kafka_skipped": 0, "kafka_lost_commits": 0, "kafka_commits_moved_back": 0,
+              "kafka_started_past_commit": 0, "kafka_consumed_after_coordinator_kill": 0,
               "kafka_consumed_by_partition": {}, "problems": []}
     began: dict[tuple[str, int], float] = {}
     last: dict[tuple[str, int, int], int] = {}
     sent: dict[str, dict] = {}  # member -> its commit waiting for an answer
     commits: list[dict] = []
+    firsts: dict[tuple[str, int, int], int] = {}  # (member, assignment, partition) -> first offset consumed
     first_kill = min(coordinator_kills, default=None)
     for event in events:
         kind, member = event["event"], event["member"]
@@ -539,6 +664,10 @@ def judge_kafka_group(events: list[dict], topic: str, topic_id: str, logs: dict[
             key = (topic, topic_id, p)
             got, start, acks = logs.get(key, {}), log_starts.get(key, 1), acked.get(key, {})
             result["kafka_consumed"] += len(event["offsets"])
+            if first_kill is not None and event.get("at", 0.0) > first_kill:
+                result["kafka_consumed_after_coordinator_kill"] += len(event["offsets"])
+            if event["offsets"]:
+                firsts.setdefault((member, event["n"], p), event["offsets"][0])
             by_partition = result["kafka_consumed_by_partition"]
             by_partition[p] = by_partition.get(p, 0) + len(event["offsets"])
             for offset, value in zip(event["offsets"], event["values"]):
@@ -546,7 +675,8 @@ def judge_kafka_group(events: list[dict], topic: str, topic_id: str, logs: dict[
                 if offset >= start:
                     wrong, expected = got.get(offset) != raw, f"the log has {got.get(offset)!r}"
                 elif offset in acks:
-                    wrong, expected = raw not in acks[offset], f"below the log start {start}, acknowledged {acks[offset]}"
+                    values = [a.value for a in acks[offset]]
+                    wrong, expected = raw not in values, f"below the log start {start}, acknowledged {values}"
                 else:
                     fields = value.split(":")
                     wrong = len(fields) != 5 or fields[2] != topic or fields[3] != str(p)
@@ -573,6 +703,25 @@ def judge_kafka_group(events: list[dict], topic: str, topic_id: str, logs: dict[
             result["kafka_commits_acked"] += sum(e is None for e in event["errors"].values())
             result["kafka_commits_refused"] += sum(e is not None for e in event["errors"].values())
     commits += [{**commit, "errors": None} for commit in sent.values()]  # never answered: maybe written
+    for (member, n, p), first in sorted(firsts.items()):
+        began_at = began.get((member, n), 0.0)
+        # Answered with an error or not: librdkafka sends a commit again after a timeout, and an
+        # earlier attempt may have landed before the answer to a later one named an error.
+        could = [c["offsets"][str(p)] for c in commits if str(p) in c["offsets"] and c["sent"] < began_at]
+        bound = max(could, default=1)
+        key = (topic, topic_id, p)
+        below = first - 1
+        if first <= bound or below < 1:
+            continue
+        in_log = below >= log_starts.get(key, 1)
+        kept = retention_s is not None and any(
+            a.sent_at > began_at - retention_s + _ROUNDING_MARGIN_S for a in acked.get(key, {}).get(below, ()))
+        if in_log or kept:
+            result["kafka_started_past_commit"] += 1
+            result["problems"].append(
+                f"Kafka member {member} began assignment {n} of {topic}[{p}] at offset {first}, past {bound} (the "
+                f"highest commit sent before it), though offset {below} was still in the log then "
+                f"({'it is now' if in_log else 'acknowledged too recently for retention to take it'})")
     partitions = {int(p) for c in commits for p in c["offsets"]}
     for p in sorted(partitions):
         acked_commits = [c for c in commits if c["errors"] is not None and str(p) in c["offsets"]
@@ -595,15 +744,16 @@ def judge_kafka_group(events: list[dict], topic: str, topic_id: str, logs: dict[
     return result
 
 
-def finish_interrupted(config: Config, topic: str, partitions: Iterable[int], timeout_s: float) -> int:
+def finish_interrupted(config: Config, topic: str, partitions: Iterable[int], timeout_s: float) -> tuple[int, int]:
     """Once every actor has stopped, do what the next one would, so that the log is judged at
     rest: per partition, a compactor's recovery step (docs/protocol.md section 6 step 0), which
     materializes and clears a pending append and resumes a ``meta/compaction`` record to
     completion (or deletes it if stale), and starts no new compaction. A compactor killed between
     steps 4 and 5 leaves index entries that overlap, legal until its record is resumed. Waits up
     to ``timeout_s`` for a killed compactor's claim to expire with its session (TimeoutError
-    after). Returns the pending appends and compaction records it finished."""
-    finished = 0
+    after). Returns the pending appends and compaction records it finished, and of those the
+    compaction records."""
+    finished = resumed = 0
     with Compactor(config) as compactor:
         for p in partitions:
             until = time.monotonic() + timeout_s
@@ -616,7 +766,8 @@ def finish_interrupted(config: Config, topic: str, partitions: Iterable[int], ti
                     raise TimeoutError(f"{topic}[{p}]: meta/compactor-claim still held after {timeout_s:g} s")
                 time.sleep(0.2)
             finished += done.recoveries
-    return finished
+            resumed += done.resumed_compactions
+    return finished, resumed
 
 
 def check_at_rest(coordination: Coordination, root: str, topic: str, partitions: Iterable[int]) -> list[str]:
@@ -691,6 +842,7 @@ def _activity_totals(run_dir: Path) -> Counter:
             totals["lost_responses"] += event.get("lost_response", 0)
             if event.get("end") == "compact":
                 totals["compactions_completed"] += event.get("compactions", 0)
+                totals["compactions_resumed"] += event.get("resumed", 0)
                 totals["retention_passes"] += event.get("retained_records", 0) > 0
             elif event.get("end") == "gc":
                 totals["gc_deleted_blobs"] += event.get("deleted", 0)
@@ -705,8 +857,53 @@ def _activity_totals(run_dir: Path) -> Counter:
 
 def _acked_by(acks_dir: Path, names: Iterable[str]) -> int:
     """The records acknowledged to the actors named ``names`` (any of their incarnations)."""
-    return sum(json.loads(line)["count"] for name in names for path in acks_dir.glob(f"{name}.*.jsonl")
-               for line in path.read_text().splitlines())
+    return sum(ack["count"] for ack in read_ack_lines(acks_dir, names).lines)
+
+
+def admin_deletes(deletes_dir: Path) -> set[tuple[str, str]]:
+    """``(topic, topic_id)`` of every incarnation the admin actor set out to delete
+    (:func:`chaos.actors.admin` writes it before the delete)."""
+    out = set()
+    for path in sorted(deletes_dir.glob("*.jsonl")):
+        for line in path.read_text().splitlines():
+            try:
+                named = json.loads(line)
+            except ValueError:
+                continue  # cut by a SIGKILL: that delete had not begun
+            out.add((named["topic"], named["topic_id"]))
+    return out
+
+
+def deleted_partitions(coordination: Coordination, root: str, unread: Iterable[Incarnation],
+                       deletes: set[tuple[str, str]], problems: list[str]) -> set[Incarnation]:
+    """Of the partitions ``unread`` (acknowledged, not in a live incarnation read back), those the
+    run deleted: their incarnation is one of ``deletes`` (named by the admin, or finished at the
+    end) and their ``meta/control`` is its tombstone (docs/protocol.md section 12.4). A partition of
+    a named incarnation that is not a tombstone is a problem (its acknowledgements count as lost)."""
+    out = set()
+    for topic, topic_id, p in sorted(unread):
+        if (topic, topic_id) not in deletes:
+            continue
+        keys = PartitionKeys(root, TopicPartition(topic, p), topic_id)
+        found = coordination.get(keys.control, keys.partition_key)
+        control = None if found is None else ControlRecord.from_json(found.value, found.key)
+        if control is not None and control.deleted and control.topic_id == topic_id:
+            out.add((topic, topic_id, p))
+        else:
+            problems.append(f"{topic}[{p}] of {topic_id}: deleted by the admin, but its meta/control is "
+                            f"{'missing' if control is None else control.log_state}, not its tombstone")
+    return out
+
+
+#: How long after a server restart ended an actor may still exit of it: its client's retries
+#: (Oxia requests are retried for 30 s at most) or a session that expired in the outage.
+_OUTAGE_AFTERMATH_S = 35
+
+
+def exits_outside(exits: list[dict], outages: list[tuple[float, float]]) -> int:
+    """The exits (:attr:`Run.exits`) that no server restart explains: none began within
+    :data:`_OUTAGE_AFTERMATH_S` before it."""
+    return sum(not any(began <= e["at"] <= ended + _OUTAGE_AFTERMATH_S for began, ended in outages) for e in exits)
 
 
 def _at_rest(run: Run, reader: LogReader, topic: str, problems: list[str]) -> str | None:
@@ -716,14 +913,17 @@ def _at_rest(run: Run, reader: LogReader, topic: str, problems: list[str]) -> st
     root = run.config.root_prefix
     found = read_topic(reader.coordination, root, topic)
     if found is not None and found.record.state == DELETING:
+        run.deleted_at_rest.add((topic, found.record.topic_id))
         delete_topic(reader.coordination, reader.objects, root, topic, config=run.config)
         found = None
     if found is None:
         return None
     partitions = range(found.record.partitions)
     try:
-        run.counts["final_recoveries"] += finish_interrupted(
+        recoveries, resumed = finish_interrupted(
             run.config, topic, partitions, run.config.oxia_session_timeout_ms / 1000 + _STOP_S)
+        run.counts["final_recoveries"] += recoveries
+        run.counts["final_resumed"] += resumed
     except Exception as e:  # noqa: BLE001 - reported
         problems.append(f"finishing what the actors left of {topic}: {type(e).__name__}: {e}")
     problems += check_at_rest(reader.coordination, root, topic, partitions)
@@ -795,25 +995,46 @@ def _verify(run: Run) -> dict:
         except Exception as e:  # noqa: BLE001 - reported
             problems.append(f"the Kafka group's committed offsets: {type(e).__name__}: {e}")
             group_offsets = {}
+        acked = read_acks(run.dir / "acks")
+        deleted = deleted_partitions(reader.coordination, run.config.root_prefix, acked.keys() - logs.keys(),
+                                     admin_deletes(run.dir / "deletes") | run.deleted_at_rest, problems)
+        settings = {topic: TopicSettings.of(topic, topic_records(reader.coordination, run.config.root_prefix,
+                                                                 [topic])[0], run.config) for topic in live}
+    ack_lines = read_ack_lines(run.dir / "acks")
+    problems += [f"an acknowledgement line that does not parse: {line}" for line in ack_lines.damaged]
     result["invariant_violations"] = len(problems)
-    acked = read_acks(run.dir / "acks")
-    judged = judge_acks(acked, logs, starts, read_reads(run.dir / "reads"))
+    safe_from = {key: retention_safe_from(run.stopped_at, settings[key[0]], run.config.gc_grace_ms) for key in logs}
+    judged = judge_acks(acked, logs, starts, read_reads(run.dir / "reads"), deleted, safe_from)
     totals = _activity_totals(run.dir)
-    result.update({what: judged[what] for what in ("lost", "double_acked", "duplicated", "mixed_incarnations",
-                                                   "gone_by_retention", "gone_with_deleted_topic")})
+    result.update({what: judged[what] for what in ("lost", "verified", "double_acked", "duplicated",
+                                                   "mixed_incarnations", "gone_by_retention",
+                                                   "gone_with_deleted_topic")})
+    main_settings = settings.get(TOPIC)
+    retention_s = None if main_settings is None or main_settings.retention_bytes >= 0 else (
+        max(main_settings.retention_ms, run.config.gc_grace_ms) / 1000 if main_settings.retention_ms >= 0
+        else float("inf"))
     kafka = judge_kafka_group(read_kafka_group(run.dir / "kafka_group"), TOPIC, live.get(TOPIC, ""), logs, starts,
-                              acked, group_offsets, run.coordinator_hits["kill"])
+                              acked, group_offsets, run.coordinator_hits["kill"], retention_s)
     judged["problems"] += kafka.pop("problems")
     result.update(kafka, kafka_group_committed=group_offsets, kafka_coordinator_kills=len(run.coordinator_hits["kill"]),
                   kafka_coordinator_pauses=len(run.coordinator_hits["pause"]))
-    result.update(records_acked=sum(len(values) for acks in acked.values() for values in acks.values()),
+    records_acked = sum(len(values) for acks in acked.values() for values in acks.values())
+    result.update(records_acked=records_acked, acks_cut=len(ack_lines.cut), acks_damaged=len(ack_lines.damaged),
+                  verified_fraction=round(judged["verified"] / records_acked, 3) if records_acked else 0.0,
                   incarnations_acked=len({key[1] for key in acked if key[0] == RECREATED}),
                   records_acked_via_broker=_acked_by(run.dir / "acks", _BROKER_PRODUCERS),
                   records_acked_idempotent=_acked_by(run.dir / "acks", _BROKER_PRODUCERS[:1]),
                   records_acked_plain=_acked_by(run.dir / "acks", _BROKER_PRODUCERS[1:]),
                   records_acked_via_kafka=_acked_by(run.dir / "acks", [_KAFKA_PRODUCER]),
                   group_commits_via_broker=totals["group_commits_via_broker"],
-                  final_recoveries=run.counts["final_recoveries"], **{what: totals[what] for what in _EXERCISED})
+                  final_recoveries=run.counts["final_recoveries"],
+                  compactions_resumed=totals["compactions_resumed"] + run.counts["final_resumed"],
+                  kills={role: run.kills[role] for role in (*ROLES, "broker")},
+                  killed_mid_operation={role: run.killed_mid_operation[role] for role in ROLES},
+                  exits=len(run.exits), exits_outside_outages=exits_outside(run.exits, run.outages),
+                  exit_list=[f"{e['actor']} ({e['status']}): {e['last'][-120:]}" for e in run.exits],
+                  server_restarts=run.counts["server_restarts"],
+                  **{what: totals[what] for what in _EXERCISED})
     for path in sorted((run.dir / "violations").glob("*.jsonl")):
         for line in path.read_text().splitlines():
             result["invariant_violations"] += 1
@@ -828,27 +1049,62 @@ _EXERCISED = ("compactions_completed", "gc_deleted_blobs", "topic_recreations", 
 
 
 #: What the Kafka consumer group must have done (:func:`judge_kafka_group`): consumed, had commits
-#: acknowledged, had its coordinator killed, and got assignments again after that.
+#: acknowledged, had its coordinator killed, got assignments again after that and consumed.
 _KAFKA_EXERCISED = ("kafka_consumed", "kafka_commits_acked", "kafka_coordinator_kills",
-                    "kafka_assignments_after_coordinator_kill")
+                    "kafka_assignments_after_coordinator_kill", "kafka_consumed_after_coordinator_kill")
 #: The Kafka consumer group's invariants (:func:`judge_kafka_group`): each must be 0.
-KAFKA_INVARIANTS = ("kafka_wrong_records", "kafka_out_of_order", "kafka_skipped", "kafka_lost_commits")
+KAFKA_INVARIANTS = ("kafka_wrong_records", "kafka_out_of_order", "kafka_skipped", "kafka_lost_commits",
+                    "kafka_started_past_commit")
+#: The share of what it acknowledged that a run must read back and check (``verified_fraction``):
+#: retention may take the rest, no more (:func:`topic_settings` keeps enough).
+MIN_VERIFIED_FRACTION = 0.5
+#: Incarnations of the re-created topic a run must have acknowledged records in: a delete under load.
+MIN_INCARNATIONS_ACKED = 2
 
 
-def not_exercised(run: Run, result: dict) -> list[str]:
-    """What a run must have done for its checks to mean something, and did not: records
-    acknowledged, each counter of :data:`_EXERCISED` (by the actors' own accounts), a writer and
-    a compactor killed mid-operation, the broker killed."""
+def not_exercised(result: dict, partitions: int) -> list[str]:
+    """What a run (``--partitions``: ``partitions``) must have done for its checks to mean
+    something, and did not: records acknowledged, each counter of :data:`_EXERCISED` (by the
+    actors' own accounts), the Kafka group's counts, a writer killed mid-operation and a compactor
+    killed between compaction steps (its ``meta/compaction`` record left: a pass with nothing to
+    compact tests no recovery), a compaction record resumed (``compactions_resumed``, by a
+    compactor's step 0 or the end of the run), the broker killed, :data:`MIN_INCARNATIONS_ACKED`."""
     missing = ["nothing acknowledged"] if not result["records_acked"] else []
     missing += [f"{what} is 0" for what in (*_EXERCISED, "records_acked_idempotent", "records_acked_plain",
-                                            "records_acked_via_kafka", "group_commits_via_broker", *_KAFKA_EXERCISED)
+                                            "records_acked_via_kafka", "group_commits_via_broker", *_KAFKA_EXERCISED,
+                                            "compactions_resumed")
                 if not result[what]]
-    if result["grown_partitions"] <= run.args.partitions:
-        missing.append(f"{GROWN} did not grow past {run.args.partitions} partitions")
-    missing += [f"no {role} killed mid-operation" for role in _MUST_KILL if not run.killed_mid_operation[role]]
-    if not run.kills["broker"]:
+    if result["grown_partitions"] <= partitions:
+        missing.append(f"{GROWN} did not grow past {partitions} partitions")
+    if result["incarnations_acked"] < MIN_INCARNATIONS_ACKED:
+        missing.append(f"records acknowledged in {result['incarnations_acked']} incarnation(s) of {RECREATED}, "
+                       f"fewer than {MIN_INCARNATIONS_ACKED}")
+    if not result["killed_mid_operation"]["writer"]:
+        missing.append("no writer killed mid-operation")
+    if not result["killed_mid_operation"]["compactor"]:
+        missing.append("no compactor killed between compaction steps")
+    if not result["kills"]["broker"]:
         missing.append("broker_kills is 0")
     return missing
+
+
+def out_of_bounds(result: dict, actors: int) -> list[str]:
+    """The run's bounds it broke: it checked less than :data:`MIN_VERIFIED_FRACTION` of what it
+    acknowledged against the log; an actor exited by itself outside a server restart's aftermath,
+    or more than ``actors`` (the run's actors) times ``server_restarts`` exits in all (see
+    :func:`exits_outside`)."""
+    broken = []
+    if result["verified_fraction"] < MIN_VERIFIED_FRACTION:
+        broken.append(f"verified_fraction {result['verified_fraction']}: {result['verified']} of "
+                      f"{result['records_acked']} acknowledged records read back and checked, fewer than "
+                      f"{MIN_VERIFIED_FRACTION:.0%}")
+    if result["exits_outside_outages"]:
+        broken.append(f"{result['exits_outside_outages']} actor exit(s) with no server restart in the "
+                      f"{_OUTAGE_AFTERMATH_S} s before: {result['exit_list']}")
+    if result["exits"] > actors * result["server_restarts"]:
+        broken.append(f"{result['exits']} actor exits, more than one per actor ({actors}) per server restart "
+                      f"({result['server_restarts']})")
+    return broken
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -926,19 +1182,20 @@ def main(argv: list[str] | None = None) -> int:
                 _disturb(run)
             finally:
                 run.stop_all()
+                run.stopped_at = time.time()
                 run.counts.update({f"balancer_requests_{name}": n for name, n in balancer.requests().items()})
                 balancer.stop()
             seconds = round(time.monotonic() - started, 1)
             _progress(f"chaos over after {seconds} s; checking")
             result = _verify(run)
-            appends = sum(len({(a["name"], a["seq"]) for a in map(json.loads, p.read_text().splitlines())})
-                          for p in (run.dir / "acks").glob("*.jsonl"))
-            missing = not_exercised(run, result)
+            appends = len({(a["name"], a["seq"]) for a in read_ack_lines(run.dir / "acks").lines})
+            missing = not_exercised(result, args.partitions)
+            broken = out_of_bounds(result, len(run.actors))
             ok = result["lost"] == result["duplicated"] == result["double_acked"] == result["mixed_incarnations"] \
                 == result["invariant_violations"] == 0 and result["final_gc"] == "ok" and not missing \
-                and not any(result[what] for what in KAFKA_INVARIANTS)
+                and not broken and not any(result[what] for what in KAFKA_INVARIANTS)
             if not ok:
-                for problem in missing + result["problems"][:20]:
+                for problem in missing + broken + result["problems"][:20]:
                     _progress(problem)
                 for path in sorted((run.dir / "logs").glob("*.log")):
                     tail = path.read_text(errors="replace").splitlines()[-15:]
@@ -959,22 +1216,25 @@ def main(argv: list[str] | None = None) -> int:
                 "balancer_requests": {name: run.counts[f"balancer_requests_{name}"] for name in run.broker_ports},
                 "broker_kills": run.kills["broker"],
                 "lost_responses": result["lost_responses"], "pauses": run.counts["pauses"],
-                "kills": {role: run.kills[role] for role in (*ROLES, "broker")},
-                "killed_mid_operation": {role: run.killed_mid_operation[role] for role in ROLES},
-                "exits": run.counts["exits"], "server_restarts": run.counts["server_restarts"],
+                "kills": result["kills"], "killed_mid_operation": result["killed_mid_operation"],
+                "compactions_resumed": result["compactions_resumed"],
+                "exits": result["exits"], "exits_outside_outages": result["exits_outside_outages"],
+                "exit_list": result["exit_list"], "server_restarts": result["server_restarts"],
                 "oxia_shards": _OXIA_SHARDS, "oxia": "standalone" if args.oxia_standalone else "cluster",
                 "oxia_server_kills": run.counts["oxia_server_kills"], "lost": result["lost"], "duplicated": result["duplicated"],
                 "double_acked": result["double_acked"], "mixed_incarnations": result["mixed_incarnations"],
-                "gone_by_retention": result["gone_by_retention"],
+                "verified": result["verified"], "verified_fraction": result["verified_fraction"],
+                "acks_cut": result["acks_cut"], "gone_by_retention": result["gone_by_retention"],
                 "gone_with_deleted_topic": result["gone_with_deleted_topic"],
                 "invariant_violations": result["invariant_violations"], "final_recoveries": result["final_recoveries"],
                 "final_gc": result["final_gc"], "final_gc_deleted_blobs": result["final_gc_deleted_blobs"],
                 **{what: result[what] for what in (
                     "kafka_consumed", "kafka_commits_acked", "kafka_commits_refused", "kafka_assignments",
                     "kafka_assignments_after_coordinator_kill", "kafka_coordinator_kills", "kafka_coordinator_pauses",
-                    "kafka_commits_moved_back", *KAFKA_INVARIANTS, "kafka_consumed_by_partition",
+                    "kafka_commits_moved_back", "kafka_consumed_after_coordinator_kill", *KAFKA_INVARIANTS,
+                    "kafka_consumed_by_partition",
                     "kafka_group_committed")},
-                "not_exercised": missing,
+                "not_exercised": missing, "out_of_bounds": broken,
             }), flush=True)
             return 0 if ok else 1
         finally:

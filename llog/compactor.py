@@ -85,6 +85,9 @@ class PartitionCompaction:
     partition: int
     skipped_claimed: bool = False
     recoveries: int = 0
+    #: Of the recoveries, ``meta/compaction`` records step 0 found (docs/protocol.md section 6.0):
+    #: a compactor stopped between its record's create and its delete, resumed or deleted as stale.
+    resumed_compactions: int = 0
     compactions: int = 0
     records: int = 0
     bytes: int = 0
@@ -160,6 +163,7 @@ class Compactor(ClientUser):
                 else:
                     self._finish(keys, record, in_flight.version_id)
                 done.recoveries += 1
+                done.resumed_compactions += 1
             done.log_start_offset = finish_retention(self.coordination, keys)  # a pass that crashed midway
             failpoints.hit("compactor.after_recover")
             if retention:
