@@ -10,6 +10,7 @@ live in :mod:`llog.control`, shared with everyone who finishes another's append.
 
 from __future__ import annotations
 
+import collections
 import logging
 import os
 import socket
@@ -283,9 +284,16 @@ def _results(groups: Sequence[AppendGroup], done: _Done, settled: dict[int, obje
     for i in [*(refused or {}), *range(len(groups))]:
         if isinstance(outcomes[i], BaseException):
             errors.setdefault((groups[i].topic, groups[i].partition), outcomes[i])
-    if not ok and (len({id(o) for o in outcomes}) == 1 or not any(isinstance(v, LlogError) for v in settled.values())):
-        raise next(iter(errors.values()))  # nothing was written: the (first) reason
+    if not ok and _one_kind(errors.values()) and (
+            len({id(o) for o in outcomes}) == 1 or not any(isinstance(v, LlogError) for v in settled.values())):
+        raise next(iter(errors.values()))  # nothing was written (or all in doubt): the (first) reason
     raise GroupsFailed(ok, errors, outcomes)
+
+
+def _one_kind(errors) -> bool:
+    """Whether ``errors`` give one answer of section 4.6: all in doubt, or all not done. Only then
+    may one of them stand for all (a caller told "not done" must not miss a partition in doubt)."""
+    return len({isinstance(e, AppendOutcomeUnknown) for e in errors}) <= 1
 
 
 class LogWriter(ClientUser):
@@ -315,6 +323,11 @@ class LogWriter(ClientUser):
         #: By control key, the controls this writer's last clears wrote (:meth:`_remember`).
         self._known: dict[str, ControlState] = {}
         self._known_lock = threading.Lock()
+        #: Counts of what went wrong without changing an answer: ``failed_after_reserve``
+        #: (rounds whose reserved appends were not finished, section 4.6), ``producers_evicted``
+        #: (producers dropped past :data:`MAX_PRODUCERS_PER_PARTITION`, section 9.4).
+        self.stats: collections.Counter[str] = collections.Counter()
+        self._stats_lock = threading.Lock()
 
     def initialize_partition(self, topic: str, partition: int) -> bool:
         """Section 4.1 in the topic's current incarnation (created first if this writer
@@ -409,7 +422,11 @@ class LogWriter(ClientUser):
 
         todo = merged
         while todo:
-            staged = _stage(self.objects, self.config, todo, self.clock, self._compression())
+            try:
+                staged = _stage(self.objects, self.config, todo, self.clock, self._compression())
+            except LlogError as e:  # nothing of these is reserved; earlier rounds' answers stand (4.6)
+                done.update((tp, (parts, None, e)) for tp, parts in todo.items())
+                break
             slots = [_Slot(self.keys(s.topic, s.partition), s, producers=_producer_groups(groups, parts))
                      for parts, s in zip(todo.values(), staged)]
 
@@ -490,7 +507,7 @@ class LogWriter(ClientUser):
                     failpoints.hit("writer.after_staged_slice")
         if errors:
             committed = [r for r in results if r is not None]
-            if not committed and len(errors) == len(by_partition):
+            if not committed and len(errors) == len(by_partition) and _one_kind(errors.values()):
                 raise next(iter(errors.values()))
             raise AppendFailed(committed, errors)
         return results
@@ -544,9 +561,18 @@ class LogWriter(ClientUser):
 
     def _finish_reserved(self, slots: Sequence[_Slot], reserved: list[tuple[int, ControlState]],
                          out: list[_Outcome]) -> None:
-        """Sections 4.4 and 4.5 for the appends a round reserved (``state``: after the CAS)."""
-        failpoints.hit("writer.after_reserve")
+        """Sections 4.4 and 4.5 for the appends a round reserved (``state``: after the CAS).
+
+        Each is done with its offsets whatever happens here (section 4.6): it is durable since
+        its reservation landed. A failure to materialize or clear (Oxia unreachable, attempts
+        used up) is logged and counted (``stats["failed_after_reserve"]``); the pending stays
+        readable, and whoever next changes the partition's ``meta/control`` finishes it."""
+        for i, state in reserved:
+            pending = state.record.pending
+            out[i] = (pending.start_offset, slots[i].keys.index(pending.end_offset))
+        wire = None
         try:
+            failpoints.hit("writer.after_reserve")
             states, created = materialize(self.coordination, [(slots[i].keys, s) for i, s in reserved], self.config,
                                           self.clock)
             failpoints.hit("writer.after_index_put")
@@ -555,17 +581,18 @@ class LogWriter(ClientUser):
                                                 for (i, _), s in zip(reserved, states) if s is not None],
                             self.config, self.clock)
             self._remember(cleared)
+            failpoints.hit("writer.after_clear")
+        except LlogError as e:
+            with self._stats_lock:
+                self.stats["failed_after_reserve"] += 1
+            log.warning("%d append(s) reserved and durable, first on %s, were not finished (index entry or clear): "
+                        "%s; they stay pending, readable, and the next writer, fence or compactor finishes them",
+                        len(reserved), slots[reserved[0][0]].keys.tp, e)
+        if wire is not None:
             try:
                 wire.result()
             except LlogError as e:  # the append is done either way
                 log.warning("tripwire check after appending failed: %s", e)
-        except LlogError as e:
-            for i, _ in reserved:
-                out[i] = e
-            return
-        for i, state in reserved:
-            pending = state.record.pending
-            out[i] = (pending.start_offset, slots[i].keys.index(pending.end_offset))
 
     def _remember(self, states: dict[str, ControlState]) -> None:
         """Keep the controls this writer's clears wrote: its next append to those partitions
