@@ -37,7 +37,10 @@ from llog.errors import (
 )
 from llog.keys import PartitionKeys, TopicPartition, shared_wal_object
 from llog.objects import ObjectStore
-from llog.records import BYTES_BATCH_V1, WAL, ControlRecord, IndexEntry, PendingAppend, ProducerBatch, SinkProgress
+from llog.records import (
+    BYTES_BATCH_V1, SEQUENCE_MODULUS, WAL, ControlRecord, IndexEntry, PendingAppend, ProducerBatch, SequenceVerdict,
+    SinkProgress, judge_sequence,
+)
 from llog.topics import TopicCache
 
 log = logging.getLogger(__name__)
@@ -224,7 +227,8 @@ def _stage(objects: ObjectStore, config: Config, merged: _Merged, clock: Clock, 
 
 def check_producer(group: AppendGroup, what: str) -> None:
     """A group's producer id and sequence: both or neither, a non-empty id of at most
-    :data:`MAX_PRODUCER_ID_LENGTH` characters, a sequence that is an int >= 0."""
+    :data:`MAX_PRODUCER_ID_LENGTH` characters, a sequence that is an int in ``0..2^31-1``
+    (Kafka's base sequence, which wraps: docs/protocol.md section 9.4)."""
     pid, sequence = group.producer_id, group.sequence
     if pid is None and sequence is None:
         return
@@ -234,8 +238,9 @@ def check_producer(group: AppendGroup, what: str) -> None:
     if not isinstance(pid, str) or not 0 < len(pid) <= MAX_PRODUCER_ID_LENGTH:
         raise InvalidPayload(f"{what}: producer_id must be a string of 1..{MAX_PRODUCER_ID_LENGTH} characters, "
                              f"got {pid!r}")
-    if not isinstance(sequence, int) or isinstance(sequence, bool) or sequence < 0:
-        raise InvalidPayload(f"{what}: sequence must be an int >= 0, got {sequence!r}")
+    if not isinstance(sequence, int) or isinstance(sequence, bool) or not 0 <= sequence < SEQUENCE_MODULUS:
+        raise InvalidPayload(f"{what}: sequence must be an int in 0..{SEQUENCE_MODULUS - 1} (Kafka's base sequence, "
+                             f"which wraps to 0 after {SEQUENCE_MODULUS - 1}), got {sequence!r}")
 
 
 def _producer_groups(groups: Sequence[AppendGroup], parts: list[tuple[int, Records]]) -> tuple[_ProducerGroup, ...]:
@@ -382,9 +387,10 @@ class LogWriter(ClientUser):
         is written only if the sequence is the one its partition expects from that producer (the
         end of its last batch, or any sequence for a producer the partition does not know), and
         the reserving CAS records it as the producer's last batch (``meta/control.producers``).
-        A group that is that last batch again is not written: its result is the offsets it got
-        then (``duplicate``). A sequence below it fails with :class:`DuplicateSequence`, one past
-        it or inside it with :class:`OutOfOrderSequence`. Such groups are known only once the
+        Sequences wrap to 0 after ``2^31 - 1``, as Kafka's. A group that is that last batch again
+        is not written: its result is the offsets it got then (``duplicate``). An older batch the
+        partition knows it wrote fails with :class:`DuplicateSequence`, any other sequence with
+        :class:`OutOfOrderSequence` (docs/protocol.md section 9.4). Such groups are known only once the
         control is read, after the blob's PUT: their partition's body is staged again without
         them (another PUT), so the other groups of the append, producers' or not, are written as
         usual. Then :class:`GroupsFailed` gives each group its own outcome.
@@ -779,13 +785,15 @@ class LogWriter(ClientUser):
         ending at ``end``) as that producer's last batch, when every group's sequence is the one
         the partition expects; else :class:`_Rejected` with the verdict of each group that is not.
 
-        The expected sequence is the end of the producer's last batch, or any for a producer the
-        control does not know (new, or expired). A group that is the last batch again (same
-        sequence and count) is a duplicate: the offsets it got then. A sequence below it:
-        :class:`DuplicateSequence`; any other: :class:`OutOfOrderSequence`. Entries of producers
-        that wrote nothing for :data:`PRODUCER_RETENTION_MS`, and past the newest
-        :data:`MAX_PRODUCERS_PER_PARTITION`, are dropped; entries that are not well-formed are
-        someone else's and stay (``producers`` is an llog extension of ``meta/control``)."""
+        Section 9.4's check (:func:`judge_sequence`): the expected sequence is the end of the
+        producer's last batch, mod ``2^31``, or any for a producer the control does not know (new,
+        expired or evicted). A group that is the last batch again (same sequence and count) is a
+        duplicate: the offsets it got then. An older batch wholly in the run the partition knows
+        it wrote: :class:`DuplicateSequence`; any other: :class:`OutOfOrderSequence`. Entries of
+        producers that wrote nothing for :data:`PRODUCER_RETENTION_MS` are dropped, and so are
+        (evicted: logged, counted in ``stats["producers_evicted"]``) those past the newest
+        :data:`MAX_PRODUCERS_PER_PARTITION`; entries that are not well-formed are someone else's
+        and stay (``producers`` is an llog extension of ``meta/control``)."""
         tp, now = slot.keys.tp, self.clock.now_ms()
         raw = control.extra.get("producers") or {}
         if not isinstance(raw, dict):
@@ -801,22 +809,33 @@ class LogWriter(ClientUser):
         verdicts: dict[int, AppendResult | _SameAs | LlogError] = {}
         for g in slot.producers:
             last = batches.get(g.producer_id)
-            if last is None or g.sequence == last.next_sequence:
-                batches[g.producer_id] = ProducerBatch(g.sequence, g.count, start + g.first, end, now)
+            verdict = judge_sequence(last, g.sequence, g.count)
+            if verdict is SequenceVerdict.NEXT:
+                batches[g.producer_id] = ProducerBatch(g.sequence, g.count, start + g.first, end, now) if last is None \
+                    else last.followed_by(g.sequence, g.count, start + g.first, end, now)
                 here[g.producer_id] = g.group
-            elif g.sequence == last.sequence and g.count == last.count:
+            elif verdict is SequenceVerdict.REPEAT:
                 verdicts[g.group] = _SameAs(here[g.producer_id]) if g.producer_id in here else AppendResult(
                     tp.topic, tp.partition, last.start_offset, last.start_offset + last.count - 1,
                     slot.keys.index(last.entry_end_offset), None, duplicate=True)
-            elif g.sequence < last.sequence:
+            elif verdict is SequenceVerdict.OLDER:
                 verdicts[g.group] = DuplicateSequence(tp.topic, tp.partition, g.producer_id, g.sequence, last.sequence)
             else:
                 verdicts[g.group] = OutOfOrderSequence(tp.topic, tp.partition, g.producer_id, g.sequence,
                                                        last.next_sequence)
         if verdicts:
             raise _Rejected(verdicts)
-        live = sorted((pid for pid, b in batches.items() if now - b.written_at_ms <= PRODUCER_RETENTION_MS),
-                      key=lambda pid: (pid in here, batches[pid].written_at_ms), reverse=True)[:MAX_PRODUCERS_PER_PARTITION]
+        fresh = [pid for pid, b in batches.items() if now - b.written_at_ms <= PRODUCER_RETENTION_MS]
+        live = sorted(fresh, key=lambda pid: (pid in here, batches[pid].written_at_ms),
+                      reverse=True)[:MAX_PRODUCERS_PER_PARTITION]
+        if len(fresh) > len(live):
+            evicted = sorted(set(fresh) - set(live))
+            with self._stats_lock:
+                self.stats["producers_evicted"] += len(evicted)
+            log.warning("%s: more than %d producers wrote within %d days; the least recent, %s, are forgotten: a "
+                        "resend of their last batch would be written again (docs/protocol.md section 9.4)", tp,
+                        MAX_PRODUCERS_PER_PARTITION, PRODUCER_RETENTION_MS // 86_400_000, ", ".join(evicted[:5])
+                        + (f" and {len(evicted) - 5} more" if len(evicted) > 5 else ""))
         producers = {pid: obj for pid, obj in raw.items() if pid not in batches}
         producers.update((pid, batches[pid].to_dict()) for pid in live)
         return control.with_extra(producers=producers)
