@@ -299,15 +299,17 @@ def _answers(answer: list | LlogError, partitions: list[int]) -> dict[int, str]:
 
 
 def _check_answers(config, w: LogWriter, partitions: list[int], failure: str, expected: tuple[str, ...],
-                   hooks) -> None:
-    """Each partition holds ``before``; an append of ``landed`` to all of them fails at
-    ``failure``: each partition's answer is the one ``expected``, and its log agrees with it."""
+                   hooks, staged: bool = False) -> None:
+    """Each partition holds ``before``; an append of ``landed`` to all of them (``append_shared``,
+    or with ``staged`` ``upload`` and ``commit_staged``) fails at ``failure``: each partition's
+    answer is the one ``expected``, and its log agrees with it."""
     for p in partitions:
         w.append(T, p, _records("before"))
     fired: list[str] = []
     after = _plant(failure, hooks, w, partitions[0], fired)
+    groups = [AppendGroup(T, p, _records("landed")) for p in partitions]
     try:
-        answer = w.append_shared([AppendGroup(T, p, _records("landed")) for p in partitions])
+        answer = w.commit_staged(w.upload(groups)) if staged else w.append_shared(groups)
     except LlogError as e:
         answer = e
     hooks.clear()
@@ -326,10 +328,12 @@ def _check_answers(config, w: LogWriter, partitions: list[int], failure: str, ex
         assert read_control(w.coordination, w.keys(T, p)).record.pending is None
 
 
+@pytest.mark.parametrize("staged", [False, True], ids=["append_shared", "commit_staged"])
 @pytest.mark.parametrize("failure,expected,_", FAILURES, ids=_IDS)
-def test_every_failure_of_an_append_is_answered_done_not_done_or_in_doubt(config, hooks, failure, expected, _):
+def test_every_failure_of_an_append_is_answered_done_not_done_or_in_doubt(config, hooks, failure, expected, _,
+                                                                          staged):
     with LogWriter(config, auto_initialize=True) as w:
-        _check_answers(config, w, [0], failure, (expected,), hooks)
+        _check_answers(config, w, [0], failure, (expected,), hooks, staged)
         # Oxia failing after the reservation landed (the tripwire aside: its check is only logged)
         # is logged and counted, and the append is done.
         after_reserve = {"writer.after_reserve", "control.before_materialize", "writer.after_index_put",
@@ -337,9 +341,10 @@ def test_every_failure_of_an_append_is_answered_done_not_done_or_in_doubt(config
         assert w.stats["failed_after_reserve"] == (1 if failure in after_reserve else 0)
 
 
+@pytest.mark.parametrize("staged", [False, True], ids=["append_shared", "commit_staged"])
 @pytest.mark.parametrize("failure,_,expected", FAILURES, ids=_IDS)
 def test_every_failure_of_an_append_across_shards_is_answered_per_partition(four_shard_oxia, hooks, failure, _,  # noqa: F811
-                                                                             expected):
+                                                                             expected, staged):
     with Coordination(four_shard_oxia) as c:
         create_topic(c, four_shard_oxia.root_prefix, T, 16)
     with LogWriter(four_shard_oxia) as w:
@@ -353,4 +358,4 @@ def test_every_failure_of_an_append_across_shards_is_answered_per_partition(four
             if len(partitions) == 2:
                 break
         assert len(partitions) == 2, "partitions 0..15 should span two shards of four"
-        _check_answers(four_shard_oxia, w, partitions, failure, expected, hooks)
+        _check_answers(four_shard_oxia, w, partitions, failure, expected, hooks, staged)
