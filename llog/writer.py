@@ -369,19 +369,23 @@ class LogWriter(ClientUser):
         """Append every group through one shared WAL blob; one result per group, in order.
 
         Groups of the same topic-partition are written as one body, in the order given, and
-        get consecutive offsets. Input is validated before anything is written. If some
-        partitions commit and others fail, :class:`AppendFailed` carries both; if all fail,
-        the first error is raised (e.g. :class:`LogFenced`). A partition that fails before its
+        get consecutive offsets. Input is validated before anything is written. Each partition
+        is answered done, not done or in doubt (docs/protocol.md section 4.6): if some partitions
+        commit and others fail, :class:`AppendFailed` carries both; if all fail, and all with an
+        error that says nothing was reserved (or all with :class:`AppendOutcomeUnknown`), the
+        first error is raised (e.g. :class:`LogFenced`). A partition that fails before its
         offsets are reserved leaves nothing but the unreferenced blob (garbage collection removes
-        it); one that fails after is durable as ``pending``, and the next writer finishes it.
+        it). One whose reservation landed is done, with its offsets, even if its index entry or
+        clear then fails (logged, counted in :attr:`stats`): it is durable as ``pending``, and
+        the next writer finishes it.
 
         ``on_durable`` (called at most once, in this thread) gets the results as soon as every
         partition is reserved or failed, before the last reservations are materialized and
         cleared: an append is durable and ordered once reserved (section 4), so a caller may
         acknowledge it then. It gets the error instead where this call would raise one (an
         :class:`AppendFailed` with the partitions reserved so far). Whatever fails after that
-        point is durable as ``pending`` (readers read it, the next writer finishes it), and is
-        still raised here. Its exceptions are logged, never raised.
+        point is durable as ``pending`` (readers read it, the next writer finishes it), and the
+        answer here is the same. Its exceptions are logged, never raised.
 
         **Idempotent producers** (Kafka's model): a group with a ``producer_id`` and ``sequence``
         is written only if the sequence is the one its partition expects from that producer (the
@@ -534,8 +538,9 @@ class LogWriter(ClientUser):
         tried again, so it is never made twice, and the slot stays in doubt until every such
         attempt is known to have landed or never to land (:meth:`_resolve`); a slot that ends in
         doubt fails with :class:`AppendOutcomeUnknown`, never with an error that says nothing was
-        written. A partition that fails after its reservation landed is not retried: it is
-        durable as ``pending`` and the next writer finishes it.
+        written. A partition whose reservation landed is done (section 4.6): if its index entry
+        or clear fails, it is not retried, and is durable as ``pending``, which the next writer
+        finishes.
 
         ``on_decided`` is called once every slot is reserved or failed (or never, if the rounds
         run out), with what this returns except that the last round's reservations are not yet

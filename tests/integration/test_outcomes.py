@@ -343,8 +343,8 @@ def test_every_failure_of_an_append_is_answered_done_not_done_or_in_doubt(config
 
 @pytest.mark.parametrize("staged", [False, True], ids=["append_shared", "commit_staged"])
 @pytest.mark.parametrize("failure,_,expected", FAILURES, ids=_IDS)
-def test_every_failure_of_an_append_across_shards_is_answered_per_partition(four_shard_oxia, hooks, failure, _,  # noqa: F811
-                                                                             expected, staged):
+def test_every_failure_of_an_append_across_shards_is_answered_per_partition(
+        four_shard_oxia, hooks, failure, _, expected, staged):  # noqa: F811 - four_shard_oxia is a fixture
     with Coordination(four_shard_oxia) as c:
         create_topic(c, four_shard_oxia.root_prefix, T, 16)
     with LogWriter(four_shard_oxia) as w:
