@@ -9,6 +9,8 @@ from typing import Annotated, Literal
 
 import msgspec
 
+from llog.records import SEQUENCE_MODULUS
+
 #: A topic as the request shape checks it; llog's topic rule (docs/protocol.md section 1) is checked
 #: when the request is admitted, also with a 400.
 Topic = Annotated[str, msgspec.Meta(min_length=1)]
@@ -28,11 +30,12 @@ class ProduceGroup(msgspec.Struct, forbid_unknown_fields=True):
     partition: Partition
     records: Annotated[list[str | Base64Record], msgspec.Meta(min_length=1)]
     #: With the request's ``producer_id`` (required then, refused without it): the sequence of
-    #: this group's first record, per producer and partition (Kafka's base sequence). The first
-    #: batch a partition sees from a producer may start anywhere (0, usually); each next one
-    #: starts where the last ended (its sequence plus its record count). A group resent with its
+    #: this group's first record, per producer and partition (Kafka's base sequence, an int32:
+    #: 0..2147483647). The first batch a partition sees from a producer may start anywhere (0,
+    #: usually); each next one starts where the last ended (its sequence plus its record count,
+    #: wrapping to 0 after 2147483647: docs/protocol.md section 9.4). A group resent with its
     #: sequence is answered with the offsets it got the first time, and written once.
-    sequence: Annotated[int, msgspec.Meta(ge=0)] | None = None
+    sequence: Annotated[int, msgspec.Meta(ge=0, le=SEQUENCE_MODULUS - 1)] | None = None
 
 
 class ProduceRequest(msgspec.Struct, forbid_unknown_fields=True):

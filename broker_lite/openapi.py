@@ -138,12 +138,14 @@ ROUTES: tuple[Route, ...] = (
                       "With a producer_id (chosen by the client, or from POST /producers) and a sequence in every "
                       "group, the produce is idempotent, as Kafka's idempotent producer: per producer and "
                       "partition, each group's sequence must be where the last group ended (its sequence plus its "
-                      "record count; any sequence for a producer the partition does not know). A group sent again "
+                      "record count, wrapping to 0 after 2147483647 as Kafka's; any sequence for a producer the "
+                      "partition does not know). A group sent again "
                       "with the same sequence and records, to this broker or another, also after the broker that "
                       "took it died, is answered with the offsets it got the first time (duplicate: true) and "
-                      "written once; an older sequence fails with DuplicateSequence, a gap or any other sequence "
-                      "with OutOfOrderSequence. A partition keeps each producer's last group for 7 days after its "
-                      "last write, and its 128 most recent producers. Served by --role write and both.",
+                      "written once; an older group the partition knows it wrote fails with DuplicateSequence, a "
+                      "gap or any other sequence with OutOfOrderSequence. A partition keeps each producer's last "
+                      "group for 7 days after its last write, and its 128 most recent producers: a resend from a "
+                      "producer forgotten since is written again. Served by --role write and both.",
           answers=(
               Answer(200, "Every group committed, each with its offsets.", models.ProduceResponse),
               Answer(404, "Every group names a topic or partition that does not exist (UnknownPartition: past the "

@@ -212,6 +212,7 @@ def tripwire(coordination: Coordination, created: Sequence[Created]) -> int:
     is redundant: delete it (only at the version created) and log an error. Returns how many."""
     if not created:
         return 0
+    failpoints.hit("control.before_tripwire")
     cursors = coordination.get_many([(c.keys.compaction_cursor, c.keys.partition_key) for c in created])
     removed = 0
     for c, cursor in zip(created, cursors):
@@ -241,6 +242,7 @@ def clear(coordination: Coordination, items: Sequence[tuple[PartitionKeys, str, 
         todo = [(k, a, s) for k, a, s in todo if s.record.pending is not None and s.record.pending.append_id == a]
         if not todo:
             return written
+        failpoints.hit("control.before_clear")
         sent_at = clock.monotonic()
         cleared = [s.record.with_changes(pending=None) for _, _, s in todo]
         results = coordination.put_many([(k.control, record.to_json(), k.partition_key, s.version)

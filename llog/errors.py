@@ -197,7 +197,9 @@ class StaleBlob(LlogError):
 
 
 class AppendOutcomeUnknown(LlogError):
-    """A reserving CAS failed in transit and it cannot be told whether it landed.
+    """A reserving CAS failed in transit and it cannot be told whether it landed: the answer "in
+    doubt" of docs/protocol.md section 4.6 (every other error of an append means nothing of it was
+    reserved on that partition).
 
     Raised only when the reservation is neither visible as ``pending`` nor as the index entry it
     would have produced. The caller may retry (at-least-once) or stop.
@@ -268,8 +270,9 @@ class GroupsFailed(AppendFailed):
 
 class OutOfOrderSequence(LlogError):
     """An idempotent produce's sequence is not the one the partition expects from its producer
-    (Kafka's ``OutOfOrderSequenceException``): past it (a gap), or inside the last batch without
-    being it. Nothing of that group was written."""
+    (Kafka's ``OutOfOrderSequenceException``): past it (a gap), inside the last batch without
+    being it, or behind it further than the partition knows it wrote (docs/protocol.md section
+    9.4; sequences wrap at ``2^31``). Nothing of that group was written."""
 
     def __init__(self, topic: str, partition: int, producer_id: str, sequence: int, expected: int):
         self.topic, self.partition, self.producer_id = topic, partition, producer_id
@@ -279,9 +282,10 @@ class OutOfOrderSequence(LlogError):
 
 
 class DuplicateSequence(LlogError):
-    """An idempotent produce's sequence is below the producer's last batch on the partition
-    (Kafka's ``DuplicateSequenceException``): an older batch, written before; its offsets are no
-    longer kept (only the last batch's are). Nothing of that group was written again."""
+    """An idempotent produce's batch is older than the producer's last batch on the partition and
+    lies in the run of its batches the partition knows it wrote (Kafka's
+    ``DuplicateSequenceException``, docs/protocol.md section 9.4): written before; its offsets are
+    no longer kept (only the last batch's are). Nothing of that group was written again."""
 
     def __init__(self, topic: str, partition: int, producer_id: str, sequence: int, last: int):
         self.topic, self.partition, self.producer_id = topic, partition, producer_id

@@ -6,6 +6,7 @@ The only place that turns JSON into records and back. Readers ignore unknown fie
 
 from __future__ import annotations
 
+import enum
 import json
 import time
 from dataclasses import asdict, dataclass, field, replace
@@ -176,39 +177,94 @@ class PendingAppend:
         return pending
 
 
+#: Kafka's producer sequence is an int32 that wraps: sequences are ``0 <= s < 2^31``, and the one
+#: after ``2^31 - 1`` is 0 (docs/protocol.md section 9.4).
+SEQUENCE_MODULUS = 2 ** 31
+#: At most this many sequences before a producer's last batch are known to be written, half the
+#: sequence space: a gap ahead of fewer sequences is never taken for a batch behind (section 9.4).
+SEQUENCE_WINDOW = 2 ** 30
+
+
+class SequenceVerdict(enum.Enum):
+    """What a partition does with an idempotent producer's batch (docs/protocol.md section 9.4)."""
+
+    #: The sequence the partition expects (or any, from a producer it does not know): written.
+    NEXT = "next"
+    #: The producer's last batch again: not written; answered with the offsets it got then.
+    REPEAT = "repeat"
+    #: An older batch the partition knows it wrote: not written again (``DuplicateSequence``).
+    OLDER = "older"
+    #: A gap, a batch inside the last one, or behind it past what is known: ``OutOfOrderSequence``.
+    OUT_OF_ORDER = "out of order"
+
+
 @dataclass(frozen=True)
 class ProducerBatch:
     """``meta/control.producers[producer_id]``: an idempotent producer's last batch written to the
     partition: its base ``sequence`` and ``count`` records, at offsets from ``start_offset``, in
-    the entry ending at ``entry_end_offset``, reserved at ``written_at_ms``. Written by the CAS
-    that reserves those offsets."""
+    the entry ending at ``entry_end_offset``, reserved at ``written_at_ms``; ``known_before``:
+    how many of the producer's sequences just before ``sequence`` the partition wrote without a
+    break (at most :data:`SEQUENCE_WINDOW`; 0 in entries v1.2 wrote). Written by the CAS that
+    reserves those offsets (docs/protocol.md section 9.4)."""
 
     sequence: int
     count: int
     start_offset: int
     entry_end_offset: int
     written_at_ms: int
+    known_before: int = 0
 
     @property
     def next_sequence(self) -> int:
-        return self.sequence + self.count
+        """The sequence the partition expects next from this producer (it wraps past ``2^31 - 1``)."""
+        return (self.sequence + self.count) % SEQUENCE_MODULUS
+
+    def judge(self, sequence: int, count: int) -> SequenceVerdict:
+        """Section 9.4's check of a batch of ``count`` records from base ``sequence``, with this
+        batch the producer's last on the partition (:func:`judge_sequence` for no last batch)."""
+        if sequence == self.next_sequence:
+            return SequenceVerdict.NEXT
+        if sequence == self.sequence and count == self.count:
+            return SequenceVerdict.REPEAT
+        behind = (self.sequence - sequence) % SEQUENCE_MODULUS
+        if 0 < behind <= self.known_before and count <= behind:  # wholly in the run known written
+            return SequenceVerdict.OLDER
+        return SequenceVerdict.OUT_OF_ORDER
+
+    def followed_by(self, sequence: int, count: int, start_offset: int, entry_end_offset: int,
+                    written_at_ms: int) -> "ProducerBatch":
+        """The producer's next batch (``sequence`` is :attr:`next_sequence`), continuing the run."""
+        return ProducerBatch(sequence, count, start_offset, entry_end_offset, written_at_ms,
+                             min(self.known_before + self.count, SEQUENCE_WINDOW))
 
     def to_dict(self) -> dict[str, int]:
         return {"sequence": self.sequence, "count": self.count, "start_offset": self.start_offset,
-                "entry_end_offset": self.entry_end_offset, "written_at_ms": self.written_at_ms}
+                "entry_end_offset": self.entry_end_offset, "written_at_ms": self.written_at_ms,
+                "known_before": self.known_before}
 
     @classmethod
     def from_dict(cls, obj: Any, key: str) -> "ProducerBatch":
         names = ("sequence", "count", "start_offset", "entry_end_offset", "written_at_ms")
-        if not isinstance(obj, dict) or not all(
-                isinstance(obj.get(n), int) and not isinstance(obj.get(n), bool) for n in names):
-            raise CorruptRecord(f"{key}: a producer's last batch must be an object of ints {', '.join(names)}, "
-                                f"got {obj!r}")
-        batch = cls(*(obj[n] for n in names))
+        if not isinstance(obj, dict) or not all(_is_int(obj.get(n)) for n in names) \
+                or not _is_int(obj.get("known_before", 0)):
+            raise CorruptRecord(f"{key}: a producer's last batch must be an object of ints {', '.join(names)} "
+                                f"(and known_before), got {obj!r}")
+        batch = cls(*(obj[n] for n in names), obj.get("known_before", 0))
         if batch.sequence < 0 or batch.count < 1 or batch.start_offset < 1 \
-                or batch.entry_end_offset < batch.start_offset + batch.count - 1:
+                or batch.entry_end_offset < batch.start_offset + batch.count - 1 \
+                or not 0 <= batch.known_before <= SEQUENCE_WINDOW:
             raise CorruptRecord(f"{key}: a producer's last batch does not add up: {obj!r}")
         return batch
+
+
+def judge_sequence(last: ProducerBatch | None, sequence: int, count: int) -> SequenceVerdict:
+    """Section 9.4's check of an idempotent producer's batch against ``last``, its last batch on
+    the partition: a producer the partition does not know (None) may start at any sequence."""
+    return SequenceVerdict.NEXT if last is None else last.judge(sequence, count)
+
+
+def _is_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
 
 
 @dataclass(frozen=True)

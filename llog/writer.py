@@ -10,6 +10,7 @@ live in :mod:`llog.control`, shared with everyone who finishes another's append.
 
 from __future__ import annotations
 
+import collections
 import logging
 import os
 import socket
@@ -36,7 +37,10 @@ from llog.errors import (
 )
 from llog.keys import PartitionKeys, TopicPartition, shared_wal_object
 from llog.objects import ObjectStore
-from llog.records import BYTES_BATCH_V1, WAL, ControlRecord, IndexEntry, PendingAppend, ProducerBatch, SinkProgress
+from llog.records import (
+    BYTES_BATCH_V1, SEQUENCE_MODULUS, WAL, ControlRecord, IndexEntry, PendingAppend, ProducerBatch, SequenceVerdict,
+    SinkProgress, judge_sequence,
+)
 from llog.topics import TopicCache
 
 log = logging.getLogger(__name__)
@@ -223,7 +227,8 @@ def _stage(objects: ObjectStore, config: Config, merged: _Merged, clock: Clock, 
 
 def check_producer(group: AppendGroup, what: str) -> None:
     """A group's producer id and sequence: both or neither, a non-empty id of at most
-    :data:`MAX_PRODUCER_ID_LENGTH` characters, a sequence that is an int >= 0."""
+    :data:`MAX_PRODUCER_ID_LENGTH` characters, a sequence that is an int in ``0..2^31-1``
+    (Kafka's base sequence, which wraps: docs/protocol.md section 9.4)."""
     pid, sequence = group.producer_id, group.sequence
     if pid is None and sequence is None:
         return
@@ -233,8 +238,9 @@ def check_producer(group: AppendGroup, what: str) -> None:
     if not isinstance(pid, str) or not 0 < len(pid) <= MAX_PRODUCER_ID_LENGTH:
         raise InvalidPayload(f"{what}: producer_id must be a string of 1..{MAX_PRODUCER_ID_LENGTH} characters, "
                              f"got {pid!r}")
-    if not isinstance(sequence, int) or isinstance(sequence, bool) or sequence < 0:
-        raise InvalidPayload(f"{what}: sequence must be an int >= 0, got {sequence!r}")
+    if not isinstance(sequence, int) or isinstance(sequence, bool) or not 0 <= sequence < SEQUENCE_MODULUS:
+        raise InvalidPayload(f"{what}: sequence must be an int in 0..{SEQUENCE_MODULUS - 1} (Kafka's base sequence, "
+                             f"which wraps to 0 after {SEQUENCE_MODULUS - 1}), got {sequence!r}")
 
 
 def _producer_groups(groups: Sequence[AppendGroup], parts: list[tuple[int, Records]]) -> tuple[_ProducerGroup, ...]:
@@ -283,9 +289,16 @@ def _results(groups: Sequence[AppendGroup], done: _Done, settled: dict[int, obje
     for i in [*(refused or {}), *range(len(groups))]:
         if isinstance(outcomes[i], BaseException):
             errors.setdefault((groups[i].topic, groups[i].partition), outcomes[i])
-    if not ok and (len({id(o) for o in outcomes}) == 1 or not any(isinstance(v, LlogError) for v in settled.values())):
-        raise next(iter(errors.values()))  # nothing was written: the (first) reason
+    if not ok and _one_kind(errors.values()) and (
+            len({id(o) for o in outcomes}) == 1 or not any(isinstance(v, LlogError) for v in settled.values())):
+        raise next(iter(errors.values()))  # nothing was written (or all in doubt): the (first) reason
     raise GroupsFailed(ok, errors, outcomes)
+
+
+def _one_kind(errors) -> bool:
+    """Whether ``errors`` give one answer of section 4.6: all in doubt, or all not done. Only then
+    may one of them stand for all (a caller told "not done" must not miss a partition in doubt)."""
+    return len({isinstance(e, AppendOutcomeUnknown) for e in errors}) <= 1
 
 
 class LogWriter(ClientUser):
@@ -315,6 +328,11 @@ class LogWriter(ClientUser):
         #: By control key, the controls this writer's last clears wrote (:meth:`_remember`).
         self._known: dict[str, ControlState] = {}
         self._known_lock = threading.Lock()
+        #: Counts of what went wrong without changing an answer: ``failed_after_reserve``
+        #: (rounds whose reserved appends were not finished, section 4.6), ``producers_evicted``
+        #: (producers dropped past :data:`MAX_PRODUCERS_PER_PARTITION`, section 9.4).
+        self.stats: collections.Counter[str] = collections.Counter()
+        self._stats_lock = threading.Lock()
 
     def initialize_partition(self, topic: str, partition: int) -> bool:
         """Section 4.1 in the topic's current incarnation (created first if this writer
@@ -351,27 +369,32 @@ class LogWriter(ClientUser):
         """Append every group through one shared WAL blob; one result per group, in order.
 
         Groups of the same topic-partition are written as one body, in the order given, and
-        get consecutive offsets. Input is validated before anything is written. If some
-        partitions commit and others fail, :class:`AppendFailed` carries both; if all fail,
-        the first error is raised (e.g. :class:`LogFenced`). A partition that fails before its
+        get consecutive offsets. Input is validated before anything is written. Each partition
+        is answered done, not done or in doubt (docs/protocol.md section 4.6): if some partitions
+        commit and others fail, :class:`AppendFailed` carries both; if all fail, and all with an
+        error that says nothing was reserved (or all with :class:`AppendOutcomeUnknown`), the
+        first error is raised (e.g. :class:`LogFenced`). A partition that fails before its
         offsets are reserved leaves nothing but the unreferenced blob (garbage collection removes
-        it); one that fails after is durable as ``pending``, and the next writer finishes it.
+        it). One whose reservation landed is done, with its offsets, even if its index entry or
+        clear then fails (logged, counted in :attr:`stats`): it is durable as ``pending``, and
+        the next writer finishes it.
 
         ``on_durable`` (called at most once, in this thread) gets the results as soon as every
         partition is reserved or failed, before the last reservations are materialized and
         cleared: an append is durable and ordered once reserved (section 4), so a caller may
         acknowledge it then. It gets the error instead where this call would raise one (an
         :class:`AppendFailed` with the partitions reserved so far). Whatever fails after that
-        point is durable as ``pending`` (readers read it, the next writer finishes it), and is
-        still raised here. Its exceptions are logged, never raised.
+        point is durable as ``pending`` (readers read it, the next writer finishes it), and the
+        answer here is the same. Its exceptions are logged, never raised.
 
         **Idempotent producers** (Kafka's model): a group with a ``producer_id`` and ``sequence``
         is written only if the sequence is the one its partition expects from that producer (the
         end of its last batch, or any sequence for a producer the partition does not know), and
         the reserving CAS records it as the producer's last batch (``meta/control.producers``).
-        A group that is that last batch again is not written: its result is the offsets it got
-        then (``duplicate``). A sequence below it fails with :class:`DuplicateSequence`, one past
-        it or inside it with :class:`OutOfOrderSequence`. Such groups are known only once the
+        Sequences wrap to 0 after ``2^31 - 1``, as Kafka's. A group that is that last batch again
+        is not written: its result is the offsets it got then (``duplicate``). An older batch the
+        partition knows it wrote fails with :class:`DuplicateSequence`, any other sequence with
+        :class:`OutOfOrderSequence` (docs/protocol.md section 9.4). Such groups are known only once the
         control is read, after the blob's PUT: their partition's body is staged again without
         them (another PUT), so the other groups of the append, producers' or not, are written as
         usual. Then :class:`GroupsFailed` gives each group its own outcome.
@@ -409,7 +432,11 @@ class LogWriter(ClientUser):
 
         todo = merged
         while todo:
-            staged = _stage(self.objects, self.config, todo, self.clock, self._compression())
+            try:
+                staged = _stage(self.objects, self.config, todo, self.clock, self._compression())
+            except LlogError as e:  # nothing of these is reserved; earlier rounds' answers stand (4.6)
+                done.update((tp, (parts, None, e)) for tp, parts in todo.items())
+                break
             slots = [_Slot(self.keys(s.topic, s.partition), s, producers=_producer_groups(groups, parts))
                      for parts, s in zip(todo.values(), staged)]
 
@@ -490,7 +517,7 @@ class LogWriter(ClientUser):
                     failpoints.hit("writer.after_staged_slice")
         if errors:
             committed = [r for r in results if r is not None]
-            if not committed and len(errors) == len(by_partition):
+            if not committed and len(errors) == len(by_partition) and _one_kind(errors.values()):
                 raise next(iter(errors.values()))
             raise AppendFailed(committed, errors)
         return results
@@ -511,8 +538,9 @@ class LogWriter(ClientUser):
         tried again, so it is never made twice, and the slot stays in doubt until every such
         attempt is known to have landed or never to land (:meth:`_resolve`); a slot that ends in
         doubt fails with :class:`AppendOutcomeUnknown`, never with an error that says nothing was
-        written. A partition that fails after its reservation landed is not retried: it is
-        durable as ``pending`` and the next writer finishes it.
+        written. A partition whose reservation landed is done (section 4.6): if its index entry
+        or clear fails, it is not retried, and is durable as ``pending``, which the next writer
+        finishes.
 
         ``on_decided`` is called once every slot is reserved or failed (or never, if the rounds
         run out), with what this returns except that the last round's reservations are not yet
@@ -544,9 +572,18 @@ class LogWriter(ClientUser):
 
     def _finish_reserved(self, slots: Sequence[_Slot], reserved: list[tuple[int, ControlState]],
                          out: list[_Outcome]) -> None:
-        """Sections 4.4 and 4.5 for the appends a round reserved (``state``: after the CAS)."""
-        failpoints.hit("writer.after_reserve")
+        """Sections 4.4 and 4.5 for the appends a round reserved (``state``: after the CAS).
+
+        Each is done with its offsets whatever happens here (section 4.6): it is durable since
+        its reservation landed. A failure to materialize or clear (Oxia unreachable, attempts
+        used up) is logged and counted (``stats["failed_after_reserve"]``); the pending stays
+        readable, and whoever next changes the partition's ``meta/control`` finishes it."""
+        for i, state in reserved:
+            pending = state.record.pending
+            out[i] = (pending.start_offset, slots[i].keys.index(pending.end_offset))
+        wire = None
         try:
+            failpoints.hit("writer.after_reserve")
             states, created = materialize(self.coordination, [(slots[i].keys, s) for i, s in reserved], self.config,
                                           self.clock)
             failpoints.hit("writer.after_index_put")
@@ -555,17 +592,18 @@ class LogWriter(ClientUser):
                                                 for (i, _), s in zip(reserved, states) if s is not None],
                             self.config, self.clock)
             self._remember(cleared)
+            failpoints.hit("writer.after_clear")
+        except LlogError as e:
+            with self._stats_lock:
+                self.stats["failed_after_reserve"] += 1
+            log.warning("%d append(s) reserved and durable, first on %s, were not finished (index entry or clear): "
+                        "%s; they stay pending, readable, and the next writer, fence or compactor finishes them",
+                        len(reserved), slots[reserved[0][0]].keys.tp, e)
+        if wire is not None:
             try:
                 wire.result()
             except LlogError as e:  # the append is done either way
                 log.warning("tripwire check after appending failed: %s", e)
-        except LlogError as e:
-            for i, _ in reserved:
-                out[i] = e
-            return
-        for i, state in reserved:
-            pending = state.record.pending
-            out[i] = (pending.start_offset, slots[i].keys.index(pending.end_offset))
 
     def _remember(self, states: dict[str, ControlState]) -> None:
         """Keep the controls this writer's clears wrote: its next append to those partitions
@@ -752,13 +790,15 @@ class LogWriter(ClientUser):
         ending at ``end``) as that producer's last batch, when every group's sequence is the one
         the partition expects; else :class:`_Rejected` with the verdict of each group that is not.
 
-        The expected sequence is the end of the producer's last batch, or any for a producer the
-        control does not know (new, or expired). A group that is the last batch again (same
-        sequence and count) is a duplicate: the offsets it got then. A sequence below it:
-        :class:`DuplicateSequence`; any other: :class:`OutOfOrderSequence`. Entries of producers
-        that wrote nothing for :data:`PRODUCER_RETENTION_MS`, and past the newest
-        :data:`MAX_PRODUCERS_PER_PARTITION`, are dropped; entries that are not well-formed are
-        someone else's and stay (``producers`` is an llog extension of ``meta/control``)."""
+        Section 9.4's check (:func:`judge_sequence`): the expected sequence is the end of the
+        producer's last batch, mod ``2^31``, or any for a producer the control does not know (new,
+        expired or evicted). A group that is the last batch again (same sequence and count) is a
+        duplicate: the offsets it got then. An older batch wholly in the run the partition knows
+        it wrote: :class:`DuplicateSequence`; any other: :class:`OutOfOrderSequence`. Entries of
+        producers that wrote nothing for :data:`PRODUCER_RETENTION_MS` are dropped, and so are
+        (evicted: logged, counted in ``stats["producers_evicted"]``) those past the newest
+        :data:`MAX_PRODUCERS_PER_PARTITION`; entries that are not well-formed are someone else's
+        and stay (``producers`` is an llog extension of ``meta/control``)."""
         tp, now = slot.keys.tp, self.clock.now_ms()
         raw = control.extra.get("producers") or {}
         if not isinstance(raw, dict):
@@ -774,22 +814,33 @@ class LogWriter(ClientUser):
         verdicts: dict[int, AppendResult | _SameAs | LlogError] = {}
         for g in slot.producers:
             last = batches.get(g.producer_id)
-            if last is None or g.sequence == last.next_sequence:
-                batches[g.producer_id] = ProducerBatch(g.sequence, g.count, start + g.first, end, now)
+            verdict = judge_sequence(last, g.sequence, g.count)
+            if verdict is SequenceVerdict.NEXT:
+                batches[g.producer_id] = ProducerBatch(g.sequence, g.count, start + g.first, end, now) if last is None \
+                    else last.followed_by(g.sequence, g.count, start + g.first, end, now)
                 here[g.producer_id] = g.group
-            elif g.sequence == last.sequence and g.count == last.count:
+            elif verdict is SequenceVerdict.REPEAT:
                 verdicts[g.group] = _SameAs(here[g.producer_id]) if g.producer_id in here else AppendResult(
                     tp.topic, tp.partition, last.start_offset, last.start_offset + last.count - 1,
                     slot.keys.index(last.entry_end_offset), None, duplicate=True)
-            elif g.sequence < last.sequence:
+            elif verdict is SequenceVerdict.OLDER:
                 verdicts[g.group] = DuplicateSequence(tp.topic, tp.partition, g.producer_id, g.sequence, last.sequence)
             else:
                 verdicts[g.group] = OutOfOrderSequence(tp.topic, tp.partition, g.producer_id, g.sequence,
                                                        last.next_sequence)
         if verdicts:
             raise _Rejected(verdicts)
-        live = sorted((pid for pid, b in batches.items() if now - b.written_at_ms <= PRODUCER_RETENTION_MS),
-                      key=lambda pid: (pid in here, batches[pid].written_at_ms), reverse=True)[:MAX_PRODUCERS_PER_PARTITION]
+        fresh = [pid for pid, b in batches.items() if now - b.written_at_ms <= PRODUCER_RETENTION_MS]
+        live = sorted(fresh, key=lambda pid: (pid in here, batches[pid].written_at_ms),
+                      reverse=True)[:MAX_PRODUCERS_PER_PARTITION]
+        if len(fresh) > len(live):
+            evicted = sorted(set(fresh) - set(live))
+            with self._stats_lock:
+                self.stats["producers_evicted"] += len(evicted)
+            log.warning("%s: more than %d producers wrote within %d days; the least recent, %s, are forgotten: a "
+                        "resend of their last batch would be written again (docs/protocol.md section 9.4)", tp,
+                        MAX_PRODUCERS_PER_PARTITION, PRODUCER_RETENTION_MS // 86_400_000, ", ".join(evicted[:5])
+                        + (f" and {len(evicted) - 5} more" if len(evicted) > 5 else ""))
         producers = {pid: obj for pid, obj in raw.items() if pid not in batches}
         producers.update((pid, batches[pid].to_dict()) for pid in live)
         return control.with_extra(producers=producers)

@@ -11,10 +11,11 @@ import json
 import httpx
 import pytest
 
+from llog.clock import ShiftedClock
 from llog.control import read_control
 from llog.errors import DuplicateSequence, GroupsFailed, InvalidPayload, OutOfOrderSequence
 from llog.reader import LogReader
-from llog.writer import AppendGroup, LogWriter
+from llog.writer import MAX_PRODUCERS_PER_PARTITION, AppendGroup, LogWriter
 from tests.helpers.broker_process import run_broker
 
 T = "idem"
@@ -91,6 +92,54 @@ def test_older_and_out_of_order_sequences_are_refused_and_the_rest_of_the_append
     assert _log(config, 1) == [b"other partition"]
 
 
+def test_sequences_wrap_after_2147483647_for_every_producer(config):
+    """One rule for HTTP and Kafka producers (docs/protocol.md section 9.4): sequences are Kafka's
+    int32 base sequences, which wrap to 0; the batch after the wrap is written."""
+    end = 2 ** 31 - 1
+    with LogWriter(config, auto_initialize=True) as w:
+        def send(sequence: int, values: list[bytes]):
+            return w.append_shared([AppendGroup(T, 0, values, producer_id="p", sequence=sequence)])[0]
+
+        assert send(end - 1, [b"x", b"y", b"z"]).start_offset == 1  # end-1, end, 0
+        assert send(1, [b"after"]).start_offset == 4
+        assert send(1, [b"after"]).duplicate
+        with pytest.raises(DuplicateSequence):  # older, and known written
+            send(end - 1, [b"x", b"y", b"z"])
+        with pytest.raises(OutOfOrderSequence, match="expects 2"):
+            send(3, [b"gap"])
+        with pytest.raises(InvalidPayload, match=r"0\.\.2147483647"):
+            send(2 ** 31, [b"past int32"])
+    assert _log(config) == [b"x", b"y", b"z", b"after"]
+
+
+def test_the_129th_producer_evicts_the_least_recent_whose_resend_is_then_written_again(config):
+    """docs/protocol.md section 9.4: a partition remembers its 128 most recently written producers.
+    The 129th is written as usual and the least recent is forgotten (logged, counted); a resend of
+    the forgotten producer's last batch is written again, as a new producer's first batch, and
+    answered done, not duplicate. A resend of a producer still remembered is a duplicate."""
+    clock = ShiftedClock()
+    with LogWriter(config, auto_initialize=True, clock=clock) as w:
+        first = w.append_shared([AppendGroup(T, 0, [b"p0/0", b"p0/1"], producer_id="p0", sequence=7)])[0]
+        for n in range(1, MAX_PRODUCERS_PER_PARTITION + 1, 16):  # 128 more, 16 to an append
+            clock.advance(0.01)  # each append's producers written later than the one before's
+            w.append_shared([AppendGroup(T, 0, [f"p{i}/0".encode()], producer_id=f"p{i}", sequence=0)
+                             for i in range(n, min(n + 16, MAX_PRODUCERS_PER_PARTITION + 1))])
+        clock.advance(0.01)
+        producers = read_control(w.coordination, w.keys(T, 0)).record.extra["producers"]
+        assert len(producers) == MAX_PRODUCERS_PER_PARTITION and "p0" not in producers
+        assert f"p{MAX_PRODUCERS_PER_PARTITION}" in producers  # the 129th was written as usual
+        assert w.stats["producers_evicted"] == 1
+        again = w.append_shared([AppendGroup(T, 0, [b"p0/0", b"p0/1"], producer_id="p0", sequence=7)])[0]
+        assert not again.duplicate and again.start_offset == 2 + MAX_PRODUCERS_PER_PARTITION + 1
+        assert (first.start_offset, first.duplicate) == (1, False)
+        kept = w.append_shared([AppendGroup(T, 0, [b"p128/0"], producer_id="p128", sequence=0)])[0]
+        assert kept.duplicate and kept.start_offset == 2 + MAX_PRODUCERS_PER_PARTITION
+        assert w.stats["producers_evicted"] == 2  # p0, remembered again, pushed out the least recent
+    written = _log(config)
+    assert written.count(b"p0/0") == 2 and written.count(b"p128/0") == 1
+    assert len(written) == 2 + MAX_PRODUCERS_PER_PARTITION + 2
+
+
 # --- the broker --------------------------------------------------------------------------------------
 
 
@@ -114,10 +163,17 @@ def test_a_produce_resent_to_the_same_broker_is_answered_with_its_first_offsets(
     plain = _produce(broker, _body(None, (0, None, ["plain"]), topic=topic))  # as before
     assert _offsets(plain) == [(5, 5)] and "duplicate" not in plain.json()["results"][0]
     assert _log(module_config, 0, topic) == [r.encode() for r in [*_records("a"), "c/0", "plain"]]
-    assert _log(module_config, 1, topic) == [r.encode() for r in _records("b", 2)]
-    for bad in (_body(producer, (0, None, ["x"]), topic=topic), _body(None, (0, 7, ["x"]), topic=topic)):
+    for bad in (_body(producer, (0, None, ["x"]), topic=topic), _body(None, (0, 7, ["x"]), topic=topic),
+                _body(producer, (0, 2 ** 31, ["x"]), topic=topic)):  # Kafka's base sequence is an int32
         response = _produce(broker, bad)
         assert (response.status_code, response.json()["error_type"]) == (400, "InvalidRequest"), response.text
+    assert _log(module_config, 1, topic) == [r.encode() for r in _records("b", 2)]
+    wrapped = _produce(broker, _body(producer, (2, 2 ** 31 - 2, _records("w", 2)), topic=topic))
+    assert wrapped.status_code == 200 and _offsets(wrapped) == [(1, 2)]
+    after = _produce(broker, _body(producer, (2, 0, _records("after", 1)), topic=topic))
+    assert after.status_code == 200, after.text
+    assert _offsets(after) == [(3, 3)]  # the sequence after 2147483647 is 0
+    assert _log(module_config, 2, topic) == [r.encode() for r in [*_records("w", 2), "after/0"]]
 
 
 def test_producers_with_and_without_ids_share_group_commits_and_resends_land_once(module_config, broker):

@@ -319,6 +319,37 @@ def test_a_batch_sent_again_to_another_listener_is_written_once(listeners, modul
         assert [r.value for r in reader.read_range(topic, 0, 1)] == [b"a", b"b", b"c"]
 
 
+def test_sequences_wrap_after_2147483647_and_batches_after_the_wrap_are_written(listeners, module_config):
+    """Kafka's producer sequence is an int32 that wraps to 0 (docs/protocol.md section 9.4): the
+    batches after the wrap are written, not answered DUPLICATE_SEQUENCE_NUMBER (which the Java
+    client completes as delivered) and dropped. A producer may start anywhere, so these start
+    near the end of the sequence space, as one that has sent 2^31 records would be."""
+    topic = _topic()
+    with LogWriter(module_config) as writer:
+        create_topic(writer.coordination, module_config.root_prefix, topic, 2)
+    end = 2 ** 31 - 1
+
+    def produce(partition: int, producer: int, sequence: int, values: list[bytes], at: int = 0) -> tuple[int, int]:
+        return _produce_result(request(listeners[at], 0, 8, _produce_v8(topic, partition, _batch(producer, sequence,
+                                                                                                   values))))
+
+    # Partition 0: a batch ending at 2147483647, then 0, then 3.
+    assert produce(0, 5151, end - 9, [b"w%d" % i for i in range(10)]) == (0, 1)
+    assert produce(0, 5151, 0, [b"a0", b"a1", b"a2"], at=1) == (0, 11)
+    assert produce(0, 5151, 3, [b"b0", b"b1"]) == (0, 14)
+    assert produce(0, 5151, 3, [b"b0", b"b1"], at=1) == (0, 14)  # the last batch again: its offset
+    assert produce(0, 5151, end - 9, [b"w%d" % i for i in range(10)])[0] == 46  # older, known written
+    assert produce(0, 5151, 6, [b"gap"])[0] == 45  # OUT_OF_ORDER_SEQUENCE_NUMBER: 5 expected
+    # Partition 1: a batch straddling the wrap (2147483645..2147483647, 0, 1), then 2.
+    assert produce(1, 5252, end - 2, [b"s%d" % i for i in range(5)]) == (0, 1)
+    assert produce(1, 5252, 0, [b"inside"])[0] == 45  # inside the last batch
+    assert produce(1, 5252, 2, [b"t0"], at=1) == (0, 6)
+    with LogReader(module_config) as reader:
+        assert [r.value for r in reader.read_range(topic, 0, 1)] == \
+            [b"w%d" % i for i in range(10)] + [b"a0", b"a1", b"a2", b"b0", b"b1"]
+        assert [r.value for r in reader.read_range(topic, 1, 1)] == [b"s%d" % i for i in range(5)] + [b"t0"]
+
+
 def test_a_corrupt_batch_is_refused_and_nothing_is_written(brokers, listeners, module_config):
     def corrupt_answers() -> float:
         return _prometheus(brokers[0][0], 'leaderless_log_kafka_partition_errors_total{api="Produce",error="corrupt_message"}')

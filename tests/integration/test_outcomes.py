@@ -9,15 +9,18 @@ by a wrapper of ``Coordination._send_puts`` that sends it later, to the same ser
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import grpc
 import pytest
 
 from llog.clock import ShiftedClock
 from llog.control import read_control
 from llog.coordination import EXPECTED_ABSENT, Coordination
-from llog.errors import AppendOutcomeUnknown, CoordinationError, StaleBlob, WriteOutcomeUnknown
+from llog.errors import AppendFailed, AppendOutcomeUnknown, CoordinationError, LlogError, StaleBlob, WriteOutcomeUnknown
 from llog.reader import LogReader
-from llog.writer import LogWriter
+from llog.topics import create_topic
+from llog.writer import AppendGroup, LogWriter
 from tests.integration.test_coordination import four_shard_oxia  # noqa: F401 - a fixture
 
 T = "outcomes"
@@ -213,3 +216,146 @@ def test_a_reservation_in_doubt_whose_next_cas_trips_the_age_check_is_unknown_no
         control = read_control(w.coordination, w.keys(T, 0)).record
         assert (control.pending.start_offset, control.pending.end_offset) == (4, 6)
     assert _log(config) == _records("before") + _records("late")
+
+
+
+# --- every answer is one of three: done, not done, in doubt (docs/protocol.md section 4.6) ----------
+
+
+DONE, NOT_DONE, IN_DOUBT = "done", "not done", "in doubt"
+
+#: Where an append fails (a failpoint where Oxia fails once, or how the reserving CAS's request or
+#: reply is lost), and the answer section 4.6 prescribes: for one partition, and for two partitions
+#: on two Oxia shards (their reserving CASes go in one request per shard, the first partition's first).
+FAILURES = [
+    ("writer.after_blob_put", NOT_DONE, (NOT_DONE, NOT_DONE)),
+    ("writer.before_reserve_cas", NOT_DONE, (NOT_DONE, NOT_DONE)),
+    # The first shard's request never arrives: that partition is in doubt until the next round
+    # finds the control unchanged and its CAS lands; the second shard's request is not sent.
+    ("reserve: request lost", DONE, (DONE, NOT_DONE)),
+    ("reserve: reply lost", DONE, (DONE, DONE)),  # landed; the next round's read shows it
+    ("reserve: reply lost, Oxia unreadable", IN_DOUBT, (IN_DOUBT, DONE)),
+    ("writer.after_reserve", DONE, (DONE, DONE)),
+    ("control.before_materialize", DONE, (DONE, DONE)),
+    ("writer.after_index_put", DONE, (DONE, DONE)),
+    ("control.before_clear", DONE, (DONE, DONE)),
+    ("writer.after_clear", DONE, (DONE, DONE)),
+    ("control.before_tripwire", DONE, (DONE, DONE)),
+]
+_IDS = [f for f, _, _ in FAILURES]
+
+
+def _unreadable(*args, **kwargs):
+    raise CoordinationError("injected: Oxia cannot be read")
+
+
+def _plant(failure: str, hooks, w: LogWriter, first: int, fired: list[str]) -> Callable[[], None]:
+    """Make the next append of ``w`` fail at ``failure`` (``first``: the partition whose request
+    is lost); returns what records, after the append, that it did (in ``fired``)."""
+    if failure == "reserve: request lost":
+        w.coordination._deadline_s = 1.0
+        held = _HeldBack(w.coordination, w.keys(T, first).control)  # never delivered
+        return lambda: fired.extend([failure] if held.held is not None else [])
+    if failure.startswith("reserve: reply lost"):
+        def arm():
+            del hooks["writer.before_reserve_cas"]
+
+            def lost():
+                del hooks["coordination.after_write"]
+                fired.append(failure)
+                if failure.endswith("unreadable"):  # no later round can look for the reservation
+                    w.coordination.get_many = _unreadable
+                raise _LostReply()
+
+            hooks["coordination.after_write"] = lost
+
+        hooks["writer.before_reserve_cas"] = arm
+        return lambda: None
+
+    def fail():  # Oxia fails there, once
+        del hooks[failure]
+        fired.append(failure)
+        raise CoordinationError(f"injected: Oxia failed at {failure}")
+
+    hooks[failure] = fail
+    return lambda: None
+
+
+def _answers(answer: list | LlogError, partitions: list[int]) -> dict[int, str]:
+    """Each partition's answer: done (checked: offsets 4..6), not done or in doubt."""
+    if isinstance(answer, list):
+        results, errors = answer, {}
+    elif isinstance(answer, AppendFailed):
+        results, errors = answer.results, {p: e for (_, p), e in answer.errors.items()}
+    else:
+        results, errors = [], {p: answer for p in partitions}
+    out = {}
+    for r in results:
+        assert (r.start_offset, r.end_offset) == (4, 6), r
+        out[r.partition] = DONE
+    for p, e in errors.items():
+        out[p] = IN_DOUBT if isinstance(e, AppendOutcomeUnknown) else NOT_DONE
+    return out
+
+
+def _check_answers(config, w: LogWriter, partitions: list[int], failure: str, expected: tuple[str, ...],
+                   hooks, staged: bool = False) -> None:
+    """Each partition holds ``before``; an append of ``landed`` to all of them (``append_shared``,
+    or with ``staged`` ``upload`` and ``commit_staged``) fails at ``failure``: each partition's
+    answer is the one ``expected``, and its log agrees with it."""
+    for p in partitions:
+        w.append(T, p, _records("before"))
+    fired: list[str] = []
+    after = _plant(failure, hooks, w, partitions[0], fired)
+    groups = [AppendGroup(T, p, _records("landed")) for p in partitions]
+    try:
+        answer = w.commit_staged(w.upload(groups)) if staged else w.append_shared(groups)
+    except LlogError as e:
+        answer = e
+    hooks.clear()
+    after()
+    for name in ("get_many", "_send_puts"):
+        w.coordination.__dict__.pop(name, None)
+    assert fired == [failure], f"the failure planted at {failure} did not happen there (saw {fired})"
+    assert _answers(answer, partitions) == dict(zip(partitions, expected)), repr(answer)
+    for p, outcome in zip(partitions, expected):
+        control = read_control(w.coordination, w.keys(T, p)).record
+        # Not done: nothing reserved. Done, or in doubt and in fact landed here: reserved once.
+        assert control.sequence_counter == (4 if outcome == NOT_DONE else 7), (p, control)
+        w.append(T, p, _records("after"))  # finishes whatever is pending
+        landed = [] if outcome == NOT_DONE else _records("landed")
+        assert _log(config, p) == _records("before") + landed + _records("after"), (failure, p)
+        assert read_control(w.coordination, w.keys(T, p)).record.pending is None
+
+
+@pytest.mark.parametrize("staged", [False, True], ids=["append_shared", "commit_staged"])
+@pytest.mark.parametrize("failure,expected,_", FAILURES, ids=_IDS)
+def test_every_failure_of_an_append_is_answered_done_not_done_or_in_doubt(config, hooks, failure, expected, _,
+                                                                          staged):
+    with LogWriter(config, auto_initialize=True) as w:
+        _check_answers(config, w, [0], failure, (expected,), hooks, staged)
+        # Oxia failing after the reservation landed (the tripwire aside: its check is only logged)
+        # is logged and counted, and the append is done.
+        after_reserve = {"writer.after_reserve", "control.before_materialize", "writer.after_index_put",
+                         "control.before_clear", "writer.after_clear"}
+        assert w.stats["failed_after_reserve"] == (1 if failure in after_reserve else 0)
+
+
+@pytest.mark.parametrize("staged", [False, True], ids=["append_shared", "commit_staged"])
+@pytest.mark.parametrize("failure,_,expected", FAILURES, ids=_IDS)
+def test_every_failure_of_an_append_across_shards_is_answered_per_partition(
+        four_shard_oxia, hooks, failure, _, expected, staged):  # noqa: F811 - four_shard_oxia is a fixture
+    with Coordination(four_shard_oxia) as c:
+        create_topic(c, four_shard_oxia.root_prefix, T, 16)
+    with LogWriter(four_shard_oxia) as w:
+        partitions = []
+        for p in range(16):  # the first two partitions whose controls are on different shards
+            keys = w.keys(T, p)
+            shard = w.coordination._shard(keys.control, keys.partition_key)
+            if all(w.coordination._shard(w.keys(T, q).control, w.keys(T, q).partition_key) != shard
+                   for q in partitions):
+                partitions.append(p)
+            if len(partitions) == 2:
+                break
+        assert len(partitions) == 2, "partitions 0..15 should span two shards of four"
+        _check_answers(four_shard_oxia, w, partitions, failure, expected, hooks, staged)
