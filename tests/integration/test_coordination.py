@@ -50,30 +50,10 @@ def test_put_many_reports_each_condition_on_its_own(config, coordination):
     assert coordination.get(key, pk).value == b"v3"
 
 
-@pytest.fixture
-def four_shard_oxia(tmp_path, config):
-    """An Oxia server of its own with four shards (the stack's has one), on a free port."""
-    binary = local_stack.install()["oxia"]
-    ports = local_stack.free_ports()
-    address = f"127.0.0.1:{ports.oxia}"
-    server = subprocess.Popen(
-        [str(binary), "standalone", "--shards", "4", "-p", address, "-m", f"127.0.0.1:{ports.oxia_metrics}",
-         "--data-dir", str(tmp_path / "data"), "--wal-dir", str(tmp_path / "wal")],
-        stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT)
-    try:
-        deadline = time.monotonic() + 30
-        while (problem := local_stack._oxia_problem(ports)) is not None:  # the stack's own health probe
-            assert server.poll() is None and time.monotonic() < deadline, f"oxia did not start: {problem}"
-            time.sleep(0.1)
-        yield config.replace(oxia_service_address=address)
-    finally:
-        server.terminate()
-        server.wait(timeout=30)
-
-
 def test_a_ceiling_over_every_shard_answers_as_the_oxia_client_does(four_shard_oxia):
     """With no partition key a ceiling asks every shard and takes the lowest answer in Oxia's
-    hierarchical key order: the same answers as the ``oxia`` client's own cross-shard get."""
+    hierarchical key order: the same answers as the ``oxia`` client's own cross-shard get. (The
+    server is the session's: other tests' keys may be the answer to a probe, for both clients.)"""
     keys = ["/a", "/a/b", "/a/b/c", "/a/bb", "/a/c", "/b", "x", "x/1", "x/10", "x/2", "x/2/y", "y/a/b/c",
             *(f"t/topics/{name}/{n}" for name in ("orders", "clicks", "o") for n in range(6))]
     probes = ["", "/", "/a/", "/a/b/", "/a/ba", "w", "x/", "x/1\x00", "x/3", "y", "y/a/", "t/", "t/topics/o",
@@ -92,7 +72,7 @@ def test_a_ceiling_over_every_shard_answers_as_the_oxia_client_does(four_shard_o
                 expected = None
             found = coordination.ceiling(probe, None, "")
             assert (found.key if found else None) == expected, probe
-            assert found is None or found.value == found.key.encode()
+            assert found is None or found.key not in keys or found.value == found.key.encode()
 
 
 def test_only_claims_import_the_oxia_package(config):

@@ -21,7 +21,6 @@ from llog.errors import AppendFailed, AppendOutcomeUnknown, CoordinationError, L
 from llog.reader import LogReader
 from llog.topics import create_topic
 from llog.writer import AppendGroup, LogWriter
-from tests.integration.test_coordination import four_shard_oxia  # noqa: F401 - a fixture
 
 T = "outcomes"
 
@@ -67,7 +66,7 @@ def _records(tag: str, n: int = 3) -> list[bytes]:
 # --- put_many: each key its own outcome -------------------------------------------------------------
 
 
-def test_put_many_reports_a_landed_shard_when_a_later_shard_fails_for_good(four_shard_oxia, hooks):  # noqa: F811
+def test_put_many_reports_a_landed_shard_when_a_later_shard_fails_for_good(four_shard_oxia, hooks):
     with Coordination(four_shard_oxia) as coordination:
         coordination._deadline_s = 1.0  # the lost replies are retried for a second, then given up
         a, b = _on_two_shards(coordination, four_shard_oxia.root_prefix)
@@ -81,7 +80,7 @@ def test_put_many_reports_a_landed_shard_when_a_later_shard_fails_for_good(four_
         assert coordination.get(b, b).value == b"b"  # it did land: "unknown" was right, "failed" would not be
 
 
-def test_put_many_reports_a_landed_shard_when_the_guard_refuses_a_later_one(four_shard_oxia):  # noqa: F811
+def test_put_many_reports_a_landed_shard_when_the_guard_refuses_a_later_one(four_shard_oxia):
     with Coordination(four_shard_oxia) as coordination:
         a, b = _on_two_shards(coordination, four_shard_oxia.root_prefix)
         calls = []
@@ -344,7 +343,7 @@ def test_every_failure_of_an_append_is_answered_done_not_done_or_in_doubt(config
 @pytest.mark.parametrize("staged", [False, True], ids=["append_shared", "commit_staged"])
 @pytest.mark.parametrize("failure,_,expected", FAILURES, ids=_IDS)
 def test_every_failure_of_an_append_across_shards_is_answered_per_partition(
-        four_shard_oxia, hooks, failure, _, expected, staged):  # noqa: F811 - four_shard_oxia is a fixture
+        four_shard_oxia, hooks, failure, _, expected, staged):
     with Coordination(four_shard_oxia) as c:
         create_topic(c, four_shard_oxia.root_prefix, T, 16)
     with LogWriter(four_shard_oxia) as w:
