@@ -47,11 +47,11 @@ from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from functools import partial
 
-from llog.compactor import DEFAULT_MAX_OFFSETS, Compactor
+from llog.compactor import DEFAULT_MAX_OFFSETS, Compactor, PartitionCompaction
 from llog.config import Config, positive
 from llog.coordination import Coordination
 from llog.discovery import partitions_of
-from llog.errors import LlogError
+from llog.errors import LlogError, TopicDeleted
 from llog.gc import GcReport, all_partitions, check_grace, collect_garbage, gc_figures, referenced_blobs
 from llog.keys import PartitionKeys, partition_keys, validate_topic
 from llog.metrics import metrics_file, write_run_metrics
@@ -181,7 +181,9 @@ def compact_group(config: Config, group: Sequence[tuple[str, int, str, bool, boo
     references if ``scan`` (all of them first), then (``retention``: apply its retention and)
     compact it if ``compact``. Returns the
     compactions (a failed one as ``{"topic", "partition", "error"}``) and the references. A failed
-    reference scan raises: GC must not run without it."""
+    reference scan raises: GC must not run without it. A partition whose topic was deleted after
+    the driver planned it references nothing (its scan skips it, docs/protocol.md section 9.2) and
+    has nothing to compact: it counts as compacted zero times, not as failed."""
     # The deadline crosses machines as wall-clock time; compact_partition wants monotonic time.
     deadline = None if deadline_epoch is None else time.monotonic() + (deadline_epoch - time.time())
     compactions = []
@@ -196,6 +198,8 @@ def compact_group(config: Config, group: Sequence[tuple[str, int, str, bool, boo
                     done = compactor.compact_partition(topic, partition, deadline, retention=retention,
                                                        topic_id=topic_id)
                     compactions.append(dataclasses.asdict(done))
+                except TopicDeleted:  # deleted since the driver planned it (section 12.3): nothing to do
+                    compactions.append(dataclasses.asdict(PartitionCompaction(topic, partition)))
                 except LlogError as e:
                     compactions.append({"topic": topic, "partition": partition, "error": f"{type(e).__name__}: {e}"})
     return {"compactions": compactions, "referenced": sorted(referenced)}

@@ -4,10 +4,10 @@ any offset is unreadable.
 
 Per partition: take the ephemeral ``meta/compactor-claim`` (skip the partition if someone holds
 it), finish a pending append (:func:`llog.control.finish_pending`, with the materialization
-budget), resume a ``meta/compaction`` record left by a crashed compactor (or delete it if it is
-stale: its run starts below the cursor, written by a compactor that stalled past its claim),
-then compact run after run until none is left or the deadline passes, and release the claim
-with a versioned delete. Each compaction:
+budget), resume a ``meta/compaction`` record left by a crashed compactor (step 4 deletes it
+instead if another compactor did its run meanwhile: its end entry changed and the cursor passed
+its start), then compact run after run until none is left or the deadline passes, and release
+the claim with a versioned delete. Each compaction:
 
 1. From ``meta/compaction-cursor``, select WAL entries starting exactly at the cursor, stopping
    at a gap, a COMPACTED entry, the offsets limit, the entry still named by ``pending``, or the
@@ -21,8 +21,10 @@ with a versioned delete. Each compaction:
 4. CAS ``index/{end}`` from the run's last WAL entry to the COMPACTED entry; state DELETING_OLD.
    Readers now see the COMPACTED entry overlapping the WAL entries below it; both hold the same
    bytes, and the reader takes each offset from the first entry that covers it. If the entry
-   changed since step 1 and the cursor moved past the run, another compactor did this run
-   (this one stalled past its claim): the record is deleted again and the partition left.
+   changed since step 1 and the cursor moved past the run's start, another compactor did this
+   run, or retention dropped it (this one stalled past its claim): the record is deleted again
+   and the partition left. A run that a retention pass cut into meanwhile (the entry unchanged)
+   is finished: its COMPACTED entry then starts below the log start, which section 10.3 allows.
 5. ``delete_range(index/{start}, index/{end})``: the lower keys only; state UPDATING_CURSOR.
 6. Move the cursor to ``end + 1`` (only forward), delete ``meta/compaction``.
 
@@ -155,13 +157,9 @@ class Compactor(ClientUser):
                 done.recoveries += 1
             in_flight = self.coordination.get(keys.compaction, keys.partition_key)
             if in_flight is not None:
-                record = CompactionRecord.from_json(in_flight.value, in_flight.key)
-                if record.start_offset < self._cursor(keys).offset:
-                    log.warning("%s: deleting the stale compaction record %s of %d..%d (its run starts below the "
-                                "cursor)", keys.tp, record.compaction_id, record.start_offset, record.end_offset)
-                    self._delete_record(keys, in_flight.version_id)
-                else:
-                    self._finish(keys, record, in_flight.version_id)
+                # Resumed, also when its run starts below the cursor (section 6.0): step 4 finds
+                # it done by another compactor (and deletes it), or finishes it.
+                self._finish(keys, CompactionRecord.from_json(in_flight.value, in_flight.key), in_flight.version_id)
                 done.recoveries += 1
                 done.resumed_compactions += 1
             done.log_start_offset = finish_retention(self.coordination, keys)  # a pass that crashed midway
@@ -262,18 +260,20 @@ class Compactor(ClientUser):
 
     def _finish(self, keys: PartitionKeys, record: CompactionRecord, version: int,
                 end_entry_version: int | None = None) -> bool:
-        """Steps 4 to 6 from the record's state (a fresh compaction, or one being resumed).
-        False if another compactor did this run meanwhile (the record is deleted again)."""
+        """Steps 4 to 6 from the record's state (a fresh compaction, or one being resumed:
+        ``end_entry_version`` None). False if another compactor did this run meanwhile, or
+        retention dropped it: its end entry changed and the cursor passed its start (the record
+        is deleted again, section 6.4)."""
         pk = keys.partition_key
         if record.state == WRITING_COMPACTED_INDEX:
             try:
                 self._overwrite_end_entry(keys, record, end_entry_version)
             except (InconsistentReadState, VersionConflict):
-                if end_entry_version is None or self._cursor(keys).offset <= record.start_offset:
+                if self._cursor(keys).offset <= record.start_offset:
                     raise
-                log.warning("%s: %d..%d was compacted by another compactor while this one stalled; deleting "
-                            "compaction record %s", keys.tp, record.start_offset, record.end_offset,
-                            record.compaction_id)
+                log.warning("%s: %d..%d was compacted by another compactor (or dropped by retention) while the "
+                            "compactor of record %s stalled; deleting the record", keys.tp, record.start_offset,
+                            record.end_offset, record.compaction_id)
                 self._delete_record(keys, version)
                 return False
             record = record.with_state(DELETING_OLD)

@@ -34,6 +34,8 @@ POINTS = {
     "compactor.after_recover": "section 6.0 done: pending finished, in-flight record resumed, no run selected",
     "compactor.after_select": "section 6.1 done: a run is selected, its blob not yet written",
     "compactor.after_age_check": "section 6.2 done: the compacted blob is written and was young enough once",
+    "gc.before_control_read": "section 9.2 step 2 done: partitions found, their meta/control not yet read",
+    "gc.before_index_scan": "section 9.2 step 3: meta/control and meta/compaction read, indexes not yet scanned",
     "gc.after_scan": "section 9: references scanned, blobs not yet listed",
     "retention.before_control_update": "section 10.3: a retention pass chose its new log start, meta/control not yet changed",
     "reader.before_fetch": "section 5.4: a read's entries are resolved, their blobs not yet fetched",

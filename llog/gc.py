@@ -80,43 +80,65 @@ def referenced_blobs(coordination: Coordination, root: str, partitions: Iterable
     """The ``s3://`` URIs of the blobs the partitions reference: their pending appends and
     compaction records (one multi-key read, first), then their index entries (one range scan
     each). Raises :class:`InconsistentReadState` if an index has a gap (module doc).
+
+    A partition whose ``meta/control`` is a tombstone references nothing (docs/protocol.md
+    section 9.2, step 3): its topic was deleted after the partitions were found, and whatever
+    its keys hold now is debris (section 12.5), so its index is not scanned, or, when the
+    tombstone shows at the read again that a "gap" makes, not scanned further.
     ``progress`` (:mod:`llog.progress`) counts the partitions scanned."""
     keys = list(partitions)
     referenced: set[str] = set()
+    failpoints.hit("gc.before_control_read")
     records = coordination.get_many([(key, k.partition_key) for k in keys for key in (k.control, k.compaction)])
-    starts = []
+    live: list[tuple[PartitionKeys, int]] = []  # each partition to scan, with its log start offset
     for k, control, compaction in zip(keys, records[0::2], records[1::2]):
         record = ControlRecord.from_json(control.value, control.key) if control is not None else None
+        if record is not None and record.deleted:
+            continue  # deleted since it was found: a tombstone references nothing (section 12.5)
         if record is not None and record.pending is not None:
             referenced.add(record.pending.data_key)
-        starts.append(record.log_start_offset if record is not None else 1)
+        live.append((k, record.log_start_offset if record is not None else 1))
         if compaction is not None:
             referenced.add(CompactionRecord.from_json(compaction.value, compaction.key).data_key)
-    for k, start in track(zip(keys, starts), "gc: reading references", len(keys), unit="partitions",
-                          progress=progress):
-        covered = start - 1  # offsets below the log start are gone (docs/protocol.md section 10.3)
-        for v in coordination.range_scan(k.index_prefix, k.index_end, k.partition_key):
-            entry, end = IndexEntry.from_json(v.value, v.key), k.index_end_offset(v.key)
-            if end < start:
-                referenced.add(entry.data_key)  # left by a retention pass midway; still a reference
-                continue
-            first = end - entry.msg_count + 1
-            if first > covered + 1 and covered == start - 1 and _retention_moved_past(coordination, k, first):
-                covered = first - 1  # a retention pass moved the start between the reads: not a gap
-            if first > covered + 1:
-                raise InconsistentReadState(
-                    f"{k.tp}: no index entry covers offsets {covered + 1}..{end - entry.msg_count}; garbage "
-                    f"collection stops, since a blob that looks unreferenced may hold the only copy of them")
-            covered = max(covered, end)
-            referenced.add(entry.data_key)
+    failpoints.hit("gc.before_index_scan")
+    for k, start in track(live, "gc: reading references", len(keys), unit="partitions", progress=progress):
+        referenced |= _index_references(coordination, k, start)
     return referenced
 
 
-def _retention_moved_past(coordination: Coordination, keys: PartitionKeys, first: int) -> bool:
-    """Whether the log start offset, read again, is past ``first - 1``: the index starting at
-    ``first`` is a retention pass's doing, not a gap."""
+def _index_references(coordination: Coordination, keys: PartitionKeys, start: int) -> set[str]:
+    """The blobs ``keys``' index entries reference, with ``start`` its log start offset when its
+    ``meta/control`` was read. Raises :class:`InconsistentReadState` on a gap in ``start..``;
+    an index that starts above ``start`` is no gap when ``meta/control``, read again, has the
+    log start at or past its first offset (a retention pass in between), or is a tombstone (a
+    delete in between: nothing is referenced, section 9.2)."""
+    referenced: set[str] = set()
+    covered = start - 1  # offsets below the log start are gone (docs/protocol.md section 10.3)
+    for v in coordination.range_scan(keys.index_prefix, keys.index_end, keys.partition_key):
+        entry, end = IndexEntry.from_json(v.value, v.key), keys.index_end_offset(v.key)
+        if end < start:
+            referenced.add(entry.data_key)  # left by a retention pass midway; still a reference
+            continue
+        first = end - entry.msg_count + 1
+        if first > covered + 1 and covered == start - 1:
+            again = _control_again(coordination, keys)
+            if again is not None and again.deleted:
+                return set()  # deleted between the reads: its keys are debris (section 12.5)
+            if again is not None and again.log_start_offset >= first:
+                covered = first - 1  # a retention pass moved the start between the reads: not a gap
+        if first > covered + 1:
+            raise InconsistentReadState(
+                f"{keys.tp}: no index entry covers offsets {covered + 1}..{end - entry.msg_count}; garbage "
+                f"collection stops, since a blob that looks unreferenced may hold the only copy of them")
+        covered = max(covered, end)
+        referenced.add(entry.data_key)
+    return referenced
+
+
+def _control_again(coordination: Coordination, keys: PartitionKeys) -> ControlRecord | None:
+    """``keys``' ``meta/control`` read again (None: missing)."""
     control = coordination.get(keys.control, keys.partition_key)
-    return control is not None and ControlRecord.from_json(control.value, control.key).log_start_offset >= first
+    return None if control is None else ControlRecord.from_json(control.value, control.key)
 
 
 @dataclass

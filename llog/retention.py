@@ -68,7 +68,9 @@ def finish_retention(coordination: Coordination, keys: PartitionKeys, log_start_
             break
         except VersionConflict:
             continue  # a compactor stalled past its claim moved it: read again
-    # Keys of entries ending below the start (a pass cuts at entry ends, so none straddles it).
+    # Keys of entries ending below the start. A pass cuts at entry ends; a COMPACTED entry that
+    # starts below the start (a compaction finished across the cut, docs/protocol.md section
+    # 10.3) ends at or past it, and stays.
     coordination.delete_range(keys.index(0), keys.index(log_start_offset), pk)
     return log_start_offset
 

@@ -33,7 +33,8 @@ def offsets_behind_latest(source_progress: Mapping) -> dict[str, float]:
     """The metrics from one entry of ``query.lastProgress["sources"]`` of an llog source."""
     def positions(raw) -> dict[TopicPartition, int]:
         parsed = json.loads(raw) if isinstance(raw, str) else (raw or {})
-        return {TopicPartition(t, int(p)): n for t, parts in parsed.items() for p, n in parts.items()}
+        # A topic's "topic_id" names its incarnation (llog_source.planning.to_spark), not a partition.
+        return {TopicPartition(t, int(p)): n for t, parts in parsed.items() for p, n in parts.items() if p.isdigit()}
 
     return behind_latest(positions(source_progress.get("endOffset")), positions(source_progress.get("latestOffset")))
 

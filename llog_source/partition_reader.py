@@ -44,14 +44,21 @@ def read_split(split: LlogSplit, config: Config, fail_on_data_loss: bool, includ
         data_loss(fail_on_data_loss, f"offsets {first}..{last} of {where}: {error}", "skipping them")
 
     position, end = split.start, split.end  # the next offset to return, the last one
-    if split.topic_id is not None and not _same_incarnation(reader, split):
+
+    def recreated() -> None:
         data_loss(fail_on_data_loss, f"topic {split.topic!r} was deleted and created again since offsets "
                                      f"{position}..{end} of {where} were planned", "skipping them")
+
+    if split.topic_id is not None and not _same_incarnation(reader, split):
+        recreated()
         return
     while position <= end:
         try:
             for batch in reader.stream_batches(ReadRequest(split.topic, split.partition, position, end),
                                                chunk_bytes=chunk_bytes, on_missing=missing):
+                if split.topic_id is not None and not _read_in(reader, split):
+                    recreated()  # the read met the old incarnation's tombstone and moved to the new one
+                    return
                 if batch.num_rows:
                     position = batch.column(0)[batch.num_rows - 1].as_py() + 1
                     yield spark_batch(same, batch, include_headers)
@@ -125,6 +132,17 @@ def spark_batch(same: _SameInEveryRow, batch: pa.RecordBatch, include_headers: b
         columns.append(batch.column(4).cast(ARROW_HEADERS_TYPE))
         return pa.RecordBatch.from_arrays(columns, schema=ARROW_SCHEMA_WITH_HEADERS)
     return pa.RecordBatch.from_arrays(columns, schema=ARROW_SCHEMA)
+
+
+def _read_in(reader, split) -> bool:
+    """Whether the read just resolved is of the split's incarnation: a read resolves the topic's
+    incarnation from the reader's cached record, and, meeting a tombstone, reads the record
+    again and goes on in the incarnation it names now (docs/protocol.md section 12.3), which the
+    cache then holds. A split names the incarnation its offsets were planned in (section 12.6)."""
+    try:
+        return reader.keys(split.topic, split.partition).topic_id == split.topic_id
+    except TopicNotFound:
+        return False
 
 
 def _same_incarnation(reader, split) -> bool:

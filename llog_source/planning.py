@@ -134,6 +134,14 @@ def subscription_offsets(coordination: Coordination, root: str, subscription: Su
     return {k.tp: _offsets(k, c) for k, c in sorted(initialized(coordination, keys).items(), key=lambda kc: kc[0].tp)}
 
 
+def current_topic_ids(coordination: Coordination, root: str, topics: Iterable[str]) -> dict[str, str | None]:
+    """Each topic's incarnation now (None: no record), from the topic records: for offsets that
+    name none (checkpointed by 1.2), and for the batch reader, which plans as it finds."""
+    topics = set(topics)
+    found = {r.topic: r.topic_id for r in topic_records(coordination, root, topics)} if topics else {}
+    return {t: found.get(t) for t in topics}
+
+
 def check_subscription(subscription: Subscription, found: Found) -> None:
     """Named topics and assigned partitions must exist when a read starts (a pattern may match
     nothing yet)."""
@@ -202,19 +210,26 @@ def data_loss(fail: bool, problem: str, instead: str) -> None:
 
 
 def advance(start: Positions, found: Found, fail_on_data_loss: bool,
-            target: Positions | None = None) -> tuple[Positions, Positions]:
+            target: Positions | None = None, start_ids: Mapping[str, str] | None = None
+            ) -> tuple[Positions, Positions]:
     """Reconcile the last batch's end with the partitions found now: ``(start, latest)``.
 
     New partitions start at their log start offset (earliest). A partition that vanished, whose
-    end moved back (the topic was recreated: it is read again from its log start), or whose
-    position is below its log start (retention removed offsets the query had not read: it goes
-    on from the log start) is data loss. ``target`` (``availableNow``) caps ``latest`` and
-    excludes partitions that appeared after it was taken.
+    topic was created again since (``start_ids``, the incarnations the last batch's end names,
+    differ from the one found: it is read from the new one's log start), whose end moved back
+    (the same, for an end that names no incarnation: a checkpoint of 1.2), or whose position is
+    below its log start (retention removed offsets the query had not read: it goes on from the
+    log start) is data loss. ``target`` (``availableNow``) caps ``latest`` and excludes
+    partitions that appeared after it was taken.
     """
     start = dict(start)
     for tp in [tp for tp in start if tp not in found]:
         data_loss(fail_on_data_loss, f"partition {tp} no longer exists", "dropping it from the query")
         del start[tp]
+    for tp in [tp for tp in start if recreated(tp.topic, start_ids, found[tp].topic_id)]:
+        data_loss(fail_on_data_loss, recreated_problem(tp, start[tp], start_ids[tp.topic], found[tp].topic_id),
+                  f"reading the new topic from offset {found[tp].earliest}")
+        start[tp] = found[tp].earliest
     latest = {}
     for tp, offsets in found.items():
         if target is not None and tp not in target:
@@ -234,6 +249,18 @@ def advance(start: Positions, found: Found, fail_on_data_loss: bool,
     return start, latest
 
 
+def recreated(topic: str, ids: Mapping[str, str] | None, now: str | None) -> bool:
+    """Whether ``topic``'s incarnation in ``ids`` (a batch's offsets) is known and not ``now``."""
+    then = (ids or {}).get(topic)
+    return then is not None and now is not None and then != now
+
+
+def recreated_problem(tp: TopicPartition, position: int, then: str, now: str) -> str:
+    """The problem of a position of incarnation ``then`` of a topic whose incarnation is ``now``."""
+    return (f"topic {tp.topic!r} was deleted and created again (incarnation {then}, now {now}) since {tp} was "
+            f"read up to offset {position - 1}")
+
+
 def rate_limit(start: Positions, latest: Positions, max_rows: int) -> Positions:
     """At most ``max_rows`` records, shared by the partitions in proportion to their backlog
     (largest remainder rounding, so the shares add up exactly)."""
@@ -250,22 +277,29 @@ def rate_limit(start: Positions, latest: Positions, max_rows: int) -> Positions:
 
 
 def plan_splits(coordination: Coordination, root: str, start: Positions, end: Positions,
-                min_partitions: int | None, max_records_per_partition: int) -> list[LlogSplit]:
+                min_partitions: int | None, max_records_per_partition: int, *,
+                topic_ids: Mapping[str, str | None]) -> list[LlogSplit]:
     """Spark tasks for reading ``start..end`` (positions): one per partition, and several for a
     partition holding more than a task's share (``maxRecordsPerPartition``, lowered until there
     are ``minPartitions`` tasks), cut at index entry ends so a WAL slice is fetched by one
-    task. Only an entry larger than a share is cut inside."""
+    task. Only an entry larger than a share is cut inside.
+
+    ``topic_ids``: each topic's incarnation, the one ``end`` was taken from (docs/protocol.md
+    section 12.6), never read again here: a topic created again since is then read by no task
+    (the split names the old incarnation, and ``read_split`` fails it by the data-loss rule).
+    None: the topic has no record (the read says it is gone)."""
     ranges = [(tp, start.get(tp, 1), end[tp] - 1) for tp in sorted(end) if end[tp] > start.get(tp, 1)]
+    unnamed = sorted({tp.topic for tp, _, _ in ranges} - set(topic_ids))
+    if unnamed:
+        raise ValueError(f"plan_splits needs the incarnation of every topic it plans; none given for {unnamed}")
     total = sum(last - first + 1 for _, first, last in ranges)
     share = max_records_per_partition
     if min_partitions and len(ranges) < min_partitions and total:
         share = min(share, max(1, math.ceil(total / min_partitions)))
     splits = []
-    ids = {r.topic: r.topic_id for r in topic_records(coordination, root, {tp.topic for tp, _, _ in ranges})} \
-        if ranges else {}
     for tp, first, last in ranges:
-        topic_id = ids.get(tp.topic)
-        if last - first + 1 <= share or topic_id is None:  # no record: the read says the topic is gone
+        topic_id = topic_ids[tp.topic]
+        if last - first + 1 <= share or topic_id is None:
             splits.append(LlogSplit(tp.topic, tp.partition, first, last, topic_id))
             continue
         keys = PartitionKeys(root, tp, topic_id)
@@ -296,14 +330,32 @@ def cut(first: int, last: int, boundaries: list[int], share: int) -> list[tuple[
     return ranges
 
 
-def to_spark(positions: Mapping[TopicPartition, int]) -> dict[str, dict[str, int]]:
-    """Positions as a Spark offset: ``{"topic": {"partition": next_offset}}``, sorted, so equal
-    positions give equal JSON."""
-    out: dict[str, dict[str, int]] = {}
+#: The field of a topic in a Spark offset that names its incarnation (docs/protocol.md section 12.6).
+TOPIC_ID_FIELD = "topic_id"
+
+
+def to_spark(positions: Mapping[TopicPartition, int], topic_ids: Mapping[str, str | None] | None = None
+             ) -> dict[str, dict[str, int | str]]:
+    """Positions as a Spark offset: ``{"topic": {"partition": next_offset, ..., "topic_id": id}}``,
+    sorted, so equal positions give equal JSON. ``topic_id`` (from ``topic_ids``) is the
+    incarnation the positions belong to (docs/protocol.md section 12.6); a partition is a
+    decimal number, so the field is never taken for one."""
+    out: dict[str, dict[str, int | str]] = {}
     for tp in sorted(positions):
         out.setdefault(tp.topic, {})[str(tp.partition)] = positions[tp]
+    for topic, parts in out.items():
+        if (topic_ids or {}).get(topic) is not None:
+            parts[TOPIC_ID_FIELD] = topic_ids[topic]
     return out
 
 
-def from_spark(offset: Mapping[str, Mapping[str, int]]) -> Positions:
-    return {TopicPartition(topic, int(p)): int(n) for topic, parts in offset.items() for p, n in parts.items()}
+def from_spark(offset: Mapping[str, Mapping[str, int | str]]) -> Positions:
+    """The positions of a Spark offset (:func:`to_spark`; also one written by 1.2, without ids)."""
+    return {TopicPartition(topic, int(p)): int(n) for topic, parts in offset.items() for p, n in parts.items()
+            if p != TOPIC_ID_FIELD}
+
+
+def topic_ids_of(offset: Mapping[str, Mapping[str, int | str]]) -> dict[str, str]:
+    """The incarnation of each topic a Spark offset names one for (:func:`to_spark`; an offset
+    checkpointed by 1.2 names none)."""
+    return {topic: str(parts[TOPIC_ID_FIELD]) for topic, parts in offset.items() if TOPIC_ID_FIELD in parts}

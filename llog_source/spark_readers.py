@@ -38,8 +38,9 @@ from llog.process_clients import coordination, freeze_kept_objects
 from llog_source.lag import report_batch
 from llog_source.options import InvalidSourceOption, SourceOptions
 from llog_source.planning import (
-    LlogSplit, LlogSplits, PartitionOffsets, Positions, advance, check_subscription, data_loss, from_spark, partition_offsets,
-    pack, plan_splits, rate_limit, resolve_positions, subscription_offsets, to_spark,
+    Found, LlogSplit, LlogSplits, PartitionOffsets, Positions, advance, check_subscription, current_topic_ids, data_loss,
+    from_spark, pack, partition_offsets, plan_splits, rate_limit, recreated, recreated_problem, resolve_positions,
+    subscription_offsets, to_spark, topic_ids_of,
 )
 from llog_source.schema import source_schema
 from llog_source.compat import (
@@ -71,10 +72,16 @@ class _Planner:
         found = partition_offsets(coordination(config), config.root_prefix, partitions)
         return {tp: found[tp].earliest if tp in found else 1 for tp in partitions}
 
-    def splits(self, start: Positions, end: Positions) -> list[LlogSplit]:
+    def splits(self, start: Positions, end: Positions, topic_ids: Mapping[str, str | None]) -> list[LlogSplit]:
+        """Splits of ``start..end`` in the incarnations ``topic_ids`` (those ``end`` was taken
+        from, docs/protocol.md section 12.6). A topic it names none for (offsets checkpointed by
+        1.2) is planned in its incarnation now, as 1.2 did."""
         config = self.options.config
-        return plan_splits(coordination(config), config.root_prefix, start, end,
-                           self.options.min_partitions, self.options.max_records_per_partition)
+        unnamed = {tp.topic for tp in end} - set(topic_ids)
+        if unnamed:
+            topic_ids = {**current_topic_ids(coordination(config), config.root_prefix, unnamed), **topic_ids}
+        return plan_splits(coordination(config), config.root_prefix, start, end, self.options.min_partitions,
+                           self.options.max_records_per_partition, topic_ids=topic_ids)
 
     def read(self, split: LlogSplit | LlogSplits) -> Iterator[pa.RecordBatch]:
         if not isinstance(split, (LlogSplit, LlogSplits)):  # Spark's stand-in when nothing was planned
@@ -85,6 +92,11 @@ class _Planner:
         return _then_freeze(batch for one in (split.splits if isinstance(split, LlogSplits) else (split,))
                             for batch in read_split(one, options.config, options.fail_on_data_loss,
                                                     options.include_headers))
+
+
+def topic_ids_found(found: Found) -> dict[str, str | None]:
+    """The incarnation of each topic of ``found`` (docs/protocol.md section 12.6)."""
+    return {tp.topic: offsets.topic_id for tp, offsets in found.items()}
 
 
 def _then_freeze(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
@@ -105,14 +117,15 @@ class LlogStreamReader(_Planner, DataSourceStreamReader, *_AVAILABLE_NOW):
         self._target: Positions | None = None  # availableNow: the ends found when the run began
         self._latest: Positions | None = None
         self._committed: Positions = {}
-        self._planned: Positions | None = None  # pyspark < 4.2: the end of the batch last planned
+        # pyspark < 4.2: the end of the batch last planned, and the incarnations it names
+        self._planned: tuple[Positions, dict[str, str]] | None = None
         self._name = f"group {options.group_id}" if options.group_id else options.subscription.describe()
 
     def initialOffset(self) -> dict:  # noqa: N802 - Spark's names
         found = self.found()
         check_subscription(self.options.subscription, found)
         return to_spark(resolve_positions("startingOffsets", self.options.starting, found,
-                                          self.options.fail_on_data_loss))
+                                          self.options.fail_on_data_loss), topic_ids_found(found))
 
     def prepareForTriggerAvailableNow(self) -> None:  # noqa: N802
         self._target = {tp: offsets.latest for tp, offsets in self.found().items()}
@@ -125,12 +138,14 @@ class LlogStreamReader(_Planner, DataSourceStreamReader, *_AVAILABLE_NOW):
         """The next batch's end. pyspark < 4.2 gives neither argument (module doc)."""
         if start is None:
             if self._planned is not None:
-                self._commit_group(self._planned)  # that batch is done (module doc)
-            self._latest = {tp: offsets.latest for tp, offsets in self.found().items()}
-            return to_spark(self._latest)
-        previous_end = from_spark(start)
-        self._commit_group(previous_end)  # the batch that ended there is done (module doc)
-        begin, latest = advance(previous_end, self.found(), self.options.fail_on_data_loss, self._target)
+                self._commit_group(*self._planned)  # that batch is done (module doc)
+            found = self.found()
+            self._latest = {tp: offsets.latest for tp, offsets in found.items()}
+            return to_spark(self._latest, topic_ids_found(found))
+        previous_end, previous_ids = from_spark(start), topic_ids_of(start)
+        self._commit_group(previous_end, previous_ids)  # the batch that ended there is done (module doc)
+        found = self.found()
+        begin, latest = advance(previous_end, found, self.options.fail_on_data_loss, self._target, previous_ids)
         end = rate_limit(begin, latest, limit.max_rows) if isinstance(limit, ReadMaxRows) else latest
         # A partition that appeared empty is listed once it has records, so idle discovery
         # does not plan empty batches.
@@ -139,7 +154,8 @@ class LlogStreamReader(_Planner, DataSourceStreamReader, *_AVAILABLE_NOW):
         records = sum(n - begin[tp] for tp, n in end.items())
         if records:
             report_batch(self._name, end, latest, records)
-        return to_spark(end)
+        # The end names the incarnations it was taken from: partitions() plans in them (section 12.6).
+        return to_spark(end, topic_ids_found(found))
 
     def reportLatestOffset(self) -> dict | None:  # noqa: N802
         return to_spark(self._latest) if self._latest is not None else None
@@ -151,42 +167,51 @@ class LlogStreamReader(_Planner, DataSourceStreamReader, *_AVAILABLE_NOW):
         was taken. A position below the log start is left to the tasks: they fail naming the
         removed offsets, or skip them (``read_split``), as ``advance`` did on the driver."""
         begin, finish = from_spark(start), from_spark(end)
+        begin_ids, finish_ids = topic_ids_of(start), topic_ids_of(end)
         if not ADMISSION_CONTROL:
-            self._settle(begin, finish)
-        anew = [tp for tp in finish if tp not in begin or begin[tp] > finish[tp]]
+            self._settle(begin, finish, begin_ids, finish_ids)
+        anew = [tp for tp in finish if tp not in begin or begin[tp] > finish[tp]
+                or recreated(tp.topic, begin_ids, finish_ids.get(tp.topic))]
         begin.update(self.log_starts(anew) if anew else {})
         if not ADMISSION_CONTROL:
-            self._planned = finish
+            self._planned = (finish, finish_ids)
             records = sum(max(0, n - begin[tp]) for tp, n in finish.items())
             if records:
                 report_batch(self._name, finish, self._latest or finish, records)
-        splits = self.splits(begin, finish)
+        splits = self.splits(begin, finish, finish_ids)
         # Small splits share a task, unless minPartitions asks for tasks (planning.pack).
         return splits if self.options.min_partitions else pack(splits)
 
     def commit(self, end: dict) -> None:
-        self._commit_group(from_spark(end))
+        self._commit_group(from_spark(end), topic_ids_of(end))
 
-    def _settle(self, begin: Positions, finish: Positions) -> None:
+    def _settle(self, begin: Positions, finish: Positions, begin_ids: Mapping[str, str],
+                finish_ids: Mapping[str, str]) -> None:
         """pyspark < 4.2: the group commit and data loss checks ``latestOffset`` does with the
-        start where it has it (module doc). The batch ending at ``begin`` is done; ``finish`` lists
-        every partition found when it was taken."""
-        self._commit_group(begin)
+        start where it has it (module doc). The batch ending at ``begin`` (in ``begin_ids``) is
+        done; ``finish`` lists every partition found when it was taken (in ``finish_ids``)."""
+        self._commit_group(begin, begin_ids)
         fail = self.options.fail_on_data_loss
         for tp in sorted(begin):
             if tp not in finish:
                 data_loss(fail, f"partition {tp} no longer exists", "dropping it from the query")
+            elif recreated(tp.topic, begin_ids, finish_ids.get(tp.topic)):
+                data_loss(fail, recreated_problem(tp, begin[tp], begin_ids[tp.topic], finish_ids[tp.topic]),
+                          "reading the new topic from its log start offset")
             elif begin[tp] > finish[tp]:
                 data_loss(fail, f"{tp} was at offset {begin[tp]} but its high watermark is now {finish[tp] - 1}",
                           "reading it again from its log start offset")
 
-    def _commit_group(self, positions: Mapping[TopicPartition, int]) -> None:
+    def _commit_group(self, positions: Mapping[TopicPartition, int], topic_ids: Mapping[str, str]) -> None:
+        """Commit ``positions`` for the group, in the incarnations ``topic_ids`` (those of the
+        batch's offsets; for a topic they name none, the one last found)."""
         group = self.options.group_id
         changed = {tp: n for tp, n in positions.items() if self._committed.get(tp) != n}
         if group is None or not changed:
             return
         config = self.options.config
-        commit_offsets(coordination(config), config.root_prefix, group, changed, getattr(self, "_topic_ids", None))
+        topic_ids = {**getattr(self, "_topic_ids", {}), **topic_ids}
+        commit_offsets(coordination(config), config.root_prefix, group, changed, topic_ids)
         self._committed.update(changed)
 
 
@@ -200,7 +225,7 @@ class LlogBatchReader(_Planner, DataSourceReader):
         for tp in sorted(found):
             if end[tp] < start[tp]:
                 raise InvalidSourceOption(f"endingOffsets {end[tp]} of {tp} is before its startingOffsets {start[tp]}")
-        return self.splits(start, end)
+        return self.splits(start, end, topic_ids_found(found))
 
 
 def check_readable(options: SourceOptions) -> None:

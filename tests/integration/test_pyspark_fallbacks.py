@@ -101,19 +101,21 @@ def _committed(config, group: str, topic: str, partitions: int) -> dict[int, int
 
 def test_reader_without_the_start_commits_the_group_once_batches_are_done(without_admission_control, config,
                                                                            writer):
-    create_topic(writer.coordination, config.root_prefix, "old", 2)
+    topic_id = create_topic(writer.coordination, config.root_prefix, "old", 2).topic_id
     for p in (0, 1):
         writer.append("old", p, [b"r"] * 10)
     reader = _reader(config, topics="old", startingOffsets="earliest", groupId="g")
     start = reader.initialOffset()
     end = reader.latestOffset()  # pyspark 4.0 and 4.1 pass no start and no limit
-    assert (start, end) == ({"old": {"0": 1, "1": 1}}, {"old": {"0": 11, "1": 11}})
+    # Offsets name the incarnation they belong to (docs/protocol.md section 12.6).
+    assert (start, end) == ({"old": {"0": 1, "1": 1, "topic_id": topic_id}},
+                            {"old": {"0": 11, "1": 11, "topic_id": topic_id}})
     assert _read(reader, start, end) == [(p, o) for p in (0, 1) for o in range(1, 11)]
     assert _committed(config, "g", "old", 2) == {0: 1, 1: 1}  # planning a batch commits its start
     writer.append("old", 0, [b"r"] * 5)
     later = reader.latestOffset()  # the batch planned last is done: committed now
     assert _committed(config, "g", "old", 2) == {0: 11, 1: 11}
-    assert later == {"old": {"0": 16, "1": 11}}
+    assert later == {"old": {"0": 16, "1": 11, "topic_id": topic_id}}
     assert _read(reader, end, later) == [(0, o) for o in range(11, 16)]
 
 

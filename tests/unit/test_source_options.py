@@ -9,7 +9,7 @@ from llog_source.lag import behind_latest, offsets_behind_latest
 from llog_source.options import DEFAULT_MAX_RECORDS_PER_PARTITION, InvalidSourceOption, SourceOptions, Subscription
 from llog_source.planning import PartitionOffsets as O
 from llog_source.planning import (
-    DataLossError, advance, cut, from_spark, rate_limit, resolve_positions, to_spark,
+    DataLossError, advance, cut, from_spark, rate_limit, resolve_positions, to_spark, topic_ids_of,
 )
 
 CONNECTION = {"llog.oxia.service.address": "127.0.0.1:1", "llog.s3.bucket": "b"}
@@ -160,6 +160,28 @@ def test_spark_offsets_are_sorted_json_of_next_offsets():
     positions = {B0: 3, A1: 7, A0: 5}
     assert list(to_spark(positions)) == ["a", "b"] and list(to_spark(positions)["a"]) == ["0", "1"]
     assert from_spark(to_spark(positions)) == positions
+
+
+def test_spark_offsets_name_each_topics_incarnation_and_read_those_that_do_not():
+    """docs/protocol.md section 12.6: a topic's ``topic_id`` rides with its positions; an offset
+    checkpointed by 1.2 has none and still reads."""
+    positions = {B0: 3, A1: 7, A0: 5}
+    offset = to_spark(positions, {"a": "id-a", "b": None})
+    assert offset == {"a": {"0": 5, "1": 7, "topic_id": "id-a"}, "b": {"0": 3}}
+    assert from_spark(offset) == positions and topic_ids_of(offset) == {"a": "id-a"}
+    assert (from_spark({"a": {"0": 5}}), topic_ids_of({"a": {"0": 5}})) == ({A0: 5}, {})
+    progress = {"endOffset": '{"a": {"0": 5, "topic_id": "x"}}', "latestOffset": '{"a": {"0": 8, "topic_id": "x"}}'}
+    assert offsets_behind_latest(progress)["maxOffsetsBehindLatest"] == 3
+
+
+def test_advance_reads_a_topic_created_again_from_its_log_start_as_data_loss(capsys):
+    found = {A0: O(1, 20, "new")}
+    with pytest.raises(DataLossError, match=r"topic 'a' was deleted and created again \(incarnation old, now new\)"):
+        advance({A0: 6}, found, True, start_ids={"a": "old"})
+    assert advance({A0: 6}, found, False, start_ids={"a": "old"}) == ({A0: 1}, {A0: 21})
+    assert "a[0] was read up to offset 5" in capsys.readouterr().err
+    assert advance({A0: 6}, found, True, start_ids={"a": "new"}) == ({A0: 6}, {A0: 21})
+    assert advance({A0: 6}, found, True) == ({A0: 6}, {A0: 21})  # a 1.2 checkpoint: positions only
 
 
 def test_offsets_behind_latest():
