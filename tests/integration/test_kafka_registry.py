@@ -1,7 +1,8 @@
-"""The Kafka listeners' registry and group claims in Oxia (docs/protocol.md section 9.5), in
-process on the real stack: a listener that takes its session as lost while the session in fact
-lives (its registry scans fail, its Oxia heartbeats do not) registers anew without leaving a
-second registration behind, and serves its groups again."""
+"""The Kafka listeners' registry and group claims in Oxia (docs/protocol.md section 9.5) on the
+real stack: a listener that takes its session as lost while the session in fact lives (its
+registry scans fail, its Oxia heartbeats do not) registers anew without leaving a second
+registration behind, and serves its groups again (in process); a coordinator whose claim is
+gone commits nothing (a broker process)."""
 
 from __future__ import annotations
 
@@ -9,9 +10,18 @@ import asyncio
 import time
 import uuid
 
-from broker_lite.kafka.registry import REFRESH_S, ListenerRegistry
+from kio.schema.errors import ErrorCode
+
+from broker_lite.kafka.registry import REFRESH_S, Listener, ListenerRegistry
+from llog.consumer_groups import describe_group
 from llog.coordination import Coordination
 from llog.errors import CoordinationError
+from llog.keys import KAFKA_PARTITION_KEY, kafka_group_key, kafka_listener_key
+from llog.records import now_ms
+from llog.topics import create_topic
+from llog.writer import LogWriter
+from tests.helpers.broker_process import free_port, run_broker
+from tests.helpers.kafka_wire import Pipeline
 
 
 async def _until(done, what: str, timeout_s: float) -> None:
@@ -72,10 +82,6 @@ def test_records_an_earlier_registration_of_this_listener_left_behind_are_delete
     """Where deleting the old registration and claims failed when the session was taken as lost,
     what they left (under an old node id, with this listener's broker id) is found and deleted:
     the group's claim when the group is looked up, the registration at the next refresh."""
-    from broker_lite.kafka.registry import Listener
-    from llog.keys import KAFKA_PARTITION_KEY, kafka_group_key, kafka_listener_key
-    from llog.records import now_ms
-
     group = f"g{uuid.uuid4().hex[:8]}"
 
     async def scenario() -> None:
@@ -98,3 +104,40 @@ def test_records_an_earlier_registration_of_this_listener_left_behind_are_delete
                 await listener.stop()
 
     asyncio.run(scenario())
+
+
+def test_a_coordinator_whose_claim_is_gone_commits_nothing(config):
+    """The state a coordinator finds when it resumes after a pause longer than its session: its
+    claim gone with the session and the group claimed by another listener, its registration
+    perhaps not yet noticed as gone. A commit it serves then is NOT_COORDINATOR and writes
+    nothing, before any refresh could tell it (docs/protocol.md section 9.5, timing rule)."""
+    from kio.schema.offset_commit.v8.request import OffsetCommitRequestPartition, OffsetCommitRequestTopic
+
+    topic, group = f"o{uuid.uuid4().hex[:10]}", f"g{uuid.uuid4().hex[:8]}"
+    with Coordination(config) as coordination:
+        create_topic(coordination, config.root_prefix, topic, 1)
+    with LogWriter(config) as writer:
+        writer.append(topic, 0, [b"x"] * 10)
+
+    def commit(pipeline: Pipeline, offset: int) -> ErrorCode:
+        pipeline.send("offset_commit", 8, group_id=group, generation_id_or_member_epoch=-1, member_id="",
+                      group_instance_id=None, topics=(OffsetCommitRequestTopic(name=topic, partitions=(
+                          OffsetCommitRequestPartition(partition_index=0, committed_offset=offset,
+                                                       committed_leader_epoch=-1, committed_metadata=""),)),))
+        return pipeline.receive()[1].topics[0].partitions[0].error_code
+
+    port = free_port()
+    with run_broker(config, args=["--kafka-port", str(port)]), Coordination(config) as other:
+        pipeline = Pipeline(f"127.0.0.1:{port}")
+        try:
+            assert commit(pipeline, 3) == ErrorCode.none  # claims the group
+            key = kafka_group_key(config.root_prefix, group)
+            claim = other.get(key, KAFKA_PARTITION_KEY)
+            assert claim is not None
+            # The session's end deletes the claim; another listener claims the group.
+            assert other.delete(key, KAFKA_PARTITION_KEY, claim.version_id)
+            other.claim(key, Listener(99, "127.0.0.1", 1, "another-broker", now_ms()).to_json(), KAFKA_PARTITION_KEY)
+            assert commit(pipeline, 7) == ErrorCode.not_coordinator
+        finally:
+            pipeline.close()
+        assert [r.committed_offset for r in describe_group(other, config.root_prefix, group, [topic])] == [3]
