@@ -246,11 +246,11 @@ class KafkaListener:
                 header, request, response_class = parsed
                 handler = self._handlers[header.request_api_key]
                 CLIENT.set((getattr(header, "client_id", None) or "", host))  # the handler's task copies it
-                answer = self._timed(response_class, handler(request, response_class))
                 if header.request_api_key in ORDERED_APIS:
-                    task = ordered = asyncio.create_task(_after(ordered, answer))
+                    task = ordered = asyncio.create_task(_after(ordered, functools.partial(
+                        self._timed, response_class, handler, request)))
                 else:  # a produce's admission happens in this task's first step, so in arrival order
-                    task = asyncio.create_task(answer)
+                    task = asyncio.create_task(self._timed(response_class, handler, request))
                 answers.put_nowait((header.correlation_id, response_class, task))
         except (ConnectionError, asyncio.IncompleteReadError):
             return
@@ -281,10 +281,11 @@ class KafkaListener:
             except ConnectionError:
                 return
 
-    async def _timed(self, response_class: type, answer):
-        """``answer`` awaited, its duration and its partitions' error codes counted by API."""
+    async def _timed(self, response_class: type, handler, request):
+        """``handler``'s answer to ``request``, its duration and its partitions' error codes
+        counted by API."""
         started = time.perf_counter()
-        response = await answer
+        response = await handler(request, response_class)
         api = response_class.__name__.removesuffix("Response")
         errors = () if response is NO_RESPONSE else [code.name for code in _error_codes(response)]
         self.app.metrics.observe_kafka_request(api, time.perf_counter() - started, errors)
@@ -607,15 +608,12 @@ class KafkaListener:
 
 
 async def _after(previous: asyncio.Task | None, answer):
-    """``answer`` awaited once ``previous`` (the connection's ordered request before it) is done,
-    however that ended: its answer is written by the connection's writer, in its turn."""
-    try:
-        if previous is not None and not previous.done():
-            await asyncio.wait({previous})
-    except asyncio.CancelledError:
-        answer.close()  # never started: nothing to undo
-        raise
-    return await answer
+    """``answer()`` (a coroutine function) awaited once ``previous`` (the connection's ordered
+    request before it) is done, however that ended; the connection's writer writes each answer
+    in its turn."""
+    if previous is not None and not previous.done():
+        await asyncio.wait({previous})
+    return await answer()
 
 
 class _NotServed(LlogError):
