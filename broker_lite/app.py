@@ -63,7 +63,7 @@ import numpy as np
 import pyarrow as pa
 
 from broker_lite import openapi
-from broker_lite.auth import UNRESTRICTED, Auth, AuthError, Forbidden, Principal
+from broker_lite.auth import UNRESTRICTED, Auth, AuthError, Forbidden, Principal, check_kafka_listener
 from broker_lite.batcher import BackPressure, Batcher, BatcherClosed, Outcome, RequestTooLarge, payload_bytes
 from broker_lite.consume import ConsumeBusy, ConsumeService
 from broker_lite.metrics import PROMETHEUS_CONTENT_TYPE, BrokerMetrics, route_label
@@ -123,9 +123,7 @@ class BrokerApp:
         port, ``self.kafka.port`` once started), naming ``kafka_advertised_host`` (default
         ``host``) in its answers."""
         self.config = config.require("oxia_service_address", "s3_bucket")
-        if kafka_port is not None and auth is not None:
-            raise ValueError("the Kafka listener has no authentication (SASL is not served yet, docs/kafka.md): it "
-                             "cannot run beside LLOG_BROKER_AUTH")
+        check_kafka_listener(auth, kafka_port)
         self.kafka_port, self.kafka_advertised_host = kafka_port, kafka_advertised_host
         self.kafka = None
         self.host, self.port = host, port

@@ -24,7 +24,8 @@ Auth is on when ``LLOG_BROKER_AUTH`` is set, to the path of a JSON keys file or 
   ``WWW-Authenticate``); a known key without the permission is a 403 (:class:`Forbidden`).
 
 Auth is off when the variable is unset, which :func:`check_exposure` allows only on a loopback
-address (or with ``--insecure``). Never log a key: errors name the key's ``name`` only.
+address (or with ``--insecure``). Auth on refuses the Kafka listener, which has no authentication
+(:func:`check_kafka_listener`). Never log a key: errors name the key's ``name`` only.
 """
 
 from __future__ import annotations
@@ -67,6 +68,11 @@ class AuthConfigError(ConfigError):
 
 class ExposureRefused(ConfigError):
     """The broker would listen on a non-loopback address with auth off."""
+
+
+class KafkaListenerUnauthenticated(ConfigError):
+    """The Kafka listener was asked for beside ``LLOG_BROKER_AUTH``: it has no authentication
+    (SASL is not served), so every Kafka client could do what the keys forbid."""
 
 
 class AuthError(Exception):
@@ -333,6 +339,17 @@ def check_exposure(host: str, auth: Auth | None, insecure: bool) -> None:
         raise ExposureRefused(
             f"refusing to listen on {host or '(every interface)'!r} with auth off: anyone who can reach it could "
             f"produce and consume. Set {ENV_VAR} to a keys file, listen on 127.0.0.1, or pass --insecure")
+
+
+def check_kafka_listener(auth: Auth | None, kafka_port: int | None) -> None:
+    """Refuse (:class:`KafkaListenerUnauthenticated`) a Kafka listener (``kafka_port`` given)
+    beside auth: the listener serves Kafka clients without keys (docs/kafka.md), which would
+    bypass every permission of the keys file."""
+    if auth is not None and kafka_port is not None:
+        raise KafkaListenerUnauthenticated(
+            f"the Kafka listener (--kafka-port {kafka_port}) has no authentication (SASL is not served yet, "
+            f"docs/kafka.md), so it cannot run beside {ENV_VAR}: any Kafka client could produce, consume and commit "
+            f"what the keys forbid. Unset {ENV_VAR} or leave out --kafka-port")
 
 
 # --- python -m broker_lite.auth ----------------------------------------------------------------

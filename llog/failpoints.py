@@ -40,6 +40,7 @@ POINTS = {
     "retention.before_control_update": "section 10.3: a retention pass chose its new log start, meta/control not yet changed",
     "reader.before_fetch": "section 5.4: a read's entries are resolved, their blobs not yet fetched",
     "topics.before_update_cas": "section 10.2: an alter or a growth read the topic record, its CAS not yet sent",
+    "kafka_registry.before_refresh_scan": "section 9.5: a listener's refresh is about to scan the registry (a hook that raises makes that scan fail)",
 }
 
 #: In-process hooks by point name (tests only); see the module doc.

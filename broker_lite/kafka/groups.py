@@ -496,10 +496,12 @@ class GroupCoordinator:
 
     async def commit(self, request) -> dict[tuple[str, int], ErrorCode]:
         """Each partition's answer; the offsets are written only when the generation check
-        passes (docs/protocol.md section 9.5)."""
+        passes and a get finds the claim still held (docs/protocol.md section 9.5)."""
         wanted = {(t.name, p.partition_index): (p.committed_offset, p.committed_metadata or "")
                   for t in request.topics for p in t.partitions}
         code = await self._commit_check(request)
+        if code == ErrorCode.none:
+            code = await self._claim_check(request.group_id)
         if code != ErrorCode.none:
             return {key: code for key in wanted}
         out, offsets, metadata = {}, {}, {}
@@ -558,6 +560,21 @@ class GroupCoordinator:
         if generation != group.generation:
             return ErrorCode.illegal_generation
         member.seen = time.monotonic()
+        return ErrorCode.none
+
+    async def _claim_check(self, group_id: str) -> ErrorCode:
+        """The claim, read right before a commit's CAS (docs/protocol.md section 9.5, timing
+        rule): a coordinator that lost it (its session ended during a pause, and another listener
+        may have claimed the group since) writes nothing and gives the group up, however soon
+        after the loss the commit is served."""
+        try:
+            ours = await self.registry.verify(group_id)
+        except LlogError as e:
+            log.warning("Kafka group %s: checking the claim before a commit failed: %s", group_id, e)
+            return ErrorCode.coordinator_not_available
+        if not ours:
+            self._give_up([group_id])
+            return ErrorCode.not_coordinator
         return ErrorCode.none
 
     # --- DeleteGroups, OffsetDelete -----------------------------------------------------------

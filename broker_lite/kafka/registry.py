@@ -16,6 +16,7 @@ import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
 
+from llog import failpoints
 from llog.coordination import Coordination
 from llog.errors import ClaimHeld, CorruptRecord, LlogError
 from llog.keys import (
@@ -112,6 +113,16 @@ class ListenerRegistry:
         except LlogError as e:  # the session's end removes them anyway
             log.warning("Kafka listener: releasing its claims failed (%s); they go when its Oxia session ends", e)
 
+    def _release_registrations(self, stale: dict[int, int]) -> None:
+        """Delete this process's registrations under node ids it no longer uses (node id ->
+        version), each at the version scanned."""
+        try:
+            for node_id, version in stale.items():
+                self.coordination.release(kafka_listener_key(self.root, node_id), KAFKA_PARTITION_KEY, version)
+        except LlogError as e:
+            log.warning("Kafka listener: deleting its earlier registrations %s failed (%s); trying at the next "
+                        "refresh", sorted(stale), e)
+
     # --- registration ---------------------------------------------------------------------------
 
     def _scan(self) -> list[tuple[Listener, int]]:
@@ -138,6 +149,7 @@ class ListenerRegistry:
         while not self.stopped:
             await asyncio.sleep(REFRESH_S)
             try:
+                failpoints.hit("kafka_registry.before_refresh_scan")
                 found = await asyncio.to_thread(self._scan)
             except LlogError as e:
                 log.warning("Kafka listener: scanning the registry failed: %s", e)
@@ -145,17 +157,25 @@ class ListenerRegistry:
                     await self._lost("no registry scan succeeded for the Oxia session timeout")
                 continue
             self._last_refresh = time.monotonic()
-            self._brokers = [listener for listener, _ in found]
+            stale = {listener.node_id: version for listener, version in found
+                     if listener.broker_id == self.broker_id and listener.node_id != self.me.node_id}
+            if stale:  # an earlier registration of ours whose delete failed (_lost): not a broker
+                await asyncio.to_thread(self._release_registrations, stale)
+            self._brokers = [listener for listener, _ in found if listener.node_id not in stale]
             if not any(listener.node_id == self.me.node_id and version == self._version
                        for listener, version in found):
                 await self._lost(f"its record {kafka_listener_key(self.root, self.me.node_id)} is gone")
 
     async def _lost(self, why: str) -> None:
-        """The Oxia session is taken as lost: give up every group and register again."""
-        groups, self._claims = list(self._claims), {}
+        """The Oxia session is taken as lost: give up every group, delete the old registration
+        and claims at the versions created (gone already if the session did end; if it lives,
+        as when only scans failed, they would otherwise outlive the giving up: section 9.5,
+        refresh), and register again."""
+        claims, self._claims = dict(self._claims), {}
         log.warning("Kafka listener node %d: %s; giving up its %d group(s) and registering again",
-                    self.me.node_id, why, len(groups))
-        self._notify(groups)
+                    self.me.node_id, why, len(claims))
+        self._notify(list(claims))
+        await asyncio.to_thread(self._release, claims, self.me, self._version)
         try:
             self.me, self._version, self._brokers = await asyncio.to_thread(self._register)
             self._last_refresh = time.monotonic()
@@ -208,10 +228,19 @@ class ListenerRegistry:
         releasing = self._releasing.get(group)
         if releasing is not None:  # read the claim once its delete is done, not the record being deleted
             await asyncio.wait({releasing})
-        holder, version = await asyncio.to_thread(self._coordinator, group, self.me, claim)
-        if version is not None and not self.stopped:
-            self._claims[group] = version
-        return holder
+        for _ in range(_REGISTER_ATTEMPTS):
+            me = self.me
+            holder, version = await asyncio.to_thread(self._coordinator, group, me, claim)
+            if version is None or self.stopped:
+                return holder
+            if self.me is me:
+                self._claims[group] = version
+                return holder
+            # Registered anew while claiming: the claim names the old node id. Delete it and
+            # look again as the new one.
+            await asyncio.to_thread(self._release, {group: version}, None, -1)
+        raise LlogError(f"Kafka group {group}: this listener registered anew {_REGISTER_ATTEMPTS} times while "
+                        "claiming it")
 
     def _coordinator(self, group: str, me: Listener, claim: bool) -> tuple[Listener | None, int | None]:
         key = kafka_group_key(self.root, group)
@@ -221,6 +250,11 @@ class ListenerRegistry:
                 holder = Listener.from_json(found.value, key)
                 if holder.broker_id == me.broker_id and holder.node_id == me.node_id:
                     return me, found.version_id  # ours, from before a refresh took the session as lost
+                if holder.broker_id == me.broker_id:
+                    # Ours under a node id of an earlier registration whose delete failed (section
+                    # 9.5, refresh): nobody serves it. Delete it at the version read, then claim.
+                    self.coordination.release(key, KAFKA_PARTITION_KEY, found.version_id)
+                    continue
                 return holder, None
             if not claim:
                 return None, None

@@ -3,11 +3,21 @@ own process and event loop, so a Kafka produce joins the HTTP produces' group co
 fetch shares the reader and the long poll.
 
 One task per connection reads requests; each request is handled in a task of its own, started
-in arrival order (so produces enter the group commit in the order the client sent them, which an
-idempotent producer's sequences need), and a writer answers them in that same order, as Kafka
-requires of pipelined requests. Requests and responses are kio's types for the exact version
-asked (:func:`_build` fills the fields that version has); record batches are
-:mod:`broker_lite.kafka.batches`.
+in arrival order, and a writer answers them in that same order, as Kafka requires of pipelined
+requests (docs/kafka.md section 2). What a connection's requests do happens in the order sent
+where Kafka says it does (docs/protocol.md section 9.5, one connection's requests):
+- a produce admits its batches into the group commit before its handler first awaits anything,
+  so a connection's produces enter it in the order sent, and a partition's batches are written
+  in admission order (which an idempotent producer's sequences need, with up to five in flight);
+- the APIs of :data:`ORDERED_APIS` (the group coordinator's and the admin APIs) run one at a
+  time per connection, each once the one before it on that connection is answered, as Kafka's
+  broker serves them (a commit then a commit, or a commit then an OffsetFetch, land in that
+  order);
+- fetches, ListOffsets, Metadata, ApiVersions and InitProducerId overlap everything: a fetch
+  parked in its long poll holds back no later request, only its own answer's place in line.
+
+Requests and responses are kio's types for the exact version asked (:func:`_build` fills the
+fields that version has); record batches are :mod:`broker_lite.kafka.batches`.
 """
 
 from __future__ import annotations
@@ -66,15 +76,20 @@ SERVING_MODULES: tuple[str, ...] = ("broker_lite.kafka.admin", "broker_lite.kafk
 #: APIs other modules serve (``broker_lite.kafka.groups``, ...): API key -> handler, a coroutine
 #: function ``(listener, request, response_class) -> response`` (:func:`serve`).
 EXTRA_HANDLERS: dict = {}
+#: The APIs whose requests on one connection run one at a time, in the order sent (module doc;
+#: docs/protocol.md section 9.5): every API :func:`serve` registers (the group coordinator's:
+#: commits, joins, syncs, heartbeats, leaves, offset fetches; the admin APIs).
+ORDERED_APIS: set[int] = set()
 
 
 def serve(api_key: int, module: str, request_class: str, low: int, high: int):
     """Register the decorated coroutine function as the handler of ``api_key``, versions
-    ``low..high`` (kio's ``kio.schema.<module>.v<N>.request.<request_class>``), and list it in
-    ApiVersions. Called at import by the modules that serve APIs."""
+    ``low..high`` (kio's ``kio.schema.<module>.v<N>.request.<request_class>``), list it in
+    ApiVersions and in :data:`ORDERED_APIS`. Called at import by the modules that serve APIs."""
     def register(handler):
         APIS[api_key] = (module, request_class, low, high)
         EXTRA_HANDLERS[api_key] = handler
+        ORDERED_APIS.add(api_key)
         return handler
     return register
 #: ``(client id, client host)`` of the request being handled, for handlers that name their
@@ -210,6 +225,7 @@ class KafkaListener:
         host = peer[0] if isinstance(peer, tuple) else ""
         answers: asyncio.Queue = asyncio.Queue()
         replier = asyncio.create_task(self._reply(answers, writer))
+        ordered: asyncio.Task | None = None  # the connection's last request of ORDERED_APIS
         try:
             while True:
                 try:
@@ -230,8 +246,12 @@ class KafkaListener:
                 header, request, response_class = parsed
                 handler = self._handlers[header.request_api_key]
                 CLIENT.set((getattr(header, "client_id", None) or "", host))  # the handler's task copies it
-                answers.put_nowait((header.correlation_id, response_class,
-                                    asyncio.create_task(self._timed(response_class, handler(request, response_class)))))
+                if header.request_api_key in ORDERED_APIS:
+                    task = ordered = asyncio.create_task(_after(ordered, functools.partial(
+                        self._timed, response_class, handler, request)))
+                else:  # a produce's admission happens in this task's first step, so in arrival order
+                    task = asyncio.create_task(self._timed(response_class, handler, request))
+                answers.put_nowait((header.correlation_id, response_class, task))
         except (ConnectionError, asyncio.IncompleteReadError):
             return
         finally:
@@ -261,10 +281,11 @@ class KafkaListener:
             except ConnectionError:
                 return
 
-    async def _timed(self, response_class: type, answer):
-        """``answer`` awaited, its duration and its partitions' error codes counted by API."""
+    async def _timed(self, response_class: type, handler, request):
+        """``handler``'s answer to ``request``, its duration and its partitions' error codes
+        counted by API."""
         started = time.perf_counter()
-        response = await answer
+        response = await handler(request, response_class)
         api = response_class.__name__.removesuffix("Response")
         errors = () if response is NO_RESPONSE else [code.name for code in _error_codes(response)]
         self.app.metrics.observe_kafka_request(api, time.perf_counter() - started, errors)
@@ -584,6 +605,15 @@ class KafkaListener:
                     return int(offsets[hits[0]]), int(times[hits[0]])
             position = upto + 1
         return best if best is not None else (-1, -1)  # none at or after: Kafka's answer
+
+
+async def _after(previous: asyncio.Task | None, answer):
+    """``answer()`` (a coroutine function) awaited once ``previous`` (the connection's ordered
+    request before it) is done, however that ended; the connection's writer writes each answer
+    in its turn."""
+    if previous is not None and not previous.done():
+        await asyncio.wait({previous})
+    return await answer()
 
 
 class _NotServed(LlogError):

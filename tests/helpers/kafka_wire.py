@@ -1,10 +1,15 @@
 """Raw Kafka requests for the Kafka listener's tests: what a client library does not let a test
-send (a batch sent twice to two listeners, a corrupt batch, a version not served)."""
+send (a batch sent twice to two listeners, a corrupt batch, a version not served, requests
+pipelined on one connection)."""
 
 from __future__ import annotations
 
+import importlib
+import io
 import socket
 import struct
+
+from kio.serial import entity_reader, entity_writer
 
 
 def request(address: str, api_key: int, version: int, body: bytes, correlation: int = 7,
@@ -30,3 +35,49 @@ def read_exactly(sock: socket.socket, n: int) -> bytes:
         assert chunk, "the listener closed the connection"
         out += chunk
     return out
+
+
+class Pipeline:
+    """One connection on which a test pipelines requests: :meth:`send` writes a request (kio's
+    type for ``api`` at ``version``) without waiting for its answer, :meth:`receive` reads the
+    next response, whichever request it answers (a test asserts the order)."""
+
+    def __init__(self, address: str, timeout_s: float = 60):
+        host, port = address.split(":")
+        self.sock = socket.create_connection((host, int(port)), timeout=timeout_s)
+        self.correlation = 0
+        self._sent: dict[int, type] = {}
+
+    def frame(self, api: str, version: int, **fields) -> bytes:
+        """The framed request (a new correlation id), remembered so :meth:`receive` reads its
+        answer; not sent: :meth:`send` sends it, or several at once with ``sock.sendall``."""
+        request_module = importlib.import_module(f"kio.schema.{api}.v{version}.request")
+        response_module = importlib.import_module(f"kio.schema.{api}.v{version}.response")
+        name = "".join(part.title() for part in api.split("_"))
+        request_class = getattr(request_module, f"{name}Request")
+        self.correlation += 1
+        self._sent[self.correlation] = getattr(response_module, f"{name}Response")
+        header_class = request_class.__header_schema__
+        out = io.BytesIO()
+        entity_writer(header_class)(out, header_class(request_api_key=request_class.__api_key__,
+                                                      request_api_version=version, correlation_id=self.correlation,
+                                                      client_id="pipeline"))
+        entity_writer(request_class)(out, request_class(**fields))
+        body = out.getvalue()
+        return struct.pack(">i", len(body)) + body
+
+    def send(self, api: str, version: int, **fields) -> int:
+        """Send one request; its correlation id."""
+        self.sock.sendall(self.frame(api, version, **fields))
+        return self.correlation
+
+    def receive(self) -> tuple[int, object]:
+        """``(correlation id, response)`` of the next response on the connection."""
+        data = memoryview(read_exactly(self.sock, struct.unpack(">i", read_exactly(self.sock, 4))[0]))
+        correlation = struct.unpack(">i", data[:4])[0]
+        response_class = self._sent.pop(correlation)
+        _, used = entity_reader(response_class.__header_schema__)(data, 0)
+        return correlation, entity_reader(response_class)(data, used)[0]
+
+    def close(self) -> None:
+        self.sock.close()

@@ -1,5 +1,5 @@
 """The broker's API keys (:mod:`broker_lite.auth`): loading and validating the keys file, 401 vs
-403, prefixes, hashed keys, and the loopback policy. Pure: no server, no environment."""
+403, prefixes, hashed keys, the loopback policy and the Kafka listener's refusal. Pure: no server, no environment."""
 
 from __future__ import annotations
 
@@ -17,9 +17,11 @@ from broker_lite.auth import (
     AuthConfigError,
     ExposureRefused,
     Forbidden,
+    KafkaListenerUnauthenticated,
     Principal,
     Unauthenticated,
     check_exposure,
+    check_kafka_listener,
     is_loopback,
 )
 from llog.errors import ConfigError
@@ -215,6 +217,15 @@ def test_other_addresses_need_auth_or_insecure(host, auth):
     assert isinstance(raised.value, ConfigError)
     check_exposure(host, auth, insecure=False)
     check_exposure(host, None, insecure=True)
+
+
+def test_the_kafka_listener_is_refused_beside_auth(auth):
+    with pytest.raises(KafkaListenerUnauthenticated, match=r"--kafka-port 9092\) has no authentication.*"
+                                                           r"LLOG_BROKER_AUTH") as raised:
+        check_kafka_listener(auth, 9092)
+    assert isinstance(raised.value, ConfigError)
+    check_kafka_listener(auth, None)
+    check_kafka_listener(None, 9092)
 
 
 # --- python -m broker_lite.auth ------------------------------------------------------------------

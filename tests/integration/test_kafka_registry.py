@@ -1,0 +1,143 @@
+"""The Kafka listeners' registry and group claims in Oxia (docs/protocol.md section 9.5) on the
+real stack: a listener that takes its session as lost while the session in fact lives (its
+registry scans fail, its Oxia heartbeats do not) registers anew without leaving a second
+registration behind, and serves its groups again (in process); a coordinator whose claim is
+gone commits nothing (a broker process)."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+import uuid
+
+from kio.schema.errors import ErrorCode
+
+from broker_lite.kafka.registry import REFRESH_S, Listener, ListenerRegistry
+from llog.consumer_groups import describe_group
+from llog.coordination import Coordination
+from llog.errors import CoordinationError
+from llog.keys import KAFKA_PARTITION_KEY, kafka_group_key, kafka_listener_key
+from llog.records import now_ms
+from llog.topics import create_topic
+from llog.writer import LogWriter
+from tests.helpers.broker_process import free_port, run_broker
+from tests.helpers.kafka_wire import Pipeline
+
+
+async def _until(done, what: str, timeout_s: float) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not done():
+        assert time.monotonic() < deadline, f"not within {timeout_s:.0f} s: {what}"
+        await asyncio.sleep(0.05)
+
+
+def test_a_listener_whose_scans_fail_past_its_session_timeout_serves_its_groups_again(config, hooks):
+    """The wedge the review noted: the listener re-registered under a new node id while its old
+    registration and claims lived on, and adopted a claim only when its node id matched, so its
+    groups bounced FindCoordinator -> NOT_COORDINATOR until a restart."""
+    group = f"g{uuid.uuid4().hex[:8]}"
+
+    async def scenario() -> None:
+        with Coordination(config) as mine, Coordination(config) as theirs:
+            # A session timeout of 1 s as the listener sees it; the Oxia session itself (the
+            # config's, 30 s) keeps heartbeating throughout.
+            listener = ListenerRegistry(mine, config.root_prefix, "127.0.0.1", 9092, "broker-a", 1_000)
+            other = ListenerRegistry(theirs, config.root_prefix, "127.0.0.1", 9093, "broker-b", 30_000)
+            await listener.start()
+            await other.start()
+            try:
+                assert (await listener.coordinator(group)).node_id == listener.node_id and listener.holds(group)
+                first = listener.me
+                failing = True
+
+                def scan_fails() -> None:
+                    if failing:
+                        raise CoordinationError("test: the registry scan fails")
+
+                hooks["kafka_registry.before_refresh_scan"] = scan_fails
+                await _until(lambda: listener.me is not first, "the listener took its session as lost",
+                             3 * REFRESH_S + 5)
+                failing = False
+                assert not listener.holds(group)  # given up with the session taken as lost
+
+                # Served again: FindCoordinator names this listener, which holds the claim, and
+                # another listener reads the claim as naming it too.
+                holder = await listener.coordinator(group)
+                assert (holder.node_id, holder.broker_id) == (listener.node_id, "broker-a")
+                assert listener.holds(group)
+                seen = await other.coordinator(group, claim=False)
+                assert (seen.node_id, seen.broker_id) == (listener.node_id, "broker-a")
+                # One registration per listener: the other's next scan lists two brokers.
+                await asyncio.sleep(REFRESH_S + 0.5)
+                assert sorted((b.node_id, b.broker_id) for b in other.brokers()) == sorted(
+                    [(listener.node_id, "broker-a"), (other.node_id, "broker-b")])
+            finally:
+                await listener.stop()
+                await other.stop()
+
+    asyncio.run(scenario())
+
+
+def test_records_an_earlier_registration_of_this_listener_left_behind_are_deleted(config):
+    """Where deleting the old registration and claims failed when the session was taken as lost,
+    what they left (under an old node id, with this listener's broker id) is found and deleted:
+    the group's claim when the group is looked up, the registration at the next refresh."""
+    group = f"g{uuid.uuid4().hex[:8]}"
+
+    async def scenario() -> None:
+        with Coordination(config) as mine:
+            listener = ListenerRegistry(mine, config.root_prefix, "127.0.0.1", 9092, "broker-a", 30_000)
+            await listener.start()
+            try:
+                old = Listener(listener.node_id + 7, "127.0.0.1", 9092, "broker-a", now_ms())
+                await asyncio.to_thread(mine.claim, kafka_listener_key(config.root_prefix, old.node_id),
+                                        old.to_json(), KAFKA_PARTITION_KEY)
+                await asyncio.to_thread(mine.claim, kafka_group_key(config.root_prefix, group), old.to_json(),
+                                        KAFKA_PARTITION_KEY)
+                holder = await listener.coordinator(group)
+                assert holder.node_id == listener.node_id and listener.holds(group)
+                await asyncio.sleep(REFRESH_S + 0.5)
+                assert [b.node_id for b in listener.brokers()] == [listener.node_id]
+                assert await asyncio.to_thread(mine.get, kafka_listener_key(config.root_prefix, old.node_id),
+                                               KAFKA_PARTITION_KEY) is None
+            finally:
+                await listener.stop()
+
+    asyncio.run(scenario())
+
+
+def test_a_coordinator_whose_claim_is_gone_commits_nothing(config):
+    """The state a coordinator finds when it resumes after a pause longer than its session: its
+    claim gone with the session and the group claimed by another listener, its registration
+    perhaps not yet noticed as gone. A commit it serves then is NOT_COORDINATOR and writes
+    nothing, before any refresh could tell it (docs/protocol.md section 9.5, timing rule)."""
+    from kio.schema.offset_commit.v8.request import OffsetCommitRequestPartition, OffsetCommitRequestTopic
+
+    topic, group = f"o{uuid.uuid4().hex[:10]}", f"g{uuid.uuid4().hex[:8]}"
+    with Coordination(config) as coordination:
+        create_topic(coordination, config.root_prefix, topic, 1)
+    with LogWriter(config) as writer:
+        writer.append(topic, 0, [b"x"] * 10)
+
+    def commit(pipeline: Pipeline, offset: int) -> ErrorCode:
+        pipeline.send("offset_commit", 8, group_id=group, generation_id_or_member_epoch=-1, member_id="",
+                      group_instance_id=None, topics=(OffsetCommitRequestTopic(name=topic, partitions=(
+                          OffsetCommitRequestPartition(partition_index=0, committed_offset=offset,
+                                                       committed_leader_epoch=-1, committed_metadata=""),)),))
+        return pipeline.receive()[1].topics[0].partitions[0].error_code
+
+    port = free_port()
+    with run_broker(config, args=["--kafka-port", str(port)]), Coordination(config) as other:
+        pipeline = Pipeline(f"127.0.0.1:{port}")
+        try:
+            assert commit(pipeline, 3) == ErrorCode.none  # claims the group
+            key = kafka_group_key(config.root_prefix, group)
+            claim = other.get(key, KAFKA_PARTITION_KEY)
+            assert claim is not None
+            # The session's end deletes the claim; another listener claims the group.
+            assert other.delete(key, KAFKA_PARTITION_KEY, claim.version_id)
+            other.claim(key, Listener(99, "127.0.0.1", 1, "another-broker", now_ms()).to_json(), KAFKA_PARTITION_KEY)
+            assert commit(pipeline, 7) == ErrorCode.not_coordinator
+        finally:
+            pipeline.close()
+        assert [r.committed_offset for r in describe_group(other, config.root_prefix, group, [topic])] == [3]
