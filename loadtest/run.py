@@ -336,8 +336,8 @@ def reconcile_produce(records: int, log_records: int, transport_errors: int, put
     """What did not reconcile in a produce phase (module doc); empty when everything did."""
     problems = []
     if log_records != records and not (transport_errors and log_records >= records):
-        timed_out = f" ({transport_errors} request(s) timed out: at least)" if transport_errors else ""
-        problems.append(f"the log gained {log_records} records, the acks say {records}{timed_out}")
+        at_least = f" at least (with {transport_errors} request(s) timed out)" if transport_errors else ""
+        problems.append(f"the log gained {log_records} records, the acks say{at_least} {records}")
     if puts_from_metrics is None:
         problems.append(f"a broker's /metrics has no {COUNTERS['s3_put']}: S3 PUTs not checked")
     elif puts_from_metrics < puts_from_acks:
