@@ -46,10 +46,12 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from bench.report import CpuMeter, emit, env_int, progress, random_values, s3_server_marker, timed_together
+from bench.report import CpuMeter, emit, env_int, llog_records, progress, random_values, s3_server_marker, timed_together
 from llog.codec import HEADERS_TYPE
 from llog.config import Config
 from llog.describe import describe_topic
+from llog.errors import PartitionNotInitialized
+from llog.partitioner import kafka_partitions
 from llog.reader import LogReader, ReadRequest
 from llog.topics import create_topic
 from llog.writer import AppendGroup, LogWriter
@@ -202,6 +204,44 @@ SINK_CASES = {
 }
 
 
+#: Records of each partition :func:`check_sink_sample` reads back (its first ones).
+SAMPLE_PER_PARTITION = 200
+
+
+def check_sink_sample(reader: LogReader, topic: str, columns: str) -> str | None:
+    """What is wrong with the first :data:`SAMPLE_PER_PARTITION` records of each partition of
+    a sink case's ``topic`` (``columns``: ``"v1"`` or ``"v2-none"``, :func:`_sink_columns`), or
+    None: each value is the rate source's ``seq`` left-padded with ``x`` to 100 bytes; ``v1``
+    records sit in partition ``seq % 8`` with no key or headers, ``v2-none`` records have the key
+    ``seq`` left-padded with ``k`` to 16 bytes, the one header, and sit where murmur2 of the key
+    puts them. (How many records landed is checked per query, by ``landed``.)"""
+    sampled = 0
+    for p in range(PARTITIONS):
+        try:
+            first, high_watermark = reader.offsets(topic, p)
+        except PartitionNotInitialized:  # nothing was written to it
+            continue
+        if high_watermark < first:
+            continue
+        for r in reader.read_range(topic, p, first, min(high_watermark, first + SAMPLE_PER_PARTITION - 1)):
+            seq = r.value.lstrip(b"x") if r.value is not None else b""
+            where = f"partition {p} offset {r.offset}"
+            if len(r.value or b"") != VALUE_BYTES or not seq.isdigit():
+                return f"{where}: value {r.value!r} is not a seq padded to {VALUE_BYTES} bytes"
+            if columns == "v1":
+                if int(seq) % PARTITIONS != p or r.key is not None or r.headers is not None:
+                    return f"{where}: seq {int(seq)} with key {r.key!r}, headers {r.headers!r}: expected partition " \
+                           f"{int(seq) % PARTITIONS}, no key, no headers"
+            else:
+                key = seq.rjust(KEY_BYTES, b"k")[:KEY_BYTES]  # Spark's lpad: padded on the left, cut on the right
+                placed = int(kafka_partitions(pa.array([key], pa.binary()), PARTITIONS)[0])
+                if r.key != key or r.headers != [HEADER] or placed != p:
+                    return f"{where}: seq {int(seq)} with key {r.key!r}, headers {r.headers!r}: expected key {key!r} " \
+                           f"in partition {placed}, headers {[HEADER]!r}"
+            sampled += 1
+    return None if sampled else f"no record to sample in {topic}"
+
+
 def run_sink(config: Config, rows: int, batches: int, rounds: int, metrics_file: Path | None = None
              ) -> dict[str, dict]:
     """The sink cases in turn. ``metrics_file``: the sink's metrics file of a Spark that is
@@ -231,11 +271,12 @@ def run_sink(config: Config, rows: int, batches: int, rounds: int, metrics_file:
                 before = len(metrics_file.read_text().splitlines())
                 meter = CpuMeter(s3_server)
                 columns, fmt, _ = SINK_CASES[case]
+                topic = f"records-sink-{case}"
                 got, metered = micro_batch_seconds(
                     spark, _sink_columns(columns), fmt,
-                    {**options, "topic": f"records-sink-{case}", "partitions": str(PARTITIONS),
-                     "compression": "none"},
-                    Path(tmp) / f"ck-{case}-{r}", meter, rows, batches, deadline_s=300)
+                    {**options, "topic": topic, "partitions": str(PARTITIONS), "compression": "none"},
+                    Path(tmp) / f"ck-{case}-{r}", meter, rows, batches, deadline_s=300,
+                    landed=(lambda topic=topic: llog_records(config, topic)) if fmt == "llog" else None)
                 seconds[case] += got
                 cpu[case].append((meter.machine_s, meter.process_s, metered))
                 if SINK_CASES[case][1] == "llog":
@@ -251,6 +292,11 @@ def run_sink(config: Config, rows: int, batches: int, rounds: int, metrics_file:
     with LogReader(config) as reader:  # what the llog cases stored, from their index entries
         stored = {case: describe_topic(reader.coordination, config.root_prefix, f"records-sink-{case}", reader.objects)
                   for case, (_, sink, _) in SINK_CASES.items() if sink == "llog"}
+        for case in stored:
+            problem = check_sink_sample(reader, f"records-sink-{case}", SINK_CASES[case][0])
+            if problem is not None:
+                emit({"bench": "records", "case": "sink", "format": case, "status": "failed", "problem": problem})
+                raise RuntimeError(f"records sink {case}: {problem}")
     out = {}
     for case in SINK_CASES:
         median = statistics.median(seconds[case])

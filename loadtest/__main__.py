@@ -1,7 +1,8 @@
 """``python -m loadtest [--scenario NAME ...] [--duration S] [--brokers N [--balancer
 [--no-route-key]]] [--keep]``: start a private local stack and the brokers (behind HAProxy with
 ``--balancer``), run the scenarios (default: all, short), write the run directory and print the
-summary as the last line of stdout."""
+summary as the last line of stdout. Exits 1 when the counts did not reconcile
+(:mod:`loadtest.run`)."""
 
 from __future__ import annotations
 
@@ -61,6 +62,9 @@ def main(argv: list[str] | None = None) -> int:
         finally:
             local_stack.down(stack_dir, purge=not args.keep)
     print(json.dumps(summary), flush=True)
+    if not summary["reconciled"]:
+        progress(f"counts did not reconcile: {summary['unreconciled']}")
+        return 1
     return 0
 
 

@@ -207,9 +207,13 @@ def cpu_seconds(pid: int | None) -> float | None:
     return (int(fields[11]) + int(fields[12])) / _CLOCK_TICKS  # utime, stime (fields 14 and 15)
 
 
+#: Where a missing counter means 0: ``s3.operations`` lists only the operations S3 has seen.
+_ZERO_WHEN_ABSENT = "s3.operations."
+
+
 def counter(metrics: dict | None, name: str) -> float | None:
-    """The :data:`COUNTERS` entry ``name`` in one ``/metrics`` answer, or None (no answer; an
-    operation S3 has not seen yet counts 0)."""
+    """The :data:`COUNTERS` entry ``name`` in one ``/metrics`` answer, or None (no answer, or a
+    counter it does not report; an operation S3 has not seen yet counts 0)."""
     if metrics is None:
         return None
     total = 0
@@ -220,7 +224,10 @@ def counter(metrics: dict | None, name: str) -> float | None:
             node = node.get(part) if isinstance(node, dict) else None
         if not isinstance(node, dict):
             return None  # not this broker's /metrics
-        total += node.get(last, 0)
+        value = node.get(last, 0 if path.startswith(_ZERO_WHEN_ABSENT) else None)
+        if not isinstance(value, (int, float)):
+            return None
+        total += value
     return total
 
 

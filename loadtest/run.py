@@ -19,7 +19,10 @@ Counts reconcile: a produce phase reads each partition's high watermark before a
 attack, so ``log_records`` (what the log gained) can be checked against ``records`` (acked
 requests x records per request); they are equal unless a request timed out (its records may
 or may not have been written). S3 PUTs are counted two ways: distinct ``wal_uri`` in the acks
-(one blob, one PUT) and the brokers' ``/metrics`` counter when it exists.
+(one blob, one PUT) and the brokers' ``/metrics`` counter, which must be at least the first. A
+consume phase's records (the bodies' ``record_count``) must equal the brokers' counter. A
+counter some broker does not report fails the reconciliation: what cannot be checked is not
+taken as checked. ``unreconciled`` lists, per phase, what did not reconcile.
 """
 
 from __future__ import annotations
@@ -45,7 +48,7 @@ from llog.reader import LogReader
 from llog.topics import create_topic
 from loadtest import probe, vegeta
 from llog_tools.local_stack import PARTITION_HEADER
-from loadtest.brokers import Balancer, Broker, MetricsSampler, counter_delta, cpu_seconds
+from loadtest.brokers import COUNTERS, Balancer, Broker, MetricsSampler, counter_delta, cpu_seconds
 from loadtest.scenarios import Scenario, consume_body, produce_body
 
 RESULTS_DIR = Path(__file__).resolve().parent / "results"
@@ -228,16 +231,15 @@ class Run:
 
             stats, before, after, attack = self._attack(scenario, out, targets, brokers, -1, on_body, log_records)
         records, log_records = stats.ok * n, attack.pop("marked")
-        result = {**stats.summary(), "records_per_request": n, "records": records,
-                  "records_per_s": round(records / stats.span_s) if stats.ok else 0,
-                  "mb_per_s": round(records * scenario.record_bytes / stats.span_s / 1e6, 2) if stats.ok else 0.0,
-                  "log_records": log_records,
-                  # a request that timed out may have been written, or not
-                  "reconciled": log_records == records if not stats.transport_errors else log_records >= records,
-                  **attack}
         puts_acks = len(wal_uris)
         puts_metrics = counter_delta(before, after, "s3_put")
         gets_metrics = counter_delta(before, after, "s3_get")
+        problems = reconcile_produce(records, log_records, stats.transport_errors, puts_acks, puts_metrics)
+        result = {**stats.summary(), "records_per_request": n, "records": records,
+                  "records_per_s": round(records / stats.span_s) if stats.ok else 0,
+                  "mb_per_s": round(records * scenario.record_bytes / stats.span_s / 1e6, 2) if stats.ok else 0.0,
+                  "log_records": log_records, **_reconciliation(problems),
+                  **attack}
         puts = puts_metrics if puts_metrics is not None else puts_acks
         result.update({
             "s3_puts_from_acks": puts_acks, "s3_puts_from_metrics": puts_metrics,
@@ -291,7 +293,7 @@ class Run:
                   "records_per_s": round(records / stats.span_s) if stats.ok else 0,
                   "mb_per_s": round(records * size / stats.span_s / 1e6, 2) if stats.ok else 0.0,
                   "records_from_metrics": from_metrics, "bodies_without_record_count": counted["unparsed"],
-                  "reconciled": (from_metrics == records) if from_metrics is not None else None,
+                  **_reconciliation(reconcile_consume(records, from_metrics)),
                   "tail_cache_hits": counter_delta(before, after, "tail_cache_hits"),
                   "tail_cache_misses": counter_delta(before, after, "tail_cache_misses"),
                   "s3_gets_from_metrics": gets,
@@ -327,6 +329,33 @@ async def _preload(run: Run, scenario: Scenario) -> dict[int, int]:
 
         lasts = await asyncio.gather(*(fill(p) for p in range(scenario.partitions)))
     return dict(enumerate(lasts))
+
+
+def reconcile_produce(records: int, log_records: int, transport_errors: int, puts_from_acks: int,
+                      puts_from_metrics: float | None) -> list[str]:
+    """What did not reconcile in a produce phase (module doc); empty when everything did."""
+    problems = []
+    if log_records != records and not (transport_errors and log_records >= records):
+        at_least = f" at least (with {transport_errors} request(s) timed out)" if transport_errors else ""
+        problems.append(f"the log gained {log_records} records, the acks say{at_least} {records}")
+    if puts_from_metrics is None:
+        problems.append(f"a broker's /metrics has no {COUNTERS['s3_put']}: S3 PUTs not checked")
+    elif puts_from_metrics < puts_from_acks:
+        problems.append(f"the brokers counted {puts_from_metrics:g} S3 PUTs, the acks name {puts_from_acks} blobs")
+    return problems
+
+
+def reconcile_consume(records: int, records_from_metrics: float | None) -> list[str]:
+    """What did not reconcile in a consume phase (module doc); empty when everything did."""
+    if records_from_metrics is None:
+        return [f"a broker's /metrics has no {COUNTERS['consume_records']}: the records returned not checked"]
+    if records_from_metrics != records:
+        return [f"the brokers counted {records_from_metrics:g} records returned, the bodies hold {records}"]
+    return []
+
+
+def _reconciliation(problems: list[str]) -> dict:
+    return {"reconciled": not problems, "unreconciled": problems}
 
 
 def _high_watermark(reader: LogReader, topic: str, partition: int) -> int:
@@ -448,7 +477,9 @@ def summarize(phases: dict[str, dict]) -> dict:
         "overload_503_retry_after": get("overload", "retry_after_503"),
         "overload_non_503_errors": get("overload", "overload_non_503_errors"),
         "unexpected_non_200": unexpected,
-        "reconciled": all(p.get("reconciled") is not False for p in phases.values()),
+        # Every phase that counts records reconciles them (the long-poll probe counts none).
+        "reconciled": all(p["reconciled"] is True for p in phases.values() if "reconciled" in p),
+        "unreconciled": {name: p["unreconciled"] for name, p in phases.items() if p.get("unreconciled")},
         "phases": phases,
     }
 

@@ -12,6 +12,9 @@ JSON, by step):
                 b*R+R-1``) into the topic, until ``--batches`` batches are done
                 (tests.helpers.sink_query, which runs local mode).
 
+With ``--master``, each step's result also holds ``tasks_by_executor``: the tasks it ran, by
+executor id (:func:`tasks_by_executor`).
+
 Settings come from LLOG_* variables. ``--register`` calls ``pyspark_llog.register(spark)``
 first, for a Spark whose own lookup misses llog.
 """
@@ -101,6 +104,17 @@ def sink(spark, options, args) -> dict:
         query.stop()
 
 
+def tasks_by_executor(spark) -> dict[str, int]:
+    """Tasks each executor of this application has finished so far, by executor id ("driver" for
+    tasks run in the driver, as local mode runs them): Spark's status store, which the UI's
+    executors page reads (kept with the UI off), once the listener bus has delivered every event."""
+    context = spark.sparkContext._jsc.sc()
+    context.listenerBus().waitUntilEmpty()
+    executors = context.statusStore().executorList(False)
+    return {executors.apply(i).id(): executors.apply(i).completedTasks() + executors.apply(i).failedTasks()
+            for i in range(executors.size())}
+
+
 STEPS = {"write-read": write_read, "group-read": group_read, "sink": sink}
 
 
@@ -124,7 +138,14 @@ def main() -> None:
 
             pyspark_llog.register(spark)
         options = {k.lower(): v for k, v in Config.load().to_options().items()}
-        results = {step: STEPS[step](spark, options, args) for step in args.steps}
+        results = {}
+        for step in args.steps:
+            before = tasks_by_executor(spark) if args.master else {}
+            results[step] = STEPS[step](spark, options, args)
+            if args.master:
+                after = tasks_by_executor(spark)
+                results[step]["tasks_by_executor"] = {e: n - before.get(e, 0) for e, n in after.items()
+                                                      if n > before.get(e, 0)}
     finally:
         spark.stop()
     print(json.dumps(results))

@@ -260,30 +260,48 @@ def test_gc_deletes_exactly_the_old_unreferenced_blobs(config):
         young = objects.put(shared_wal_object(config.root_prefix), b"too young")
 
         # Writers append while GC runs: what they write is young, and referenced.
-        stop = threading.Event()
+        stop, appended, failed = threading.Event(), [], []
 
         def append_while_gc_runs():
-            while not stop.is_set():
-                writer.append("g", 1, [b"concurrent"])
+            try:
+                while not stop.is_set():
+                    appended.append(writer.append("g", 1, [b"concurrent"]))
+            except Exception as e:  # noqa: BLE001 - asserted below
+                failed.append(e)
+
+        def appends_after(count: int) -> None:
+            deadline = time.monotonic() + 30
+            while len(appended) <= count and not failed and time.monotonic() < deadline:
+                time.sleep(0.005)
+            assert len(appended) > count, f"the appender made no append in 30 s: {failed}"
 
         appender = threading.Thread(target=append_while_gc_runs)
         appender.start()
         try:
+            appends_after(0)  # appending when the pass begins
             referenced = referenced_blobs(coordination, config.root_prefix,
                                           all_partitions(coordination, config.root_prefix))
+            scanned = len(appended)
+            appends_after(scanned)  # and between the scan and the listing: blobs no reference it scanned names
+            listed = len(appended)
             report = collect_garbage(objects, config.root_prefix, referenced, config.gc_grace_ms)
         finally:
             stop.set()
             appender.join(30)
+        assert not failed and not appender.is_alive()
 
         blobs = {f"s3://{config.s3_bucket}/{o.key}" for o in objects.list(shared_wal_prefix(config.root_prefix))}
         assert orphan in report.deleted_uris and staged[0].wal_uri in report.deleted_uris
         assert young in blobs and orphan not in blobs and staged[0].wal_uri not in blobs
-        # The 4 shared blobs still back partition 1's WAL entries: all kept.
+        # The 4 shared blobs still back partition 1's WAL entries: all kept. So are the blobs of the
+        # appends that landed after the scan (too young), and of every append made meanwhile.
         assert report.deleted == 2 and not set(report.deleted_uris) & referenced
+        after_scan = {r.wal_uri for r in appended[scanned:listed]} - referenced
+        assert after_scan and report.too_young >= len(after_scan) + 1 and after_scan <= blobs
+        assert {r.wal_uri for r in appended} <= blobs
         with LogReader(config, coordination=coordination) as reader:
             assert _log(reader, "g", 0) == values[0]
-            assert _log(reader, "g", 1)[:40] == values[1]
+            assert _log(reader, "g", 1) == values[1] + [b"concurrent"] * len(appended)
         # The age rule: the deleted staged blob can never be referenced again.
         with pytest.raises(StaleBlob):
             writer.commit_staged(staged, SinkBatch("late", 0))

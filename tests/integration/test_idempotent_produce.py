@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import signal
 
 import httpx
 import pytest
@@ -215,10 +216,17 @@ def test_a_produce_resent_to_another_broker_after_the_first_died_lands_once(conf
     with run_broker(config, **settings) as (first_url, first_proc):
         try:
             response = _produce(first_url, body)
-            first_offsets = _offsets(response) if response.status_code == 200 else None
         except httpx.TransportError:
-            pass  # it died before answering: the client cannot tell whether it was written
-        first_proc.kill()
+            response = None  # it died before answering: the client cannot tell whether it was written
+        if kill == "before_answer":
+            # The failpoint fired: the broker killed itself (SIGKILL) once the offsets were
+            # reserved, with no answer sent; nobody else has killed it yet.
+            assert response is None, f"the broker answered {response.status_code}: the failpoint did not fire"
+            assert first_proc.wait(30) == -signal.SIGKILL
+        else:
+            assert response.status_code == 200 and first_proc.poll() is None, response.text
+            first_offsets = _offsets(response)
+            first_proc.kill()
         first_proc.wait(30)
     with run_broker(config) as (second_url, _):
         again = _produce(second_url, body)

@@ -16,10 +16,10 @@ import pytest
 
 from llog.compactor import Compactor
 from llog.consumer_groups import commit_offsets, committed_offsets
-from llog.errors import AppendOutcomeUnknown
+from llog.errors import AppendOutcomeUnknown, LlogError, TopicDeleted
 from llog.coordination import Coordination
 from llog.gc import gc_pass
-from llog.keys import TopicPartition
+from llog.keys import TopicPartition, partition_keys
 from llog.objects import ObjectStore
 from llog.reader import LogReader, ReadRequest
 from llog.topics import alter_topic, create_topic, delete_topic, read_topic
@@ -93,8 +93,14 @@ def test_a_writer_paused_after_reserving_writes_nothing_into_the_new_topic(clien
             new.append(T, 0, expected)
 
     hooks["writer.after_reserve"] = meanwhile
-    with contextlib.suppress(Exception):  # acked into the deleted incarnation, or refused: either is honest
-        old.append(T, 0, [b"old-4", b"old-5", b"old-6"])
+    old_id = read_topic(old.coordination, config.root_prefix, T).record.topic_id
+    late = old.append(T, 0, [b"old-4", b"old-5", b"old-6"])
+    # Its reservation landed before the tombstone: acknowledged in the deleted incarnation, at the
+    # offsets it reserved there, and gone with it (section 12.3), never moved to the new one.
+    assert "writer.after_reserve" not in hooks  # the pause happened: the topic was re-created meanwhile
+    assert (late.start_offset, late.end_offset, late.duplicate) == (4, 6, False)
+    assert late.index_key == partition_keys(config.root_prefix, T, 0, old_id).index(6)
+    assert read_topic(new.coordination, config.root_prefix, T).record.topic_id != old_id
     if collide:
         new.append(T, 0, expected)
     _assert_new_topic(config, objects, expected, [len(expected)])
@@ -139,8 +145,11 @@ def test_a_helper_paused_before_materializing_writes_nothing_into_the_new_topic(
         expected.extend(_new_records(new, 6))
 
     hooks["control.before_materialize"] = meanwhile
-    with Compactor(config, clock=past_the_lag()) as compactor, contextlib.suppress(Exception):
-        compactor.compact_partition(T, 0)  # step 0 finishes the pending append, paused before its create
+    # Step 0 finishes the pending append, paused before its create; back, it finds the tombstone
+    # and stops (section 12.3).
+    with Compactor(config, clock=past_the_lag()) as compactor, pytest.raises(TopicDeleted, match="was deleted"):
+        compactor.compact_partition(T, 0)
+    assert "control.before_materialize" not in hooks  # the pause happened
     _assert_new_topic(config, objects, expected)
 
 
@@ -161,8 +170,11 @@ def test_a_compactor_paused_across_a_recreate_changes_nothing_in_the_new_topic(c
         expected.extend(_new_records(new, 12))
 
     hooks[point] = meanwhile
-    with Compactor(config, clock=past_the_lag()) as compactor, contextlib.suppress(Exception):
+    # It stops when its next step finds the incarnation gone (section 12.3); the error says which
+    # key it missed, and depends on the step, so only llog's own errors are let through.
+    with Compactor(config, clock=past_the_lag()) as compactor, contextlib.suppress(LlogError):
         compactor.compact_partition(T, 0)
+    assert point not in hooks  # the pause happened
     _assert_new_topic(config, objects, expected)
     # The new topic compacts as any other (a stale meta/compaction record would wedge it).
     with Compactor(config, clock=past_the_lag()) as compactor:
@@ -185,8 +197,9 @@ def test_a_retention_pass_paused_across_a_recreate_changes_nothing_in_the_new_to
         expected.extend(_new_records(new, 12))
 
     hooks["retention.before_control_update"] = meanwhile
-    with Compactor(config, clock=past_the_lag()) as compactor, contextlib.suppress(Exception):
+    with Compactor(config, clock=past_the_lag()) as compactor, pytest.raises(TopicDeleted, match="was deleted"):
         compactor.retain_partition(T, 0)
+    assert "retention.before_control_update" not in hooks  # the pause happened
     with LogReader(config) as fresh:
         assert fresh.offsets(T, 0) == (1, 12)
     _assert_new_topic(config, objects, expected)

@@ -225,21 +225,47 @@ def test_the_http_consume_of_the_same_broker_returns_what_a_kafka_client_produce
                       "timestamp": 1_650_000_000_000}
 
 
-def test_a_long_poll_returns_as_soon_as_a_record_is_produced(listeners):
+#: The consumer's fetch.wait.max.ms in the long-poll test, and how soon after its ack a record must
+#: reach the waiting fetch: a fetch not woken would answer only when its wait ends.
+LONG_POLL_WAIT_S, WOKEN_WITHIN_S = 15, 3
+
+
+def _long_polls_waiting(url: str) -> int:
+    import httpx
+
+    return httpx.get(f"{url}/metrics", timeout=30).json()["http"]["consume_long_poll_waiters_current"]
+
+
+def test_a_long_poll_returns_as_soon_as_a_record_is_produced(brokers):
+    """A fetch waiting at the partition's end on one broker is woken by a record produced through
+    the other (its probe sees the high watermark move): the record arrives within
+    :data:`WOKEN_WITHIN_S` of its ack, long before the fetch's wait would have ended."""
+    (_, producing), (consuming_url, consuming) = brokers
     topic = _topic()
-    producer = Producer({"bootstrap.servers": listeners[0]})
+    producer = Producer({"bootstrap.servers": producing, "linger.ms": 0})
     producer.produce(topic, b"first", partition=0)
     assert producer.flush(30) == 0
-    consumer = Consumer({"bootstrap.servers": listeners[1], "group.id": "lp", "fetch.wait.max.ms": 5000})
+    consumer = Consumer({"bootstrap.servers": consuming, "group.id": "lp",
+                         "fetch.wait.max.ms": LONG_POLL_WAIT_S * 1000})
     try:
+        assigned = time.monotonic()  # no fetch of this consumer begins before
         consumer.assign([KafkaPartition(topic, 0, 2)])
         assert consumer.poll(1.0) is None  # nothing past offset 1 yet: the fetch waits
+        while _long_polls_waiting(consuming_url) < 1:  # held by the broker, not answered yet
+            assert time.monotonic() - assigned < 10, "the consumer's fetch is not waiting on the broker"
+            time.sleep(0.05)
         producer.produce(topic, b"second", partition=0)
         assert producer.flush(30) == 0
-        deadline, message = time.monotonic() + 30, None
-        while message is None and time.monotonic() < deadline:
-            message = consumer.poll(0.5)
-        assert message is not None and message.error() is None and message.value() == b"second"
+        acked = time.monotonic()
+        # A fetch that was not woken would answer at least this long after the ack.
+        assert assigned + LONG_POLL_WAIT_S - acked > 2 * WOKEN_WITHIN_S, "the produce came too late to tell"
+        message = None
+        while message is None and time.monotonic() < acked + LONG_POLL_WAIT_S + 15:
+            message = consumer.poll(0.05)
+        waited = time.monotonic() - acked
+        assert message is not None and message.error() is None
+        assert (message.offset(), message.value()) == (2, b"second")
+        assert waited < WOKEN_WITHIN_S, f"the record came {waited:.1f} s after its ack: the waiting fetch was not woken"
     finally:
         consumer.close()
 

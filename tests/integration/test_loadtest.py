@@ -38,7 +38,7 @@ def test_a_tiny_run_writes_its_directory_and_reconciles(stack, tmp_path):
                 "long_poll_e2e_p99_ms", "s3_puts_per_s", "s3_cost_usd_per_million_records",
                 "overload_non_503_errors"):
         assert key in summary
-    assert summary["unexpected_non_200"] == {} and summary["reconciled"]
+    assert summary["unexpected_non_200"] == {} and summary["reconciled"] and summary["unreconciled"] == {}
     phases = summary["phases"]
 
     for name in ("produce-max", "produce-rate", "overload"):

@@ -158,7 +158,7 @@ class _Load:
     """Appends from a thread of its own, round-robin over the partitions, until stopped."""
 
     config: Config
-    acked: list[tuple[int, int, bytes]] = field(default_factory=list)  # (partition, offset, value)
+    acked: list[tuple[int, int, bytes, float]] = field(default_factory=list)  # (partition, offset, value, acked at)
     calls: list[tuple[float, float]] = field(default_factory=list)  # (started, seconds)
     errors: list[str] = field(default_factory=list)
     stop: threading.Event = field(default_factory=threading.Event)
@@ -168,18 +168,32 @@ class _Load:
         self.thread.start()
 
     def _run(self) -> None:
-        with LogWriter(self.config, auto_initialize=True) as writer:
-            n = 0
-            while not self.stop.is_set():
-                p, value = n % PARTITIONS, f"load-{uuid4().hex[:8]}-{n}".encode()
-                started = time.monotonic()
-                try:
-                    result = writer.append(TOPIC, p, [value])
-                    self.acked.append((p, result.start_offset, value))
-                except Exception as e:  # noqa: BLE001 - every failure is a finding, reported by the test
-                    self.errors.append(f"append to {p}: {type(e).__name__}: {e}")
-                self.calls.append((started, time.monotonic() - started))
-                n += 1
+        try:
+            with LogWriter(self.config, auto_initialize=True) as writer:
+                n = 0
+                while not self.stop.is_set():
+                    p, value = n % PARTITIONS, f"load-{uuid4().hex[:8]}-{n}".encode()
+                    started = time.monotonic()
+                    try:
+                        result = writer.append(TOPIC, p, [value])
+                        self.acked.append((p, result.start_offset, value, time.monotonic()))
+                    except Exception as e:  # noqa: BLE001 - every failure is a finding, reported by the test
+                        self.errors.append(f"append to {p}: {type(e).__name__}: {e}")
+                    self.calls.append((started, time.monotonic() - started))
+                    n += 1
+        except Exception as e:  # noqa: BLE001 - a writer that could not start (or stop) is a finding too
+            self.errors.append(f"the load's writer: {type(e).__name__}: {e}")
+
+    def acked_between(self, start: float, end: float) -> int:
+        """Appends acknowledged between the monotonic times ``start`` and ``end``."""
+        return sum(1 for *_, at in self.acked if start < at <= end)
+
+    def wait_for_acks(self, count: int, timeout_s: float = CALL_BOUND_S) -> None:
+        """Until ``count`` appends are acknowledged in all (the load is under way)."""
+        deadline = time.monotonic() + timeout_s
+        while len(self.acked) < count and not self.errors and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert len(self.acked) >= count, f"the load acknowledged {len(self.acked)} appends, errors {self.errors[:5]}"
 
     def finish(self) -> None:
         self.stop.set()
@@ -200,7 +214,8 @@ def _kill_under_load(stack_dir: Path, root_prefix: str, victim: str) -> dict:
     with LogWriter(config, auto_initialize=True) as writer, LogReader(config) as reader:
         load = _Load(config)
         try:
-            time.sleep(1)  # the load is under way
+            time.sleep(1)
+            load.wait_for_acks(1)  # the load is under way
             killed = kill_service(stack_dir, victim)
             offset = writer.append(TOPIC, partition, [b"first after the kill"]).start_offset
             appended_at = time.monotonic()
@@ -209,14 +224,22 @@ def _kill_under_load(stack_dir: Path, root_prefix: str, victim: str) -> dict:
             servers = _servers(stack_dir)
             assert servers[victim]["pid"] is None and not status(stack_dir)["running"]
             time.sleep(1)
+            restarting_at = time.monotonic()
             started = start_service(stack_dir, victim)
+            started_at = time.monotonic()
             time.sleep(1)  # the load goes on with the server back
+            load.wait_for_acks(len(load.acked) + 1)
         finally:
             load.finish()
         assert load.errors == [], load.errors[:5]
+        # The load ran through it all: appends were acknowledged with the victim down, and after
+        # it was back (a load of none would pass everything below).
+        down_acks = load.acked_between(killed["killed_at"], restarting_at)
+        assert down_acks > 0, f"no append of the load was acknowledged while {victim} was down"
+        assert load.acked_between(started_at, time.monotonic()) > 0, f"no append after {victim} was back"
         during = [seconds for at, seconds in load.calls if at + seconds >= killed["killed_at"]]  # ended after it
         by_partition: dict[int, dict[int, bytes]] = {}
-        for p, offset, value in load.acked:
+        for p, offset, value, _ in load.acked:
             by_partition.setdefault(p, {})[offset] = value
         for p, expected in by_partition.items():
             got = {r.offset: r.value for r in reader.read_range(TOPIC, p, min(expected), max(expected))}
@@ -227,7 +250,8 @@ def _kill_under_load(stack_dir: Path, root_prefix: str, victim: str) -> dict:
     timings = {
         "victim": victim, "led_shards": led, "first_append_s": first_append_s, "first_read_s": first_read_s,
         "rejoined_after_start_s": started["healthy_after_s"], "load_appends": len(load.acked),
-        "load_appends_after_kill": len(during), "slowest_load_append_s": max(during, default=0.0),
+        "load_appends_after_kill": len(during), "load_acks_while_down": down_acks,
+        "slowest_load_append_s": max(during, default=0.0),
     }
     print(f"\nkill {victim}: " + ", ".join(f"{k} {v:.3f}" if isinstance(v, float) else f"{k} {v}"
                                          for k, v in timings.items()))

@@ -8,7 +8,9 @@ import pytest
 
 from llog.clock import ShiftedClock
 from llog.coordination import Coordination
+from llog.errors import ObjectNotFound
 from llog.gc import gc_pass
+from llog.keys import shared_wal_object
 from llog.objects import ObjectStore
 from llog.reader import LogReader, ReadRequest
 from llog.sink_batches import SinkBatchOutOfOrder, pin_batch
@@ -53,13 +55,28 @@ def test_a_replay_commits_the_pinned_cut_not_its_own(parts):
         pin_batch(coordination, objects, config, "q1", 0, first, writer.clock)
 
 
-def test_gc_keeps_the_blobs_of_a_pinned_batch(parts):
+def test_gc_keeps_the_blobs_of_a_pinned_batch_and_deletes_the_unreferenced(parts):
+    """An hour on, GC deletes exactly the blobs nothing references (the slices of an attempt
+    whose batch was pinned by another, an orphan) and keeps the pinned slice and a committed
+    append's blob: the pinned batch still commits, whole."""
     config, writer, coordination, objects = parts
     rows = [b"a", b"b", b"c"]
     pinned = pin_batch(coordination, objects, config, "q2", 7, _cut(config, objects, rows, 1), writer.clock)
+    lost = _cut(config, objects, rows[::-1], 2)  # the same batch staged again: the pin is not its cut
+    assert pin_batch(coordination, objects, config, "q2", 7, lost, writer.clock) == pinned
+    orphan = objects.put(shared_wal_object(config.root_prefix), b"an aborted append's blob")
+    committed = writer.append("t", 0, [b"before"])
+
     report = gc_pass(coordination, objects, config.root_prefix, config.gc_grace_ms, clock=past_the_lag())
-    assert pinned[0].wal_uri not in report.deleted_uris
-    assert objects.get(pinned[0].wal_uri)  # still there, an hour on: a replay may still commit it
+    unreferenced = {s.wal_uri for s in lost} | {orphan}
+    assert len(unreferenced) == 3 and sorted(report.deleted_uris) == sorted(unreferenced)
+    assert (report.listed, report.referenced, report.too_young) == (5, 2, 0)
+    for uri in unreferenced:
+        with pytest.raises(ObjectNotFound):
+            objects.get(uri)
+    assert objects.get(committed.wal_uri) and objects.get(pinned[0].wal_uri)  # kept: a replay may still commit it
+    writer.commit_staged(pinned, SinkBatch("q2", 7))
+    assert _log(config) == [b"before", *rows]
 
 
 def test_a_replay_long_after_the_crash_commits_copies_of_the_pinned_slices(parts):

@@ -36,6 +36,10 @@ def test_batch_write_and_read_then_a_consumer_group_reads_the_topic(cluster, con
                      "--group", "billing", "--checkpoint", str(tmp_path / "ck"))
     assert out["write-read"]["values"] == list(range(500))
     assert out["group-read"]["values"] == list(range(500))
+    # The steps' tasks ran in the workers' executors, none in the driver (as local mode would).
+    for step in ("write-read", "group-read"):
+        tasks = out[step]["tasks_by_executor"]
+        assert tasks and "driver" not in tasks and min(tasks.values()) > 0, (step, tasks)
     with Coordination(config) as coordination:
         lags = {(r.topic, r.partition): r.lag for r in describe_group(coordination, config.root_prefix, "billing")}
     assert lags == {("batch", p): 0 for p in range(3)}
