@@ -412,6 +412,14 @@ class Coordination:
         self.stats: collections.Counter[str] = collections.Counter()
         #: Latency and failures per operation (:meth:`_call`), for whoever exposes metrics.
         self.timings = OpTimings()
+        self._gate_passed = False
+
+    def _pass_gate(self) -> None:
+        """Before this client's first write: the deployment gate (docs/protocol.md section 9.2)."""
+        if not self._gate_passed:
+            from llog.deployment import pass_gate  # it imports this module
+
+            self._gate_passed = pass_gate(self.config, coordination=self)
 
     @staticmethod
     def _connect(config: Config) -> _Shards:
@@ -608,6 +616,7 @@ class Coordination:
         :class:`CoordinationError`) is raised with ``outcomes`` set on it: per key its version
         id, its :class:`VersionConflict`, :class:`WriteOutcomeUnknown` where an attempt was sent
         and no answer came back (it may have landed), or None where nothing was sent."""
+        self._pass_gate()
         out: list[int | VersionConflict | BaseException | None] = [None] * len(items)
         for shard, indexes in self._by_shard((key, pk) for key, _, pk, _ in items).items():
             batch = [wire.PutRequest(key=items[i][0], value=items[i][1], partition_key=items[i][2],
@@ -671,6 +680,7 @@ class Coordination:
         raises is raised unretried: a write guarded by a time check (docs/protocol.md section 8,
         timing assumption) re-checks it before each send, so a retry after an outage never
         sends a write whose check has expired."""
+        self._pass_gate()
         in_transit_failure = False
 
         def note_retry():
@@ -711,6 +721,7 @@ class Coordination:
 
     def delete(self, key: str, partition_key: str, expected_version: int | None = None) -> bool:
         """Delete ``key`` (only at ``expected_version`` if given). False if it did not exist."""
+        self._pass_gate()
 
         def fn():
             shard = self._shard(key, partition_key)
@@ -728,6 +739,7 @@ class Coordination:
 
     def delete_range(self, start: str, end: str, partition_key: str) -> None:
         """Delete every key in ``[start, end)`` on ``partition_key``'s shard."""
+        self._pass_gate()
 
         def fn():
             shard = self._shard(partition_key, partition_key)

@@ -142,6 +142,14 @@ class ObjectStore:
             maxsize=32, retries=False,
             timeout=urllib3.Timeout(connect=min(config.s3_timeout_s, 10.0), read=config.s3_timeout_s))
         self._urls: dict[tuple[str, str], tuple[str, float]] = {}
+        self._gate_passed = False
+
+    def _pass_gate(self) -> None:
+        """Before this store's first write: the deployment gate (docs/protocol.md section 9.2)."""
+        if not self._gate_passed:
+            from llog.deployment import pass_gate  # it needs Oxia, which a reader of S3 alone does not
+
+            self._gate_passed = pass_gate(self.config, objects=self)
 
     @property
     def _s3(self):
@@ -200,6 +208,7 @@ class ObjectStore:
         ``pieces`` are written back to back (one copy to join them).
         """
         bucket = self.config.require("s3_bucket").s3_bucket
+        self._pass_gate()
         body = pieces if isinstance(pieces, bytes) else b"".join(pieces)
         self._count("put", len(body))
         self._call("put", s3_uri(bucket, key), lambda: self._send(bucket, key, body))
@@ -226,6 +235,7 @@ class ObjectStore:
 
     def delete_many(self, uris: Sequence[str]) -> int:
         """Delete objects in batches of 1000; returns how many were deleted."""
+        self._pass_gate()
         by_bucket: dict[str, list[str]] = collections.defaultdict(list)
         for uri in uris:
             bucket, key = parse_s3_uri(uri)
