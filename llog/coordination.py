@@ -36,7 +36,7 @@ from typing import TypeVar
 import grpc
 import xxhash
 
-from llog import failpoints
+from llog import deployment, failpoints
 from llog import oxia_client_pb2 as wire
 from llog.config import Config
 from llog.errors import ClaimHeld, CoordinationError, VersionConflict, WriteOutcomeUnknown
@@ -417,9 +417,9 @@ class Coordination:
     def _pass_gate(self) -> None:
         """Before this client's first write: the deployment gate (docs/protocol.md section 9.2)."""
         if not self._gate_passed:
-            from llog.deployment import pass_gate  # it imports this module
+            from llog.objects import ObjectStore  # the gate's S3 client (boto3): where a process first writes
 
-            self._gate_passed = pass_gate(self.config, coordination=self)
+            self._gate_passed = deployment.pass_gate(self.config, coordination=self, make_objects=ObjectStore)
 
     @staticmethod
     def _connect(config: Config) -> _Shards:
@@ -797,3 +797,5 @@ class Coordination:
     def __exit__(self, *exc) -> None:
         self.close()
 
+
+deployment.register_oxia_client(Coordination, EXPECTED_ABSENT)  # the gate's Oxia client, for an S3 write first

@@ -21,6 +21,8 @@ their first write (``put``, ``put_many``, ``delete``, ``delete_range``, claims; 
 batch delete), so whatever runs a protocol step passes it, whoever wrote the code that calls them.
 Actors also pass it by name where they start (a broker, a listener, the compaction job's driver
 before its GC takes its time, a sink task), so a refused one stops before it reads or plans.
+Since the clients call it, this module imports neither: the Oxia client registers itself here
+(:func:`register_oxia_client`) for a process whose first write is to S3.
 """
 
 from __future__ import annotations
@@ -31,13 +33,19 @@ import os
 import socket
 import sys
 import threading
+from collections.abc import Callable
+from contextlib import contextmanager
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from llog.clock import SYSTEM, Clock
 from llog.config import Config
-from llog.coordination import EXPECTED_ABSENT, Coordination
-from llog.errors import ClockSkew, GraceMismatch, VersionConflict
+from llog.errors import ClockSkew, ConfigError, GraceMismatch, VersionConflict
 from llog.keys import TOPICS_PARTITION_KEY
+
+if TYPE_CHECKING:  # they call the gate before they write: this module imports neither
+    from llog.coordination import Coordination
+    from llog.objects import ObjectStore
 
 log = logging.getLogger(__name__)
 
@@ -54,6 +62,24 @@ DATE_SLACK_MS = 2000
 MACHINE_CLOCK: Clock = SYSTEM
 
 
+@dataclass(frozen=True)
+class _OxiaClient:
+    make: Callable[[Config], "Coordination"]
+    expected_absent: int
+
+
+#: The Oxia client the gate makes when its caller has none (an S3 write first), and Oxia's
+#: "absent" version: registered by :mod:`llog.coordination` as it is imported.
+_oxia: _OxiaClient | None = None
+
+
+def register_oxia_client(make: Callable[[Config], "Coordination"], expected_absent: int) -> None:
+    """What :mod:`llog.coordination` hands the gate: how to make its client, and the expected
+    version of a create if absent."""
+    global _oxia
+    _oxia = _OxiaClient(make, expected_absent)
+
+
 def deployment_key(root: str) -> str:
     """``R/deployment``: the deployment record, on the topic records' shard."""
     return f"{root}/deployment"
@@ -66,7 +92,7 @@ class Deployment:
     created_by: str
 
 
-def agree_on_grace(coordination: Coordination, config: Config, clock: Clock, who: str) -> Deployment:
+def agree_on_grace(coordination: "Coordination", config: Config, clock: Clock, who: str) -> Deployment:
     """Record this process's ``G`` under the root prefix if none is recorded yet; otherwise
     raise :class:`GraceMismatch` unless it equals the recorded one. ``who`` names the process
     in the record and in errors."""
@@ -86,7 +112,7 @@ def agree_on_grace(coordination: Coordination, config: Config, clock: Clock, who
             return recorded
         mine = Deployment(config.gc_grace_ms, clock.now_ms(), who)
         try:
-            coordination.put(key, json.dumps(mine.__dict__).encode(), pk, EXPECTED_ABSENT)
+            coordination.put(key, json.dumps(mine.__dict__).encode(), pk, _oxia.expected_absent)
             log.info("root prefix %r: recorded LLOG_GC_GRACE_MS=%d", config.root_prefix, config.gc_grace_ms)
             return mine
         except VersionConflict:
@@ -120,7 +146,7 @@ def check_clock(objects, config: Config, clock: Clock, refuse: bool = True) -> i
     return skew
 
 
-def check_deployment(coordination: Coordination, objects, config: Config, who: str) -> Deployment:
+def check_deployment(coordination: "Coordination", objects: "ObjectStore", config: Config, who: str) -> Deployment:
     """The gate's checks (section 9.2): the machine's clock close to the S3 server's
     (:func:`check_clock` on :data:`MACHINE_CLOCK`), then one ``G`` (:func:`agree_on_grace`).
     The clock first: a machine refused for it records nothing, not even ``R/deployment``."""
@@ -143,18 +169,18 @@ def process_name() -> str:
     return f"{program} on {socket.gethostname()} (pid {os.getpid()})"
 
 
-def pass_gate(config: Config, coordination: Coordination | None = None, objects=None, who: str | None = None
-              ) -> bool:
+def pass_gate(config: Config, coordination: "Coordination | None" = None, objects: "ObjectStore | None" = None,
+              who: str | None = None, make_objects: Callable[[Config], "ObjectStore"] | None = None) -> bool:
     """The deployment gate (section 9.2): before this process first writes under
     ``config.root_prefix``, its clock and its ``G`` (:func:`check_deployment`); raises
     :class:`ClockSkew` or :class:`GraceMismatch` and lets nothing be written while they fail.
     Once passed, never again for this config in this process (threads wait for the one that
-    checks). ``coordination`` and ``objects``: the caller's clients, else the process's kept ones
-    (:mod:`llog.process_clients`). ``who`` names the actor (default: :func:`process_name`).
+    checks). ``coordination`` and ``objects``: the caller's clients; for one not given, a client
+    made for the check and closed after it (S3's by ``make_objects``). ``who`` names the actor
+    (default: :func:`process_name`).
 
     Returns True once passed; False only when called back from the gate's own create of
-    ``R/deployment`` (:class:`llog.coordination.Coordination` calls it before every write),
-    which goes through."""
+    ``R/deployment`` (the Oxia client calls it before every write), which goes through."""
     if config in _passed:
         return True
     checking = getattr(_checking, "configs", None)
@@ -165,14 +191,34 @@ def pass_gate(config: Config, coordination: Coordination | None = None, objects=
     with lock:
         if config in _passed:
             return True
-        if coordination is None or objects is None:
-            from llog import process_clients  # it builds the clients this module checks with
-
-            coordination = coordination or process_clients.coordination(config)
-            objects = objects or process_clients.object_store(config)
         _checking.configs = (checking or frozenset()) | {config}
         try:
-            _passed[config] = check_deployment(coordination, objects, config, who or process_name())
+            with _clients(config, coordination, objects, make_objects) as (coordination, objects):
+                _passed[config] = check_deployment(coordination, objects, config, who or process_name())
         finally:
             _checking.configs = checking
     return True
+
+
+@contextmanager
+def _clients(config: Config, coordination: "Coordination | None", objects: "ObjectStore | None",
+             make_objects: Callable[[Config], "ObjectStore"] | None):
+    """The clients given, and for one not given a client of its own, closed after the check."""
+    if _oxia is None:  # nothing in this process has imported llog.coordination: nothing reads Oxia
+        raise ConfigError("the deployment gate reads R/deployment in Oxia, and this process has no Oxia client "
+                          "(llog.coordination was never imported)")
+    if objects is None and make_objects is None:
+        raise ConfigError("the deployment gate compares this machine's clock with the S3 server's, and was given "
+                          "no S3 client")
+    made = []
+    if coordination is None:
+        coordination = _oxia.make(config)
+        made.append(coordination)
+    if objects is None:
+        objects = make_objects(config)
+        made.append(objects)
+    try:
+        yield coordination, objects
+    finally:
+        for client in made:
+            client.close()

@@ -41,6 +41,7 @@ import botocore.exceptions
 import urllib3
 from tenacity import Retrying, retry_if_exception, stop_after_attempt, wait_exponential_jitter
 
+from llog import deployment
 from llog.config import Config
 from llog.errors import ObjectNotFound, StorageError
 from llog.keys import parse_s3_uri, s3_uri
@@ -147,9 +148,7 @@ class ObjectStore:
     def _pass_gate(self) -> None:
         """Before this store's first write: the deployment gate (docs/protocol.md section 9.2)."""
         if not self._gate_passed:
-            from llog.deployment import pass_gate  # it needs Oxia, which a reader of S3 alone does not
-
-            self._gate_passed = pass_gate(self.config, objects=self)
+            self._gate_passed = deployment.pass_gate(self.config, objects=self)
 
     @property
     def _s3(self):

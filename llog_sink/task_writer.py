@@ -26,7 +26,7 @@ from llog.deployment import pass_gate, process_name
 from llog.keys import TopicPartition
 from llog.topics import TopicCache
 from llog.writer import AppendGroup, StagedSlice, stage
-from llog.process_clients import object_store, topic_cache
+from llog.process_clients import coordination, object_store, topic_cache
 from llog_sink.rows import HEADERS, KEY, TIMESTAMP, VALUE, SinkLayout
 
 #: Blobs a task may be uploading while it reads on.
@@ -67,7 +67,7 @@ def write_task(batches: Iterable[pa.RecordBatch], layout: SinkLayout, config: Co
     started = time.perf_counter()
     # Once per worker process and config: this executor's clock stamps the blobs' created_at_ms,
     # which the driver's age rules read (docs/protocol.md section 9.2).
-    pass_gate(config, who=f"sink task, {process_name()}")
+    pass_gate(config, coordination(config), object_store(config), f"sink task, {process_name()}")
     topics = topic_cache(config) if layout.partitions is None or (compression is None and layout.has_topic_column) \
         else None
     if compression is None and topics is not None:

@@ -34,8 +34,9 @@ def _pass_gate(config: Config, coordination: Coordination, command: str, objects
     (docs/protocol.md section 9.2): refused with another ``G`` than the root prefix's, or on a
     machine whose clock is off the S3 server's, even where it would have changed nothing."""
     from llog.deployment import pass_gate, process_name
+    from llog.objects import ObjectStore
 
-    pass_gate(config, coordination, objects, f"llog {command}, {process_name()}")
+    pass_gate(config, coordination, objects, f"llog {command}, {process_name()}", make_objects=ObjectStore)
 
 
 def _describe(args) -> int:
