@@ -64,7 +64,7 @@ MACHINE_CLOCK: Clock = SYSTEM
 
 @dataclass(frozen=True)
 class _OxiaClient:
-    make: Callable[[Config], "Coordination"]
+    make: Callable[[Config], Coordination]
     expected_absent: int
 
 
@@ -73,7 +73,7 @@ class _OxiaClient:
 _oxia: _OxiaClient | None = None
 
 
-def register_oxia_client(make: Callable[[Config], "Coordination"], expected_absent: int) -> None:
+def register_oxia_client(make: Callable[[Config], Coordination], expected_absent: int) -> None:
     """What :mod:`llog.coordination` hands the gate: how to make its client, and the expected
     version of a create if absent."""
     global _oxia
@@ -92,7 +92,7 @@ class Deployment:
     created_by: str
 
 
-def agree_on_grace(coordination: "Coordination", config: Config, clock: Clock, who: str) -> Deployment:
+def agree_on_grace(coordination: Coordination, config: Config, clock: Clock, who: str) -> Deployment:
     """Record this process's ``G`` under the root prefix if none is recorded yet; otherwise
     raise :class:`GraceMismatch` unless it equals the recorded one. ``who`` names the process
     in the record and in errors."""
@@ -146,7 +146,7 @@ def check_clock(objects, config: Config, clock: Clock, refuse: bool = True) -> i
     return skew
 
 
-def check_deployment(coordination: "Coordination", objects: "ObjectStore", config: Config, who: str) -> Deployment:
+def check_deployment(coordination: Coordination, objects: ObjectStore, config: Config, who: str) -> Deployment:
     """The gate's checks (section 9.2): the machine's clock close to the S3 server's
     (:func:`check_clock` on :data:`MACHINE_CLOCK`), then one ``G`` (:func:`agree_on_grace`).
     The clock first: a machine refused for it records nothing, not even ``R/deployment``."""
@@ -169,8 +169,8 @@ def process_name() -> str:
     return f"{program} on {socket.gethostname()} (pid {os.getpid()})"
 
 
-def pass_gate(config: Config, coordination: "Coordination | None" = None, objects: "ObjectStore | None" = None,
-              who: str | None = None, make_objects: Callable[[Config], "ObjectStore"] | None = None) -> bool:
+def pass_gate(config: Config, coordination: Coordination | None = None, objects: ObjectStore | None = None,
+              who: str | None = None, make_objects: Callable[[Config], ObjectStore] | None = None) -> bool:
     """The deployment gate (section 9.2): before this process first writes under
     ``config.root_prefix``, its clock and its ``G`` (:func:`check_deployment`); raises
     :class:`ClockSkew` or :class:`GraceMismatch` and lets nothing be written while they fail.
@@ -201,8 +201,8 @@ def pass_gate(config: Config, coordination: "Coordination | None" = None, object
 
 
 @contextmanager
-def _clients(config: Config, coordination: "Coordination | None", objects: "ObjectStore | None",
-             make_objects: Callable[[Config], "ObjectStore"] | None):
+def _clients(config: Config, coordination: Coordination | None, objects: ObjectStore | None,
+             make_objects: Callable[[Config], ObjectStore] | None):
     """The clients given, and for one not given a client of its own, closed after the check."""
     if _oxia is None:  # nothing in this process has imported llog.coordination: nothing reads Oxia
         raise ConfigError("the deployment gate reads R/deployment in Oxia, and this process has no Oxia client "
