@@ -74,6 +74,7 @@ from broker_lite.models import (
 )
 from llog.config import Config
 from llog.consumer_groups import commit_offsets, describe_group, log_bounds
+from llog.deployment import pass_gate
 from llog.describe import describe_partition
 from llog.discovery import partition_controls, topic_records
 from llog.errors import (
@@ -159,6 +160,10 @@ class BrokerApp:
         # Reads (consume, groups, topics) share the writer's clients when there is one.
         self.reader = await asyncio.to_thread(
             LogReader, self.config, self.writer and self.writer.coordination, self.writer and self.writer.objects)
+        # Before it serves anything, a read-only broker too (it commits consumer groups): this
+        # machine's clock and the root prefix's G (docs/protocol.md section 9.2); refused, it exits.
+        await asyncio.to_thread(pass_gate, self.config, self.reader.coordination, self.reader.objects,
+                                f"broker {self.broker_id}")
         if "read" in self.roles or self.config.tail_cache_dir:
             self.consume = ConsumeService(self.reader, self.config, serves_reads="read" in self.roles)
             if self.batcher is not None:

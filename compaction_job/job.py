@@ -21,6 +21,11 @@ claim that expires with the task's Oxia session. Two runs at once are safe too: 
 of them has claimed is skipped by the other. Nothing is deleted unless every partition's
 references were read: a task that fails fails the job before GC.
 
+The driver, before it takes GC's time, and every task, before it reads a partition, pass the
+deployment gate (docs/protocol.md section 9.2): a job whose ``LLOG_GC_GRACE_MS`` is not the root
+prefix's ``G``, or whose driver's or executor's clock is off the S3 server's, compacts and
+deletes nothing. A task's refusal fails the run, not one partition.
+
 GC reads the references of every partition, whatever ``--topics`` says (a shared blob holds many
 topics). A partition's references are read before it is compacted, so the blobs this run's
 compactions stop referencing are collected by the next run rather than right away (a reader that
@@ -50,8 +55,9 @@ from functools import partial
 from llog.compactor import DEFAULT_MAX_OFFSETS, Compactor, PartitionCompaction
 from llog.config import Config, positive
 from llog.coordination import Coordination
+from llog.deployment import pass_gate, process_name
 from llog.discovery import partitions_of
-from llog.errors import LlogError, TopicDeleted
+from llog.errors import ConfigError, LlogError, TopicDeleted
 from llog.gc import GcReport, all_partitions, check_grace, collect_garbage, gc_figures, referenced_blobs
 from llog.keys import PartitionKeys, partition_keys, validate_topic
 from llog.metrics import metrics_file, write_run_metrics
@@ -188,6 +194,8 @@ def compact_group(config: Config, group: Sequence[tuple[str, int, str, bool, boo
     deadline = None if deadline_epoch is None else time.monotonic() + (deadline_epoch - time.time())
     compactions = []
     with Compactor(config, max_offsets=max_offsets) as compactor:
+        # Before anything: this executor's clock and G (a refusal fails the task, and so the run).
+        compactor.check_deployment(f"compaction job task (compactor {compactor.compactor_id})")
         # Every reference is read before any of these partitions is compacted (one multi-key read
         # of their controls, then their index scans).
         referenced = referenced_blobs(compactor.coordination, config.root_prefix,
@@ -200,6 +208,8 @@ def compact_group(config: Config, group: Sequence[tuple[str, int, str, bool, boo
                     compactions.append(dataclasses.asdict(done))
                 except TopicDeleted:  # deleted since the driver planned it (section 12.3): nothing to do
                     compactions.append(dataclasses.asdict(PartitionCompaction(topic, partition)))
+                except ConfigError:
+                    raise  # not this partition's failure: the run's (GraceMismatch, ClockSkew)
                 except LlogError as e:
                     compactions.append({"topic": topic, "partition": partition, "error": f"{type(e).__name__}: {e}"})
     return {"compactions": compactions, "referenced": sorted(referenced)}
@@ -245,29 +255,57 @@ def plan(coordination: Coordination, root: str, options: JobOptions, rng: random
 
 def run(spark, options: JobOptions, config: Config) -> CompactionReport:
     """Run the job once on ``spark`` and return its report. Raises if a task failed (then
-    nothing was collected); failed compactions are in the report."""
+    nothing was collected); failed compactions are in the report.
+
+    The driver passes the deployment gate first (docs/protocol.md section 9.2): with another
+    ``G`` than the root prefix's, or a clock off the S3 server's, the run is refused
+    (:class:`GraceMismatch`, :class:`ClockSkew`) before it takes GC's time, plans or starts a
+    task. A task the gate refuses (an executor's clock) fails, and with it the run, before GC."""
     config = config.require("oxia_service_address", "s3_bucket")
     grace_ms = options.gc_grace_ms(config)
     started = time.monotonic()
-    began = datetime.now(timezone.utc)  # before discovery: GC's time (llog.gc)
-    deadline_epoch = None if options.max_runtime_s is None else time.time() + options.max_runtime_s
-    with Coordination(config) as coordination:
-        # GC's references: pinned sink batches first (llog.gc), before the tasks read the partitions'.
-        pinned = pinned_references(coordination, config.root_prefix) if options.gc else set()
-        selected, groups = plan(coordination, config.root_prefix, options)
-    report = CompactionReport(partitions_seen=len(selected))
-    results = []
-    if groups:
-        sc = spark.sparkContext
-        sc.setJobDescription(f"llog compaction: {sum(map(len, groups))} partition(s) in {len(groups)} task(s)")
-        try:
-            results = (sc.parallelize(groups, len(groups))
-                       .mapPartitions(partial(_task, config.to_options(), options.max_offsets, deadline_epoch,
-                                              options.retention))
-                       .collect())
-        finally:
-            sc.setJobDescription(None)
-    referenced: set[str] = set(pinned)
+    objects = ObjectStore(config)
+    try:
+        with Coordination(config) as coordination:
+            pass_gate(config, coordination, objects, f"compaction job driver, {process_name()}")
+            began = datetime.now(timezone.utc)  # after the gate, before discovery: GC's time (llog.gc)
+            deadline_epoch = None if options.max_runtime_s is None else time.time() + options.max_runtime_s
+            # GC's references: pinned sink batches first (llog.gc), before the tasks read the partitions'.
+            pinned = pinned_references(coordination, config.root_prefix) if options.gc else set()
+            selected, groups = plan(coordination, config.root_prefix, options)
+        report = CompactionReport(partitions_seen=len(selected))
+        referenced = set(pinned) | _tally(report, _run_tasks(spark, groups, config, options, deadline_epoch))
+        if options.gc:
+            scanned = [partition_keys(config.root_prefix, topic, partition, topic_id)
+                       for group in groups for topic, partition, topic_id, _, scan in group if scan]
+            report.gc_partitions = len(scanned)
+            report.gc = collect_garbage(objects, config.root_prefix, referenced, grace_ms, now=began,
+                                        partitions=scanned)
+    finally:
+        objects.close()
+    report.duration_s = round(time.monotonic() - started, 3)
+    return report
+
+
+def _run_tasks(spark, groups: list[list], config: Config, options: JobOptions, deadline_epoch: float | None
+               ) -> list[dict]:
+    """One Spark task per group (:func:`_task`); their results. Raises if one failed."""
+    if not groups:
+        return []
+    sc = spark.sparkContext
+    sc.setJobDescription(f"llog compaction: {sum(map(len, groups))} partition(s) in {len(groups)} task(s)")
+    try:
+        return (sc.parallelize(groups, len(groups))
+                .mapPartitions(partial(_task, config.to_options(), options.max_offsets, deadline_epoch,
+                                       options.retention))
+                .collect())
+    finally:
+        sc.setJobDescription(None)
+
+
+def _tally(report: CompactionReport, results: list[dict]) -> set[str]:
+    """Add the tasks' compactions to ``report``; the blobs their partitions reference."""
+    referenced: set[str] = set()
     for result in results:
         referenced.update(result["referenced"])
         for done in result["compactions"]:
@@ -282,18 +320,7 @@ def run(spark, options: JobOptions, config: Config) -> CompactionReport:
             for name in ("compactions", "records", "bytes", "recoveries", "retention_records", "retention_entries",
                          "retention_bytes"):
                 setattr(report, name, getattr(report, name) + done[name])
-    if options.gc:
-        scanned = [partition_keys(config.root_prefix, topic, partition, topic_id)
-                   for group in groups for topic, partition, topic_id, _, scan in group if scan]
-        report.gc_partitions = len(scanned)
-        objects = ObjectStore(config)
-        try:
-            report.gc = collect_garbage(objects, config.root_prefix, referenced, grace_ms, now=began,
-                                        partitions=scanned)
-        finally:
-            objects.close()
-    report.duration_s = round(time.monotonic() - started, 3)
-    return report
+    return referenced
 
 
 # --- the command line ---------------------------------------------------------------------------

@@ -4,13 +4,12 @@ the clock their time checks read (:mod:`llog.clock`)."""
 from __future__ import annotations
 
 import logging
-import threading
 from concurrent.futures import ThreadPoolExecutor
 
 from llog.clock import SYSTEM, Clock
 from llog.config import Config
 from llog.coordination import Coordination
-from llog.deployment import check_clock, check_deployment
+from llog.deployment import check_clock, pass_gate
 from llog.errors import LlogError
 from llog.keys import PartitionKeys
 from llog.objects import ObjectStore
@@ -32,9 +31,7 @@ class ClientUser:
         #: The topic records this user resolves incarnations with (section 12); a writer sets one
         #: that creates topics.
         self.topics = TopicCache(self.coordination, self.config, self.clock, auto_create=False)
-        self._deployment_checked = False
         self._clock_warned = False
-        self._deployment_lock = threading.Lock()
         self._pool = ThreadPoolExecutor(max_workers=max_workers, thread_name_prefix=thread_name_prefix)
 
     @classmethod
@@ -43,14 +40,11 @@ class ClientUser:
         return cls(Config.load(), **kwargs)
 
     def check_deployment(self, who: str) -> None:
-        """Once per instance, before it first writes, compacts or collects: the root prefix's
-        one ``G`` and this clock's distance from the S3 server's (:mod:`llog.deployment`)."""
-        if self._deployment_checked:
-            return
-        with self._deployment_lock:
-            if not self._deployment_checked:
-                check_deployment(self.coordination, self.objects, self.config, self.clock, who)
-                self._deployment_checked = True
+        """The deployment gate, under this user's name, before it first writes, compacts or
+        collects: the root prefix's one ``G`` and this machine's clock against the S3 server's,
+        once per process and config (:func:`llog.deployment.pass_gate`; its clients' first write
+        would pass it anyway, docs/protocol.md section 9.2)."""
+        pass_gate(self.config, self.coordination, self.objects, who)
 
     def warn_clock_once(self) -> None:
         """Once per instance, for a reader: a warning when this machine's clock is far from the S3

@@ -36,7 +36,7 @@ from typing import TypeVar
 import grpc
 import xxhash
 
-from llog import failpoints
+from llog import deployment, failpoints
 from llog import oxia_client_pb2 as wire
 from llog.config import Config
 from llog.errors import ClaimHeld, CoordinationError, VersionConflict, WriteOutcomeUnknown
@@ -412,6 +412,14 @@ class Coordination:
         self.stats: collections.Counter[str] = collections.Counter()
         #: Latency and failures per operation (:meth:`_call`), for whoever exposes metrics.
         self.timings = OpTimings()
+        self._gate_passed = False
+
+    def _pass_gate(self) -> None:
+        """Before this client's first write: the deployment gate (docs/protocol.md section 9.2)."""
+        if not self._gate_passed:
+            from llog.objects import ObjectStore  # the gate's S3 client (boto3): where a process first writes
+
+            self._gate_passed = deployment.pass_gate(self.config, coordination=self, make_objects=ObjectStore)
 
     @staticmethod
     def _connect(config: Config) -> _Shards:
@@ -608,6 +616,7 @@ class Coordination:
         :class:`CoordinationError`) is raised with ``outcomes`` set on it: per key its version
         id, its :class:`VersionConflict`, :class:`WriteOutcomeUnknown` where an attempt was sent
         and no answer came back (it may have landed), or None where nothing was sent."""
+        self._pass_gate()
         out: list[int | VersionConflict | BaseException | None] = [None] * len(items)
         for shard, indexes in self._by_shard((key, pk) for key, _, pk, _ in items).items():
             batch = [wire.PutRequest(key=items[i][0], value=items[i][1], partition_key=items[i][2],
@@ -671,6 +680,7 @@ class Coordination:
         raises is raised unretried: a write guarded by a time check (docs/protocol.md section 8,
         timing assumption) re-checks it before each send, so a retry after an outage never
         sends a write whose check has expired."""
+        self._pass_gate()
         in_transit_failure = False
 
         def note_retry():
@@ -711,6 +721,7 @@ class Coordination:
 
     def delete(self, key: str, partition_key: str, expected_version: int | None = None) -> bool:
         """Delete ``key`` (only at ``expected_version`` if given). False if it did not exist."""
+        self._pass_gate()
 
         def fn():
             shard = self._shard(key, partition_key)
@@ -728,6 +739,7 @@ class Coordination:
 
     def delete_range(self, start: str, end: str, partition_key: str) -> None:
         """Delete every key in ``[start, end)`` on ``partition_key``'s shard."""
+        self._pass_gate()
 
         def fn():
             shard = self._shard(partition_key, partition_key)
@@ -785,3 +797,5 @@ class Coordination:
     def __exit__(self, *exc) -> None:
         self.close()
 
+
+deployment.register_oxia_client(Coordination, EXPECTED_ABSENT)  # the gate's Oxia client, for an S3 write first

@@ -11,21 +11,41 @@ refuses to run with another, naming both.
 
 The rules also compare times taken on different machines, and the blob ages GC judges come from
 the S3 server's clock (an object's ``Last-Modified``). A process whose clock is more than
-:data:`MAX_SKEW_FRACTION` of ``G`` away from the S3 server's ``Date`` is refused (writers,
-compactors, GC) or warned about (readers).
+:data:`MAX_SKEW_FRACTION` of ``G`` away from the S3 server's ``Date`` is refused, or, a reader,
+warned about.
+
+**The gate** (:func:`pass_gate`, section 9.2): both checks, once per process and config, before
+the process's first write. It cannot be skipped: :class:`llog.coordination.Coordination` and
+:class:`llog.objects.ObjectStore`, the only code that writes to Oxia and to S3, call it before
+their first write (``put``, ``put_many``, ``delete``, ``delete_range``, claims; a blob's PUT, a
+batch delete), so whatever runs a protocol step passes it, whoever wrote the code that calls them.
+Actors also pass it by name where they start (a broker, a listener, the compaction job's driver
+before its GC takes its time, a sink task), so a refused one stops before it reads or plans.
+Since the clients call it, this module imports neither: the Oxia client registers itself here
+(:func:`register_oxia_client`) for a process whose first write is to S3.
 """
 
 from __future__ import annotations
 
 import json
 import logging
+import os
+import socket
+import sys
+import threading
+from collections.abc import Callable
+from contextlib import contextmanager
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from llog.clock import SYSTEM, Clock
 from llog.config import Config
-from llog.coordination import EXPECTED_ABSENT, Coordination
-from llog.errors import ClockSkew, GraceMismatch, VersionConflict
+from llog.errors import ClockSkew, ConfigError, GraceMismatch, VersionConflict
 from llog.keys import TOPICS_PARTITION_KEY
+
+if TYPE_CHECKING:  # they call the gate before they write: this module imports neither
+    from llog.coordination import Coordination
+    from llog.objects import ObjectStore
 
 log = logging.getLogger(__name__)
 
@@ -35,6 +55,29 @@ MAX_SKEW_FRACTION = 0.05
 #: How much older than the moment it is sent an HTTP ``Date`` may be: truncated to the second, and
 #: cached for up to a second by some servers.
 DATE_SLACK_MS = 2000
+
+#: The clock the gate compares with the S3 server's: this machine's, not an actor's ``clock``
+#: (tests shift those to make time pass). A test stands for a machine whose clock is off by
+#: replacing it (``monkeypatch.setattr(deployment, "MACHINE_CLOCK", ShiftedClock(s))``).
+MACHINE_CLOCK: Clock = SYSTEM
+
+
+@dataclass(frozen=True)
+class _OxiaClient:
+    make: Callable[[Config], Coordination]
+    expected_absent: int
+
+
+#: The Oxia client the gate makes when its caller has none (an S3 write first), and Oxia's
+#: "absent" version: registered by :mod:`llog.coordination` as it is imported.
+_oxia: _OxiaClient | None = None
+
+
+def register_oxia_client(make: Callable[[Config], Coordination], expected_absent: int) -> None:
+    """What :mod:`llog.coordination` hands the gate: how to make its client, and the expected
+    version of a create if absent."""
+    global _oxia
+    _oxia = _OxiaClient(make, expected_absent)
 
 
 def deployment_key(root: str) -> str:
@@ -69,7 +112,7 @@ def agree_on_grace(coordination: Coordination, config: Config, clock: Clock, who
             return recorded
         mine = Deployment(config.gc_grace_ms, clock.now_ms(), who)
         try:
-            coordination.put(key, json.dumps(mine.__dict__).encode(), pk, EXPECTED_ABSENT)
+            coordination.put(key, json.dumps(mine.__dict__).encode(), pk, _oxia.expected_absent)
             log.info("root prefix %r: recorded LLOG_GC_GRACE_MS=%d", config.root_prefix, config.gc_grace_ms)
             return mine
         except VersionConflict:
@@ -103,9 +146,79 @@ def check_clock(objects, config: Config, clock: Clock, refuse: bool = True) -> i
     return skew
 
 
-def check_deployment(coordination: Coordination, objects, config: Config, clock: Clock, who: str) -> None:
-    """What a process that writes, compacts or collects checks once before it first does: one
-    ``G`` (:func:`agree_on_grace`) and the machine's clock close to the S3 server's
-    (:func:`check_clock`; the machine's, not ``clock``, which tests shift to make time pass)."""
-    agree_on_grace(coordination, config, clock, who)
-    check_clock(objects, config, SYSTEM)
+def check_deployment(coordination: Coordination, objects: ObjectStore, config: Config, who: str) -> Deployment:
+    """The gate's checks (section 9.2): the machine's clock close to the S3 server's
+    (:func:`check_clock` on :data:`MACHINE_CLOCK`), then one ``G`` (:func:`agree_on_grace`).
+    The clock first: a machine refused for it records nothing, not even ``R/deployment``."""
+    check_clock(objects, config, MACHINE_CLOCK)
+    return agree_on_grace(coordination, config, MACHINE_CLOCK, who)
+
+
+#: By config, what the gate found for it in this process (:func:`pass_gate`).
+_passed: dict[Config, Deployment] = {}
+_config_locks: dict[Config, threading.Lock] = {}
+_registry_lock = threading.Lock()
+#: The configs this thread is checking now: the gate's own create of ``R/deployment`` goes through.
+_checking = threading.local()
+
+
+def process_name() -> str:
+    """How a process that did not name itself is named in ``R/deployment`` and in errors: its
+    program, host and pid."""
+    program = os.path.basename(sys.argv[0]) if sys.argv and sys.argv[0] else "python"
+    return f"{program} on {socket.gethostname()} (pid {os.getpid()})"
+
+
+def pass_gate(config: Config, coordination: Coordination | None = None, objects: ObjectStore | None = None,
+              who: str | None = None, make_objects: Callable[[Config], ObjectStore] | None = None) -> bool:
+    """The deployment gate (section 9.2): before this process first writes under
+    ``config.root_prefix``, its clock and its ``G`` (:func:`check_deployment`); raises
+    :class:`ClockSkew` or :class:`GraceMismatch` and lets nothing be written while they fail.
+    Once passed, never again for this config in this process (threads wait for the one that
+    checks). ``coordination`` and ``objects``: the caller's clients; for one not given, a client
+    made for the check and closed after it (S3's by ``make_objects``). ``who`` names the actor
+    (default: :func:`process_name`).
+
+    Returns True once passed; False only when called back from the gate's own create of
+    ``R/deployment`` (the Oxia client calls it before every write), which goes through."""
+    if config in _passed:
+        return True
+    checking = getattr(_checking, "configs", None)
+    if checking is not None and config in checking:
+        return False
+    with _registry_lock:
+        lock = _config_locks.setdefault(config, threading.Lock())
+    with lock:
+        if config in _passed:
+            return True
+        _checking.configs = (checking or frozenset()) | {config}
+        try:
+            with _clients(config, coordination, objects, make_objects) as (coordination, objects):
+                _passed[config] = check_deployment(coordination, objects, config, who or process_name())
+        finally:
+            _checking.configs = checking
+    return True
+
+
+@contextmanager
+def _clients(config: Config, coordination: Coordination | None, objects: ObjectStore | None,
+             make_objects: Callable[[Config], ObjectStore] | None):
+    """The clients given, and for one not given a client of its own, closed after the check."""
+    if _oxia is None:  # nothing in this process has imported llog.coordination: nothing reads Oxia
+        raise ConfigError("the deployment gate reads R/deployment in Oxia, and this process has no Oxia client "
+                          "(llog.coordination was never imported)")
+    if objects is None and make_objects is None:
+        raise ConfigError("the deployment gate compares this machine's clock with the S3 server's, and was given "
+                          "no S3 client")
+    made = []
+    if coordination is None:
+        coordination = _oxia.make(config)
+        made.append(coordination)
+    if objects is None:
+        objects = make_objects(config)
+        made.append(objects)
+    try:
+        yield coordination, objects
+    finally:
+        for client in made:
+            client.close()

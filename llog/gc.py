@@ -46,7 +46,7 @@ from llog import failpoints
 from llog.clock import SYSTEM, Clock
 from llog.config import Config
 from llog.coordination import Coordination
-from llog.deployment import check_deployment
+from llog.deployment import pass_gate
 from llog.discovery import partitions_of
 from llog.errors import InconsistentReadState
 from llog.keys import PartitionKeys, s3_uri, shared_wal_prefix
@@ -209,7 +209,7 @@ def gc_pass(coordination: Coordination, objects: ObjectStore, root: str, grace_m
     """One whole pass in the safe order (module doc): time, discovery, references, listing.
     ``progress`` (:mod:`llog.progress`; ``llog gc`` passes :func:`llog_tools.progress.task`) shows
     each step."""
-    check_deployment(coordination, objects, objects.config, clock, "gc")
+    pass_gate(objects.config, coordination, objects, "gc")  # before its time: a clock off is refused first
     began = datetime.fromtimestamp(clock.now_ms() / 1000, timezone.utc)
     with progress("gc: finding partitions", unit="partitions") as found:
         partitions = all_partitions(coordination, root)

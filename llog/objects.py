@@ -41,6 +41,7 @@ import botocore.exceptions
 import urllib3
 from tenacity import Retrying, retry_if_exception, stop_after_attempt, wait_exponential_jitter
 
+from llog import deployment
 from llog.config import Config
 from llog.errors import ObjectNotFound, StorageError
 from llog.keys import parse_s3_uri, s3_uri
@@ -142,6 +143,12 @@ class ObjectStore:
             maxsize=32, retries=False,
             timeout=urllib3.Timeout(connect=min(config.s3_timeout_s, 10.0), read=config.s3_timeout_s))
         self._urls: dict[tuple[str, str], tuple[str, float]] = {}
+        self._gate_passed = False
+
+    def _pass_gate(self) -> None:
+        """Before this store's first write: the deployment gate (docs/protocol.md section 9.2)."""
+        if not self._gate_passed:
+            self._gate_passed = deployment.pass_gate(self.config, objects=self)
 
     @property
     def _s3(self):
@@ -200,6 +207,7 @@ class ObjectStore:
         ``pieces`` are written back to back (one copy to join them).
         """
         bucket = self.config.require("s3_bucket").s3_bucket
+        self._pass_gate()
         body = pieces if isinstance(pieces, bytes) else b"".join(pieces)
         self._count("put", len(body))
         self._call("put", s3_uri(bucket, key), lambda: self._send(bucket, key, body))
@@ -226,6 +234,7 @@ class ObjectStore:
 
     def delete_many(self, uris: Sequence[str]) -> int:
         """Delete objects in batches of 1000; returns how many were deleted."""
+        self._pass_gate()
         by_bucket: dict[str, list[str]] = collections.defaultdict(list)
         for uri in uris:
             bucket, key = parse_s3_uri(uri)

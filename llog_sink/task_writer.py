@@ -1,4 +1,5 @@
-"""What a Spark task does: stage its rows as shared WAL blobs in S3, nothing in Oxia.
+"""What a Spark task does: stage its rows as shared WAL blobs in S3. In Oxia it reads topic records
+and the deployment record, and writes nothing but that record, when its root prefix has none yet.
 
 Spark's Arrow batches are buffered as they arrive; when their keys and values reach
 ``LLOG_BATCH_MAX_BYTES`` they are split by topic-partition, once for the whole buffer (Spark
@@ -21,10 +22,11 @@ from pyspark.sql.datasource import WriterCommitMessage
 
 from llog.codec import binary_bytes
 from llog.config import Config
+from llog.deployment import pass_gate, process_name
 from llog.keys import TopicPartition
 from llog.topics import TopicCache
 from llog.writer import AppendGroup, StagedSlice, stage
-from llog.process_clients import object_store, topic_cache
+from llog.process_clients import coordination, object_store, topic_cache
 from llog_sink.rows import HEADERS, KEY, TIMESTAMP, VALUE, SinkLayout
 
 #: Blobs a task may be uploading while it reads on.
@@ -58,9 +60,14 @@ def write_task(batches: Iterable[pa.RecordBatch], layout: SinkLayout, config: Co
     ``compression``: of every body, instead of each topic's ``compression.type``. When the
     layout has no partition count, or rows name their topic and no compression is given, the
     task reads the topics' records from Oxia (docs/protocol.md section 10): a count afresh, once
-    per topic and task, recorded in the commit message (``placed_by``).
+    per topic and task, recorded in the commit message (``placed_by``). Before its first row
+    the task passes the deployment gate, once per worker process and config (its clock and
+    ``G``; docs/protocol.md section 9.2).
     """
     started = time.perf_counter()
+    # Once per worker process and config: this executor's clock stamps the blobs' created_at_ms,
+    # which the driver's age rules read (docs/protocol.md section 9.2).
+    pass_gate(config, coordination(config), object_store(config), f"sink task, {process_name()}")
     topics = topic_cache(config) if layout.partitions is None or (compression is None and layout.has_topic_column) \
         else None
     if compression is None and topics is not None:

@@ -2,6 +2,10 @@
 consumer groups, fence/unfence, produce and consume, and one-shot compaction, retention and
 garbage collection (no Spark).
 
+Every command that may write passes the deployment gate first (docs/protocol.md section 9.2):
+with another ``LLOG_GC_GRACE_MS`` than the root prefix's, or a clock off the S3 server's, it
+fails before it reads anything. The commands that only read do not.
+
 Connection settings come from the environment or the local stack's settings file
 (:mod:`llog.config`).
 """
@@ -23,6 +27,16 @@ from llog.errors import LlogError
 from llog.fence import fence, unfence
 from llog_tools import local_stack
 from llog_tools.describe import format_descriptions
+
+
+def _pass_gate(config: Config, coordination: Coordination, command: str, objects=None) -> None:
+    """A command that may write passes the deployment gate before it reads anything
+    (docs/protocol.md section 9.2): refused with another ``G`` than the root prefix's, or on a
+    machine whose clock is off the S3 server's, even where it would have changed nothing."""
+    from llog.deployment import pass_gate, process_name
+    from llog.objects import ObjectStore
+
+    pass_gate(config, coordination, objects, f"llog {command}, {process_name()}", make_objects=ObjectStore)
 
 
 def _describe(args) -> int:
@@ -52,6 +66,8 @@ def _describe_group(args) -> int:
 def _reset_group(args) -> int:
     config = Config.load()
     with Coordination(config) as coordination:
+        if not args.dry_run:
+            _pass_gate(config, coordination, "groups reset")
         offsets = reset_offsets(coordination, config.root_prefix, args.group, args.to, args.topic or None,
                                 dry_run=args.dry_run)
     if args.json:
@@ -67,6 +83,7 @@ def _set_fence(args) -> int:
 
     config = Config.load()
     with Coordination(config) as coordination:
+        _pass_gate(config, coordination, args.command)
         keys = TopicCache(coordination, config, auto_create=False).keys(args.topic, args.partition)
         state = (fence if args.command == "fence" else unfence)(coordination, keys, config)
     print(f"{keys.tp}: {state.record.log_state} (high watermark {state.record.high_watermark})")
@@ -174,6 +191,7 @@ def _topics_create(args) -> int:
     config = Config.load()
     settings = parse_config_pairs(args.config or [])
     with Coordination(config) as coordination:
+        _pass_gate(config, coordination, "topics create")
         record = create_topic(coordination, config.root_prefix, args.topic,
                               args.partitions or config.default_partitions, settings, args.if_not_exists)
     print(json.dumps(_topic_json(record, config), indent=2) if args.json else
@@ -223,6 +241,7 @@ def _topics_alter(args) -> int:
         print("llog: error: topics alter: give --partitions, --config or --delete-config", file=sys.stderr)
         return 2
     with Coordination(config) as coordination:
+        _pass_gate(config, coordination, "topics alter")
         record = alter_topic(coordination, config.root_prefix, args.topic, args.partitions,
                              parse_config_pairs(args.config or []), args.delete_config or [])
     print(json.dumps(_topic_json(record, config), indent=2) if args.json else
@@ -240,6 +259,7 @@ def _topics_delete(args) -> int:
     objects = ObjectStore(config)
     try:
         with Coordination(config) as coordination:
+            _pass_gate(config, coordination, "topics delete", objects)
             report = delete_topic(coordination, objects, config.root_prefix, args.topic, args.claim_wait, config=config)
     except TopicNotFound:
         if not args.if_exists:

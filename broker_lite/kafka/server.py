@@ -47,6 +47,7 @@ from broker_lite.batcher import BackPressure, BatcherClosed, RequestTooLarge, pa
 from broker_lite.kafka.batches import KafkaBatchError, decode_produced, encode_fetched
 from broker_lite.consume import ConsumeStats
 from broker_lite.models import ConsumePartition
+from llog.deployment import pass_gate
 from llog.errors import (
     DuplicateSequence, EmptyAppend, InvalidPartition, InvalidPayload, InvalidTopicName, LlogError, OffsetOutOfRange,
     OutOfOrderSequence, PartitionNotInitialized, StorageError, TopicBeingDeleted, TopicNotFound, UnknownPartition,
@@ -200,6 +201,9 @@ class KafkaListener:
             self.port = self._server.sockets[0].getsockname()[1]
         from broker_lite.kafka.registry import ListenerRegistry
 
+        # Before it registers or serves (docs/protocol.md section 9.2); its broker passed it first.
+        await asyncio.to_thread(pass_gate, self.app.config, self.app.reader.coordination, self.app.reader.objects,
+                                f"Kafka listener of broker {self.app.broker_id}")
         self.registry = ListenerRegistry(self.app.reader.coordination, self.app.config.root_prefix, self.advertised_host,
                                          self.port, self.app.broker_id, self.app.config.oxia_session_timeout_ms)
         await self.registry.start()

@@ -32,8 +32,7 @@ def run_broker(config, *, args: Sequence[str] = (), log: Path | None = None,
     temporary file if not given; a pipe nobody reads would stall a broker that logs a lot).
     Stopped with SIGTERM at the end (SIGKILL if it does not stop)."""
     port = free_port()
-    env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "PYTHONPATH": str(REPO),
-           "LLOG_SETTINGS_FILE": "/nonexistent", **config.to_options(), **{k: str(v) for k, v in settings.items()}}
+    env = _env(config, settings)
     stderr = open(log, "w+b") if log is not None else tempfile.TemporaryFile()  # noqa: SIM115 - closed below
     proc = subprocess.Popen([sys.executable, "-m", "broker_lite", "--port", str(port), "--log-level", "warning", *args],
                             cwd=REPO, env=env, stdout=subprocess.DEVNULL, stderr=stderr)
@@ -59,6 +58,27 @@ def run_broker(config, *, args: Sequence[str] = (), log: Path | None = None,
                 proc.kill()
                 proc.wait(10)
         stderr.close()
+
+
+def broker_exit(config, *, args: Sequence[str] = (), wait_s: float = 60.0, **settings) -> tuple[int | None, str]:
+    """A broker process for ``config`` that should refuse to start: its exit status and stderr,
+    or None and its stderr so far if it still runs after ``wait_s`` (it is then stopped)."""
+    with tempfile.TemporaryFile() as stderr:
+        proc = subprocess.Popen([sys.executable, "-m", "broker_lite", "--port", str(free_port()), "--log-level",
+                                 "warning", *args], cwd=REPO, env=_env(config, settings), stdout=subprocess.DEVNULL,
+                                stderr=stderr)
+        try:
+            status = proc.wait(wait_s)
+        except subprocess.TimeoutExpired:
+            status = None
+            proc.kill()
+            proc.wait(10)
+        return status, tail(stderr)
+
+
+def _env(config, settings) -> dict[str, str]:
+    return {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "PYTHONPATH": str(REPO),
+            "LLOG_SETTINGS_FILE": "/nonexistent", **config.to_options(), **{k: str(v) for k, v in settings.items()}}
 
 
 def tail(file, limit: int = 3000) -> str:

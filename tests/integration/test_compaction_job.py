@@ -181,6 +181,28 @@ def test_job_recovers_a_killed_compactor_and_skips_a_claimed_partition(spark, co
     assert _values(reader, "k", 0) == values
 
 
+def test_a_job_with_a_smaller_g_than_the_deployments_deletes_nothing(spark, config, objects):
+    """The review's H2: writers run with G = 60 s, the job with 3 s. A slice staged 4.5 s ago is
+    within the writers' rules (its commit may come up to G/2 after it) and unreferenced yet. The
+    job is refused before its GC takes its time; the blob stays, and its commit reads back."""
+    from llog.errors import GraceMismatch
+    from llog.reader import LogReader
+    from llog.writer import LogWriter
+
+    deployment = config.replace(gc_grace_ms=60_000)
+    with LogWriter(deployment) as writer:
+        create_topic(writer.coordination, config.root_prefix, "orders", 1)
+        staged = writer.upload([AppendGroup("orders", 0, [b"r1", b"r2", b"r3"])])
+        _wait_older_than_grace(time.time())  # older than the job's G, young by the deployment's
+        with pytest.raises(GraceMismatch, match=rf"LLOG_GC_GRACE_MS={GRACE_MS}, but .* set up with 60000"):
+            run(spark, JobOptions(), config)
+        assert staged[0].wal_uri in _blobs(config, objects)
+        results = writer.commit_staged(staged)
+    assert [(r.start_offset, r.end_offset) for r in results] == [(1, 3)]
+    with LogReader(deployment) as reader:
+        assert _values(reader, "orders", 0) == [b"r1", b"r2", b"r3"]
+
+
 @pytest.fixture
 def cli_env(config, monkeypatch):
     monkeypatch.setenv("LLOG_SETTINGS_FILE", "/nonexistent")

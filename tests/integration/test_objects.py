@@ -8,6 +8,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
+from llog.deployment import pass_gate
 from llog.errors import ObjectNotFound, StorageError
 from llog.objects import ObjectStore
 
@@ -50,6 +51,8 @@ def test_puts_are_signed_without_the_body(objects, config):
     assert len(signed) == 1 and not signed[0].body  # presigned: the signature covers no body
     assert objects.get(uri) == data
     bad = ObjectStore(config.replace(s3_secret_access_key="wrong"))
+    # Its deployment gate passed with the right keys, so what is refused is the PUT itself.
+    pass_gate(bad.config, objects=objects)
     try:
         with pytest.raises(StorageError, match="put"):
             bad.put(f"{config.root_prefix}/refused", data)  # the signature still counts
@@ -78,6 +81,8 @@ def test_a_refused_url_is_signed_again_once(objects, config):
     objects._urls[key] = (url.replace("Signature=", "Signature=00"), at)  # a URL S3 refuses (403)
     assert objects.get(uri) == b"abc"
     bad = ObjectStore(config.replace(s3_secret_access_key="wrong"))
+    # Its deployment gate passed with the right keys, so what is refused is the PUT itself.
+    pass_gate(bad.config, objects=objects)
     try:
         with pytest.raises(StorageError, match="HTTP 403"):
             bad.get(uri)
