@@ -277,7 +277,8 @@ def test_llog_compact_and_gc_commands(cli_env, config, writer, reader, objects):
     assert json.loads(again.stdout) == {"topic": "cli", "partition": 0, "skipped_claimed": False, "recoveries": 0,
                                         "compactions": 0, "records": 0, "bytes": 0, "source_gets": 0,
                                         "source_entries": 0, "log_start_offset": 1, "retention_records": 0,
-                                        "retention_entries": 0, "retention_bytes": 0}
+                                        "retention_entries": 0, "retention_bytes": 0,
+                                        "resumed_compactions": 0}
 
     bad = _llog(cli_env, "compact", "cli", "0", "--max-runtime", "-1")
     assert bad.returncode == 2 and "argument --max-runtime: must be > 0" in bad.stderr
