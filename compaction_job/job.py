@@ -43,6 +43,7 @@ import re
 import sys
 import time
 from collections.abc import Iterable, Iterator, Sequence
+from contextlib import closing
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from functools import partial
@@ -247,9 +248,9 @@ def run(spark, options: JobOptions, config: Config) -> CompactionReport:
     started = time.monotonic()
     began = datetime.now(timezone.utc)  # before discovery: GC's time (llog.gc)
     deadline_epoch = None if options.max_runtime_s is None else time.time() + options.max_runtime_s
-    with Coordination(config) as coordination:
+    with Coordination(config) as coordination, closing(ObjectStore(config)) as objects:
         # GC's references: pinned sink batches first (llog.gc), before the tasks read the partitions'.
-        pinned = pinned_references(coordination, config.root_prefix) if options.gc else set()
+        pinned = pinned_references(coordination, objects, config.root_prefix) if options.gc else None
         selected, groups = plan(coordination, config.root_prefix, options)
     report = CompactionReport(partitions_seen=len(selected))
     results = []
@@ -263,7 +264,7 @@ def run(spark, options: JobOptions, config: Config) -> CompactionReport:
                        .collect())
         finally:
             sc.setJobDescription(None)
-    referenced: set[str] = set(pinned)
+    referenced: set[str] = set(pinned.uris) if pinned is not None else set()
     for result in results:
         referenced.update(result["referenced"])
         for done in result["compactions"]:
@@ -285,7 +286,7 @@ def run(spark, options: JobOptions, config: Config) -> CompactionReport:
         objects = ObjectStore(config)
         try:
             report.gc = collect_garbage(objects, config.root_prefix, referenced, grace_ms, now=began,
-                                        partitions=scanned)
+                                        partitions=scanned, unreadable_pins=pinned.unreadable)
         finally:
             objects.close()
     report.duration_s = round(time.monotonic() - started, 3)
