@@ -145,7 +145,7 @@ class PinnedBatch:
 
 def encode_cut(slices: Sequence[StagedSlice]) -> dict:
     """CUT (section 9.1): the slices in commit order, each a row of ints into the tables of
-    topics, encodings and blobs (a blob's URI and ``created_at_ms`` once), about 30 bytes each."""
+    topics, encodings and blobs (a blob's URI and ``created_at_ms`` once), about 35 bytes each."""
     topics: dict[str, int] = {}
     encodings: dict[str, int] = {}
     blobs: dict[tuple[str, int], int] = {}
