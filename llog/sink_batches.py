@@ -46,8 +46,8 @@ from llog.control import backoff, check_blob_age
 from llog.coordination import EXPECTED_ABSENT, Coordination
 from llog.deployment import MAX_SKEW_FRACTION
 from llog.errors import (
-    ClockSkew, CorruptRecord, LlogError, MaxRetriesExceeded, SinkBatchMismatch, StaleBlob, StorageError,
-    VersionConflict,
+    ClockSkew, CorruptRecord, LlogError, MaxRetriesExceeded, ObjectNotFound, SinkBatchMismatch, StaleBlob,
+    StorageError, VersionConflict,
 )
 from llog.keys import parse_s3_uri, shared_wal_object, sink_cut_object, validate_group
 from llog.objects import ObjectStore
@@ -227,7 +227,7 @@ def unpin_unreadable(coordination: Coordination, objects: ObjectStore, root: str
         return f"{key}: no pinned batch"
     try:
         pinned = read_cut(objects, PinnedBatch.from_json(found.value, found.key), key)
-    except (CorruptRecord, StorageError) as e:
+    except (CorruptRecord, ObjectNotFound) as e:  # not an S3 outage: that raises, and nothing is deleted
         try:
             coordination.delete(key, SINKS_PARTITION_KEY, expected_version=found.version_id)
         except VersionConflict:
