@@ -5,17 +5,18 @@ pinned record it cannot read, and the operator can remove such a record."""
 
 from __future__ import annotations
 
+import json
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
 from llog.coordination import Coordination
-from llog.errors import LlogError
+from llog.errors import ObjectNotFound
 from llog.gc import gc_pass
 from llog.keys import partition_keys
 from llog.objects import ObjectStore
 from llog.reader import LogReader
-from llog.sink_batches import pin_batch, sink_batch_key, SINKS_PARTITION_KEY
+from llog.sink_batches import SINKS_PARTITION_KEY, pin_batch, sink_batch_key, unpin_unreadable
 from llog.topics import create_topic, read_topic
 from llog.writer import AppendGroup, LogWriter, SinkBatch, stage
 from llog_tools.cli import main as llog_main
@@ -103,3 +104,23 @@ def test_gc_with_an_unreadable_pin_collects_what_is_safe_names_it_and_the_operat
         assert coordination.get(key, SINKS_PARTITION_KEY) is None
         assert orphan_wal in gc_pass(coordination, objects, config.root_prefix, config.gc_grace_ms,
                                      clock=past_the_lag()).deleted_uris
+
+
+def test_a_pin_whose_cut_object_is_gone_is_unreadable_not_a_wedge(config, objects):
+    """A record naming a cut object that no longer exists: GC names it and keeps every WAL blob;
+    the sink's own next commit of that batch fails loudly (it cannot know the pinned cut)."""
+    with Coordination(config) as coordination:
+        names = ["wide0"]
+        create_topic(coordination, config.root_prefix, "wide0", PARTITIONS)
+        slices = _stage_wide(config, objects, names)[:PARTITIONS * 20]  # 2,560 slices: over the inline limit
+        with LogWriter(config) as writer:
+            pin_batch(coordination, objects, config, "gone", 0, slices, writer.clock)
+            key = sink_batch_key(config.root_prefix, "gone")
+            cut_uri = json.loads(coordination.get(key, SINKS_PARTITION_KEY).value)["cut_uri"]
+            objects.delete_many([cut_uri])
+            report = gc_pass(coordination, objects, config.root_prefix, config.gc_grace_ms, clock=past_the_lag())
+            assert report.unreadable_pins == [key] and report.deleted == 0
+            with pytest.raises(ObjectNotFound):
+                pin_batch(coordination, objects, config, "gone", 0, slices, writer.clock)
+            assert unpin_unreadable(coordination, objects, config.root_prefix, "gone").endswith(
+                f"deleted (it could not be read: object {cut_uri} does not exist)")
