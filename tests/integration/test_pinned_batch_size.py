@@ -112,7 +112,7 @@ def test_a_pin_whose_cut_object_is_gone_is_unreadable_not_a_wedge(config, object
     with Coordination(config) as coordination:
         names = ["wide0"]
         create_topic(coordination, config.root_prefix, "wide0", PARTITIONS)
-        slices = _stage_wide(config, objects, names)[:PARTITIONS * 20]  # 2,560 slices: over the inline limit
+        slices = _stage_wide(config, objects, names)[:PARTITIONS * 50]  # 6,400 slices: over the inline limit
         with LogWriter(config) as writer:
             pin_batch(coordination, objects, config, "gone", 0, slices, writer.clock)
             key = sink_batch_key(config.root_prefix, "gone")
