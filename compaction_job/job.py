@@ -271,16 +271,17 @@ def run(spark, options: JobOptions, config: Config) -> CompactionReport:
             began = datetime.now(timezone.utc)  # after the gate, before discovery: GC's time (llog.gc)
             deadline_epoch = None if options.max_runtime_s is None else time.time() + options.max_runtime_s
             # GC's references: pinned sink batches first (llog.gc), before the tasks read the partitions'.
-            pinned = pinned_references(coordination, config.root_prefix) if options.gc else set()
+            pinned = pinned_references(coordination, objects, config.root_prefix) if options.gc else None
             selected, groups = plan(coordination, config.root_prefix, options)
         report = CompactionReport(partitions_seen=len(selected))
-        referenced = set(pinned) | _tally(report, _run_tasks(spark, groups, config, options, deadline_epoch))
+        referenced = (set(pinned.uris) if pinned is not None else set()) | _tally(
+            report, _run_tasks(spark, groups, config, options, deadline_epoch))
         if options.gc:
             scanned = [partition_keys(config.root_prefix, topic, partition, topic_id)
                        for group in groups for topic, partition, topic_id, _, scan in group if scan]
             report.gc_partitions = len(scanned)
             report.gc = collect_garbage(objects, config.root_prefix, referenced, grace_ms, now=began,
-                                        partitions=scanned)
+                                        partitions=scanned, unreadable_pins=pinned.unreadable)
     finally:
         objects.close()
     report.duration_s = round(time.monotonic() - started, 3)

@@ -39,7 +39,7 @@ import xxhash
 from llog import deployment, failpoints
 from llog import oxia_client_pb2 as wire
 from llog.config import Config
-from llog.errors import ClaimHeld, CoordinationError, VersionConflict, WriteOutcomeUnknown
+from llog.errors import ClaimHeld, CoordinationError, ValueTooLarge, VersionConflict, WriteOutcomeUnknown
 from llog.metrics import OpTimings
 
 log = logging.getLogger(__name__)
@@ -60,9 +60,19 @@ _RETRY_MAX_WAIT_S = 1.0
 #: Connecting: one attempt after each wait, each attempt within the request timeout.
 _BUILD_BACKOFF_S = (0.0, 0.5, 1.0)
 _CLOSE_TIMEOUT_S = 5.0
-#: A restarted server is reconnected to within a second (gRPC's default backoff grows to 2 min).
-_CHANNEL_OPTIONS = [("grpc.initial_reconnect_backoff_ms", 100), ("grpc.min_reconnect_backoff_ms", 100),
-                    ("grpc.max_reconnect_backoff_ms", 1000)]
+#: The value-size budget (docs/protocol.md section 2): every put of a larger value is refused
+#: before it is sent (:class:`ValueTooLarge`). Every value kind llog writes is bounded below it.
+MAX_VALUE_BYTES = 1024 * 1024
+#: gRPC message limit, both ways, on every channel to Oxia: far above the budget, since one
+#: message carries many values (a range scan's batch of records, one Write for many puts).
+#: gRPC's default receive limit (4 MiB) made a value Oxia had accepted unreadable.
+GRPC_MAX_MESSAGE_BYTES = 64 * 1024 * 1024
+#: A restarted server is reconnected to within a second (gRPC's default backoff grows to 2 min);
+#: the message limits set explicitly (:data:`GRPC_MAX_MESSAGE_BYTES`).
+CHANNEL_OPTIONS = [("grpc.initial_reconnect_backoff_ms", 100), ("grpc.min_reconnect_backoff_ms", 100),
+                    ("grpc.max_reconnect_backoff_ms", 1000),
+                    ("grpc.max_receive_message_length", GRPC_MAX_MESSAGE_BYTES),
+                    ("grpc.max_send_message_length", GRPC_MAX_MESSAGE_BYTES)]
 WRITE_OPS = ("put", "delete", "delete_range")
 
 
@@ -146,13 +156,13 @@ class _Channels:
             pair = self._channels.get(address)
             if pair is None:
                 if self._interceptor is None:  # the assignments stream, consumed by its own thread
-                    channel = grpc.insecure_channel(address, options=_CHANNEL_OPTIONS)
+                    channel = grpc.insecure_channel(address, options=CHANNEL_OPTIONS)
                     pair = (channel, channel)
                 else:
                     # Read and RangeScan are server streams; by default gRPC starts a thread to
                     # consume each one, which costs more than a small read itself.
                     channel = grpc.insecure_channel(address, options=[
-                        *_CHANNEL_OPTIONS, (grpc.experimental.ChannelOptions.SingleThreadedUnaryStream, 1)])
+                        *CHANNEL_OPTIONS, (grpc.experimental.ChannelOptions.SingleThreadedUnaryStream, 1)])
                     pair = (channel, grpc.intercept_channel(channel, self._interceptor))
                 self._channels[address] = pair
             return pair[1]
@@ -352,6 +362,14 @@ class _Combiner:
                 slot.done.set()
 
 
+def check_value_size(key: str, value: bytes) -> None:
+    """The one check every put goes through, before anything is sent: ``value`` within
+    :data:`MAX_VALUE_BYTES` (docs/protocol.md section 2); else :class:`ValueTooLarge`."""
+    if len(value) > MAX_VALUE_BYTES:
+        raise ValueTooLarge(f"{key}: a value of {len(value)} bytes is over the Oxia value budget of {MAX_VALUE_BYTES} "
+                            f"bytes (docs/protocol.md section 2); nothing was written")
+
+
 def _status_error(status: int) -> _Status | None:
     if status == wire.OK:
         return None
@@ -374,7 +392,7 @@ def _describe(error: BaseException) -> str:
 
 def _wait_ready(address: str, timeout_s: float) -> None:
     """Raises RuntimeError if no connection to ``address`` is ready within ``timeout_s``."""
-    channel = grpc.insecure_channel(address, options=_CHANNEL_OPTIONS)
+    channel = grpc.insecure_channel(address, options=CHANNEL_OPTIONS)
     try:
         grpc.channel_ready_future(channel).result(timeout=timeout_s)
     except grpc.FutureTimeoutError:
@@ -616,6 +634,8 @@ class Coordination:
         :class:`CoordinationError`) is raised with ``outcomes`` set on it: per key its version
         id, its :class:`VersionConflict`, :class:`WriteOutcomeUnknown` where an attempt was sent
         and no answer came back (it may have landed), or None where nothing was sent."""
+        for key, value, _, _ in items:
+            check_value_size(key, value)
         self._pass_gate()
         out: list[int | VersionConflict | BaseException | None] = [None] * len(items)
         for shard, indexes in self._by_shard((key, pk) for key, _, pk, _ in items).items():
@@ -680,6 +700,7 @@ class Coordination:
         raises is raised unretried: a write guarded by a time check (docs/protocol.md section 8,
         timing assumption) re-checks it before each send, so a retry after an outage never
         sends a write whose check has expired."""
+        check_value_size(key, value)
         self._pass_gate()
         in_transit_failure = False
 

@@ -196,6 +196,12 @@ class StaleBlob(LlogError):
     query does so when it re-runs the batch)."""
 
 
+class SinkBatchMismatch(LlogError):
+    """A sink commit names a (sink id, batch id) pinned before with other rows: it is not a
+    replay of that commit but another write (docs/protocol.md section 9.1); nothing of it is
+    committed."""
+
+
 class AppendOutcomeUnknown(LlogError):
     """A reserving CAS failed in transit and it cannot be told whether it landed: the answer "in
     doubt" of docs/protocol.md section 4.6 (every other error of an append means nothing of it was
@@ -215,6 +221,11 @@ class CorruptBatch(LlogError):
 
 class CorruptRecord(LlogError):
     """An Oxia value is not the JSON record its key promises (docs/protocol.md section 2)."""
+
+
+class ValueTooLarge(LlogError, ValueError):
+    """An Oxia value over the value-size budget (docs/protocol.md section 2), refused before it
+    is sent."""
 
 
 class StorageError(LlogError):

@@ -49,7 +49,7 @@ from llog.coordination import Coordination
 from llog.deployment import pass_gate
 from llog.discovery import partitions_of
 from llog.errors import InconsistentReadState
-from llog.keys import PartitionKeys, s3_uri, shared_wal_prefix
+from llog.keys import PartitionKeys, s3_uri, shared_wal_prefix, sink_cut_prefix
 from llog.objects import _DELETE_BATCH, ObjectStore
 from llog.progress import TaskFactory, silent, track
 from llog.records import CompactionRecord, ControlRecord, IndexEntry
@@ -149,6 +149,11 @@ class GcReport:
     deleted: int = 0
     deleted_bytes: int = 0
     deleted_uris: list[str] = field(default_factory=list, repr=False)
+    #: Pinned sink batches that could not be read (keys): while there are any, no WAL blob and
+    #: no sink cut is deleted (docs/protocol.md section 9.2); ``llog sinks unpin`` removes one.
+    unreadable_pins: list[str] = field(default_factory=list)
+    #: Unreferenced blobs old enough to go, kept because a pin could not be read.
+    kept_for_unreadable_pins: int = 0
 
 
 def gc_figures(report: GcReport, prefix: str = "") -> dict[str, tuple[str, float]]:
@@ -159,29 +164,37 @@ def gc_figures(report: GcReport, prefix: str = "") -> dict[str, tuple[str, float
         prefix + "too_young_objects": ("Unreferenced blobs younger than the grace period", report.too_young),
         prefix + "deleted_objects": ("Blobs GC deleted (or would delete, in a dry run)", report.deleted),
         prefix + "deleted_bytes": ("Bytes of the blobs GC deleted", report.deleted_bytes),
+        prefix + "unreadable_pins": ("Pinned sink batches GC could not read (it kept every WAL blob)",
+                                     len(report.unreadable_pins)),
     }
 
 
 def collect_garbage(objects: ObjectStore, root: str, referenced: set[str], grace_ms: int,
                     now: datetime | None = None, dry_run: bool = False,
-                    partitions: Iterable[PartitionKeys] = (), progress: TaskFactory = silent) -> GcReport:
-    """Delete (batch deletes) the blobs under ``R/wal-shared/``, and the compacted blobs of
-    ``partitions``, that are not in ``referenced`` and were older than ``grace_ms`` at ``now``,
+                    partitions: Iterable[PartitionKeys] = (), progress: TaskFactory = silent,
+                    unreadable_pins: Iterable[str] = ()) -> GcReport:
+    """Delete (batch deletes) the blobs under ``R/wal-shared/``, the sink cuts
+    ``R/sink-cuts/{uuid}``, and the compacted blobs of ``partitions``, that are not in
+    ``referenced`` and were older than ``grace_ms`` at ``now``,
     the time taken before the partitions behind ``referenced`` were discovered (module doc;
     :func:`gc_pass` does all of it in order). ``partitions`` must be among those whose
     references ``referenced`` holds. ``progress`` (:mod:`llog.progress`) counts the blobs
-    examined, then those deleted."""
+    examined, then those deleted. With ``unreadable_pins`` (pinned records that could not be
+    read: each may reference any WAL blob), no WAL blob and no sink cut is deleted."""
     if grace_ms < 1:
         raise ValueError(f"grace period must be >= 1 ms, got {grace_ms}")
     now = now or datetime.now(timezone.utc)
     bucket = objects.config.require("s3_bucket").s3_bucket
-    report = GcReport()
+    report = GcReport(unreadable_pins=list(unreadable_pins))
     doomed: list[tuple[str, int]] = []
     compacted = [k.compacted_prefix for k in partitions]
+    cuts = sink_cut_prefix(root)
+    pinnable = (shared_wal_prefix(root), cuts)  # what a pinned batch may reference (section 9.1)
     with ThreadPoolExecutor(max_workers=_LIST_THREADS, thread_name_prefix="llog-gc-list") as pool, \
             progress("gc: examining blobs", unit="blobs") as examined:
         # The shared WAL blobs stream by while the partitions' (smaller) listings run alongside.
-        for info in itertools.chain(objects.list(shared_wal_prefix(root)), itertools.chain.from_iterable(
+        sink_cuts = (info for info in objects.list(cuts) if "/" not in info.key[len(cuts):])
+        for info in itertools.chain(objects.list(shared_wal_prefix(root)), sink_cuts, itertools.chain.from_iterable(
                 pool.map(lambda prefix: list(objects.list(prefix)), compacted))):
             examined()
             report.listed += 1
@@ -190,6 +203,8 @@ def collect_garbage(objects: ObjectStore, root: str, referenced: set[str], grace
                 report.referenced += 1
             elif (now - info.last_modified).total_seconds() * 1000 < grace_ms:
                 report.too_young += 1
+            elif report.unreadable_pins and info.key.startswith(pinnable):
+                report.kept_for_unreadable_pins += 1
             else:
                 doomed.append((uri, info.size))
     if doomed and not dry_run:
@@ -215,7 +230,8 @@ def gc_pass(coordination: Coordination, objects: ObjectStore, root: str, grace_m
         partitions = all_partitions(coordination, root)
         found(len(partitions))
     # Pinned sink batches first: their references move to pending appends, then to the index.
-    referenced = pinned_references(coordination, root) | referenced_blobs(coordination, root, partitions, progress)
+    pins = pinned_references(coordination, objects, root)
+    referenced = set(pins.uris) | referenced_blobs(coordination, root, partitions, progress)
     failpoints.hit("gc.after_scan")
     return collect_garbage(objects, root, referenced, grace_ms, now=began, dry_run=dry_run, partitions=partitions,
-                           progress=progress)
+                           progress=progress, unreadable_pins=pins.unreadable)

@@ -218,6 +218,18 @@ def shared_wal_prefix(root: str) -> str:
     return f"{root}/wal-shared/"
 
 
+def sink_cut_object(root: str, cut_id: str | None = None) -> str:
+    """``R/sink-cuts/{uuid}``: a pinned sink batch's cut, when it does not fit in its record
+    (section 9.1)."""
+    return f"{root}/sink-cuts/{cut_id or uuid.uuid4()}"
+
+
+def sink_cut_prefix(root: str) -> str:
+    """Lists every sink cut, and also the compacted objects of a topic named ``sink-cuts``
+    (``R/sink-cuts/{topic_id}/partitions/...``): a cut is a direct child, a UUID without ``/``."""
+    return f"{root}/sink-cuts/"
+
+
 def s3_uri(bucket: str, key: str) -> str:
     return f"s3://{bucket}/{key}"
 

@@ -317,6 +317,36 @@ class ObjectStore:
         self._urls[(bucket, key)] = (url, now)
         return url
 
+    def last_modified_ms(self, uri: str) -> int | None:
+        """The object's ``Last-Modified`` (the S3 server's clock, whole seconds) in ms since the
+        epoch, by one HEAD; None if it does not exist. What GC judges a blob's age by
+        (docs/protocol.md section 9.2)."""
+        bucket, key = parse_s3_uri(uri)
+        self._count("head")
+
+        def head() -> int | None:
+            try:
+                url = self._s3.generate_presigned_url("head_object", Params={"Bucket": bucket, "Key": key},
+                                                      ExpiresIn=_URL_EXPIRES_S)
+            except botocore.exceptions.BotoCoreError as e:
+                raise self._fail("presign", uri, e) from e
+            try:
+                response = self._http.request("HEAD", url, preload_content=True)
+            except urllib3.exceptions.HTTPError as e:
+                raise _Transient(str(e)) from e
+            if response.status == 404:
+                return None
+            if response.status >= 500 or response.status == 429:
+                raise _Transient(f"HTTP {response.status}")
+            if response.status != 200:
+                raise self._fail("head", uri, f"HTTP {response.status}")
+            modified = response.headers.get("Last-Modified")
+            if not modified:
+                raise self._fail("head", uri, "no Last-Modified header")
+            return int(email.utils.parsedate_to_datetime(modified).timestamp() * 1000)
+
+        return self._call("head", uri, head)
+
     def list(self, prefix: str, bucket: str | None = None) -> Iterator[ObjectInfo]:
         """Objects under ``prefix`` in ``bucket`` (default: the configured one), page by page
         (ListObjectsV2, up to 1,000 objects a page), each page a call of its own with its own

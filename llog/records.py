@@ -267,6 +267,12 @@ def _is_int(value: Any) -> bool:
     return isinstance(value, int) and not isinstance(value, bool)
 
 
+#: Sinks' progress entries kept per partition in ``meta/control.sinks``: the most recently
+#: committed ones (docs/protocol.md section 9.1). Each is at most ~330 bytes (a 249-character
+#: sink id), so ``sinks`` stays within ~330 KB, well inside the Oxia value budget.
+MAX_SINKS_PER_PARTITION = 1000
+
+
 @dataclass(frozen=True)
 class SinkProgress:
     """``sinks[sink_id]`` in ``meta/control`` (docs/protocol.md section 9): a sink (a streaming
@@ -360,7 +366,8 @@ class ControlRecord:
 
     def with_sink_progress(self, sink_id: str, progress: SinkProgress, retention_ms: int) -> "ControlRecord":
         """This record with ``progress`` for ``sink_id`` (stamped ``committed_at_ms``) and
-        without other sinks' entries that last committed more than ``retention_ms`` before it.
+        without other sinks' entries that last committed more than ``retention_ms`` before it,
+        nor, past :data:`MAX_SINKS_PER_PARTITION` entries, those that committed longest ago.
         An entry with no time (written before llog recorded one) gets this commit's time, so
         it expires a retention period later. Entries that are not well-formed progress are
         someone else's and stay as they are."""
@@ -369,16 +376,24 @@ class ControlRecord:
         if now is None:
             raise ValueError("sink progress to write needs committed_at_ms")
         sinks: dict[str, Any] = {}
+        ages: dict[str, int] = {}  # well-formed entries kept, by when they last committed
         for other_id, obj in (self.extra.get("sinks") or {}).items():
             try:
                 other = SinkProgress.from_dict(obj, other_id)
             except CorruptRecord:
                 sinks[other_id] = obj
                 continue
+            if other_id == sink_id:
+                continue
             if other.committed_at_ms is None:
                 sinks[other_id] = replace(other, committed_at_ms=now).to_dict()
+                ages[other_id] = now
             elif now - other.committed_at_ms <= retention_ms:
                 sinks[other_id] = obj
+                ages[other_id] = other.committed_at_ms
+        # At most MAX_SINKS_PER_PARTITION entries with ours: those that committed longest ago go.
+        for other_id in sorted(ages, key=lambda i: (ages[i], i))[:max(0, len(ages) + 1 - MAX_SINKS_PER_PARTITION)]:
+            del sinks[other_id]
         sinks[sink_id] = progress.to_dict()
         return replace(self, extra={**self.extra, "sinks": sinks})
 

@@ -107,6 +107,20 @@ def placed_by(messages: Sequence[SinkCommitMessage]) -> dict[str, int]:
     return {topic: seen.pop() for topic, seen in counts.items()}
 
 
+def topic_bytes(messages: Sequence[SinkCommitMessage]) -> dict[str, int]:
+    """By topic, the sum of the record sizes the tasks staged (docs/protocol.md section 9.1);
+    a topic some task staged without counting them (a message from an older llog) is left out,
+    and only its record count is compared with a pinned batch's."""
+    sizes: dict[str, int] = {}
+    uncounted: set[str] = set()
+    for m in messages:
+        counted = getattr(m, "topic_bytes", None) or {}
+        uncounted.update(s.topic for s in m.slices if s.topic not in counted)
+        for topic, n in counted.items():
+            sizes[topic] = sizes.get(topic, 0) + n
+    return {topic: n for topic, n in sizes.items() if topic not in uncounted}
+
+
 def commit_batch(config: Config, messages: Sequence[SinkCommitMessage | None], batch_id: int,
                  partitions: int | None = None) -> BatchCommit:
     """Commit the slices of ``messages`` (see module doc) and report what was done. With
@@ -132,7 +146,8 @@ def commit_batch(config: Config, messages: Sequence[SinkCommitMessage | None], b
     conflicts_before = writer.coordination.stats["cas_conflict"]
     failpoints.hit("sink.before_commit")
     if sink_id:  # a replay commits the cut its first attempt pinned, whatever its own tasks did
-        slices = pin_batch(writer.coordination, writer.objects, writer.config, sink_id, batch_id, slices, writer.clock)
+        slices = pin_batch(writer.coordination, writer.objects, writer.config, sink_id, batch_id, slices, writer.clock,
+                           topic_bytes(ordered))
     results = writer.commit_staged(slices, SinkBatch(sink_id, batch_id) if sink_id else None)
     failpoints.hit("sink.after_commit")
     done = BatchCommit(

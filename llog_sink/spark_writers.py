@@ -69,7 +69,14 @@ class _SinkSettings:
         #: it grows (docs/protocol.md section 10.2).
         self.partitions = option
         self.sink_id = options.get(SINK_ID_OPTION) or None
-        self.batch_id = _int_option(options, BATCH_ID_OPTION, 0)
+        self.batch_id = _int_option(options, BATCH_ID_OPTION, None)
+        if self.sink_id is not None and self.batch_id is None:
+            # A default batch id would make every later write of the sink a "replay" of the first.
+            raise InvalidSinkInput(f"option {SINK_ID_OPTION!r} ({self.sink_id!r}) needs option {BATCH_ID_OPTION!r}: "
+                                   f"(sink id, batch id) names one commit (docs/protocol.md section 9.1); give each "
+                                   f"write its own batch id, or drop {SINK_ID_OPTION!r}")
+        if self.batch_id is None:
+            self.batch_id = 0
         self.compression = options.get("compression") or None
         if self.compression is not None and self.compression not in COMPRESSION_TYPES:
             raise InvalidSinkInput(f"option 'compression' must be one of {', '.join(COMPRESSION_TYPES)}, got "

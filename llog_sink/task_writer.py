@@ -18,6 +18,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 
 import pyarrow as pa
+import pyarrow.compute as pc
 from pyspark.sql.datasource import WriterCommitMessage
 
 from llog.codec import binary_bytes
@@ -48,6 +49,9 @@ class SinkCommitMessage(WriterCommitMessage):
     bytes: int = 0
     blobs: int = 0
     stage_s: float = 0.0
+    #: By topic, the sum of the sizes of the records staged (docs/protocol.md section 11.1): with
+    #: the slices' record counts, what a replay of the batch must carry again (section 9.1).
+    topic_bytes: dict[str, int] = field(default_factory=dict)
 
 
 def write_task(batches: Iterable[pa.RecordBatch], layout: SinkLayout, config: Config, task_id: int,
@@ -88,9 +92,11 @@ def write_task(batches: Iterable[pa.RecordBatch], layout: SinkLayout, config: Co
         if not buffered:
             return
         rows = buffered[0] if len(buffered) == 1 else pa.Table.from_batches(buffered).combine_chunks().to_batches()[0]
-        groups = [_group(tp, records) for tp, records
-                  in layout.split(rows, task_id, batch_id, partition_count if topics is not None else None)
-                  if records.num_rows]
+        groups = []
+        for tp, records in layout.split(rows, task_id, batch_id, partition_count if topics is not None else None):
+            if records.num_rows:
+                groups.append(_group(tp, records))
+                message.topic_bytes[tp.topic] = message.topic_bytes.get(tp.topic, 0) + record_bytes(records)
         while len(uploads) >= UPLOADS_IN_FLIGHT:
             message.slices.extend(uploads.popleft().result())
         uploads.append(_upload_pool.submit(stage, object_store(config), config, groups, compression=compression))
@@ -125,6 +131,16 @@ def _partition_count(topics: TopicCache, topic: str) -> int:
     commits (nothing is created here: a batch that fails creates nothing)."""
     record = topics.get(topic, fresh=True)
     return record.partitions if record is not None else topics.config.default_partitions
+
+
+def record_bytes(records: pa.RecordBatch) -> int:
+    """The sum of the records' sizes (docs/protocol.md section 11.1): the bytes of each key,
+    value, and header key and value."""
+    total = sum(binary_bytes(records.column(name)) for name in (VALUE, KEY) if name in records.schema.names)
+    if HEADERS in records.schema.names:
+        headers = pc.list_flatten(records.column(HEADERS))
+        total += binary_bytes(pc.struct_field(headers, [0])) + binary_bytes(pc.struct_field(headers, [1]))
+    return total
 
 
 def _group(tp: TopicPartition, records: pa.RecordBatch) -> AppendGroup:

@@ -138,6 +138,21 @@ def _compact(args) -> int:
     return 0
 
 
+def _sinks_unpin(args) -> int:
+    from llog.objects import ObjectStore
+    from llog.sink_batches import unpin_unreadable
+
+    config = Config.load().require("oxia_service_address", "s3_bucket")
+    objects = ObjectStore(config)
+    try:
+        with Coordination(config) as coordination:
+            done = unpin_unreadable(coordination, objects, config.root_prefix, args.sink_id)
+    finally:
+        objects.close()
+    print(done)
+    return 0 if ": deleted" in done or ": no pinned batch" in done else 1
+
+
 def _gc(args) -> int:
     from llog_tools import progress
     from llog.gc import check_grace, gc_figures, gc_pass
@@ -179,6 +194,9 @@ def _gc(args) -> int:
               f"({report.deleted_bytes:,} bytes)")
         if args.dry_run:
             print("\n".join(report.deleted_uris))
+        for key in report.unreadable_pins:
+            print(f"pinned sink batch {key} cannot be read: no WAL blob was deleted ({report.kept_for_unreadable_pins} "
+                  f"kept); fix it or remove it with `llog sinks unpin {key.rsplit('/', 1)[1]}`", file=sys.stderr)
     return 0
 
 
@@ -411,6 +429,13 @@ def build_parser() -> argparse.ArgumentParser:
     # Handled in main() before parsing; here for --help.
     sub.add_parser("observe", add_help=False,
                    help="Prometheus scraping the local stack (llog observe up|down|status; make observe)")
+
+    sinks = sub.add_parser("sinks", help="pinned sink batches (docs/protocol.md section 9.1)"
+                           ).add_subparsers(dest="sinks_command", required=True)
+    p = sinks.add_parser("unpin", help="delete a sink's pinned batch record that cannot be read (GC keeps every WAL "
+                                       "blob while one exists); a readable one is kept")
+    p.add_argument("sink_id")
+    p.set_defaults(func=_sinks_unpin)
 
     p = sub.add_parser("gc", help="delete blobs no partition references, older than the grace period",
                        epilog="Progress shows on stderr while it is a terminal (LLOG_PROGRESS=0: never, 1: always).")

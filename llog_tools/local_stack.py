@@ -86,6 +86,7 @@ from botocore.exceptions import BotoCoreError, ClientError
 
 from llog import config
 from llog import oxia_client_pb2 as oxia_wire
+from llog.coordination import CHANNEL_OPTIONS
 from llog.errors import ConfigError, LlogError
 
 #: Oxia server version built by :func:`install`. The project pins v0.14.4, but the Go module
@@ -548,7 +549,7 @@ def _oxia_problem(ports: StackPorts) -> str | None:
     """Why Oxia is not healthy, or None if it is."""
     if not _http_ok(f"http://{HOST}:{ports.oxia_metrics}/metrics"):
         return f"no HTTP 200 from http://{HOST}:{ports.oxia_metrics}/metrics"
-    channel = grpc.insecure_channel(f"{HOST}:{ports.oxia}")
+    channel = grpc.insecure_channel(f"{HOST}:{ports.oxia}", options=CHANNEL_OPTIONS)
     try:
         grpc.channel_ready_future(channel).result(timeout=_PROBE_TIMEOUT_S)
     except grpc.FutureTimeoutError:
@@ -593,7 +594,7 @@ def _oxia_assignments(address: str) -> dict[int, str]:
     """The first shard assignments of the namespace that the server at ``address`` sends: shard
     to leader's address. A server sends none until the coordinator has sent it its own; raises
     grpc.RpcError."""
-    channel = grpc.insecure_channel(address)
+    channel = grpc.insecure_channel(address, options=CHANNEL_OPTIONS)
     try:
         stream = channel.unary_stream(
             _OXIA_SERVICE + "GetShardAssignments",
@@ -615,7 +616,7 @@ def _oxia_shard_problem(shard: int, leader: str) -> str | None:
     """Why a put, a get and a delete of a probe key on ``shard`` at its ``leader`` did not all
     succeed, or None. A put commits only once a majority of the shard's replicas has it."""
     key, value = f"_llog_stack_probe/{os.getpid()}", b"llog"
-    channel = grpc.insecure_channel(leader)
+    channel = grpc.insecure_channel(leader, options=CHANNEL_OPTIONS)
     try:
         write = channel.unary_unary(_OXIA_SERVICE + "Write",
                                     request_serializer=oxia_wire.WriteRequest.SerializeToString,

@@ -121,7 +121,8 @@ def test_job_compacts_the_topics_and_collects_old_unreferenced_blobs(spark, conf
                                                             ("audit", 0): 2}
     assert json.loads(report.to_json())["compactions"] == 7
     assert json.loads(report.to_json())["gc"] == {"listed": 16, "referenced": 7, "too_young": 8, "deleted": 1,
-                                                  "deleted_bytes": len(b"an aborted batch's blob")}
+                                                  "deleted_bytes": len(b"an aborted batch's blob"),
+                                                  "unreadable_pins": [], "kept_for_unreadable_pins": 0}
 
     # Run 2: every partition (audit[0] too: one compaction of 10 offsets). The blobs only the
     # compacted partitions used, and the young one now old, are collected; audit's are kept

@@ -4,17 +4,23 @@ it pinned."""
 
 from __future__ import annotations
 
+import time
+
 import pytest
 
 from llog.clock import ShiftedClock
 from llog.coordination import Coordination
-from llog.errors import ObjectNotFound
+from llog.errors import ClockSkew, ObjectNotFound, SinkBatchMismatch, StaleBlob
 from llog.gc import gc_pass
 from llog.keys import shared_wal_object
 from llog.objects import ObjectStore
 from llog.reader import LogReader, ReadRequest
-from llog.sink_batches import SinkBatchOutOfOrder, pin_batch
+from llog.sink_batches import SINKS_PARTITION_KEY, SinkBatchOutOfOrder, pin_batch, sink_batch_key
+from llog.topics import create_topic
 from llog.writer import AppendGroup, LogWriter, SinkBatch, stage
+from llog.process_clients import log_writer
+from llog_sink.commit import commit_batch
+from llog_sink.task_writer import SinkCommitMessage
 from tests.helpers.clocks import past_the_lag
 
 
@@ -90,3 +96,84 @@ def test_a_replay_long_after_the_crash_commits_copies_of_the_pinned_slices(parts
     with LogWriter(config, clock=later) as late:
         late.commit_staged(again, SinkBatch("q3", 2))
     assert _log(config) == rows
+
+
+# --- H1: (sink id, batch id) names exactly one commit (docs/protocol.md section 9.1) ---------------
+
+
+def _staged(config, objects, topic: str, values: list[bytes]):
+    return stage(objects, config, [AppendGroup(topic, 0, values)]) if values else []
+
+
+def test_a_second_write_of_a_batch_with_other_rows_is_refused_before_anything_commits(parts):
+    """Two writes under one (sink id, batch id): the second is not a replay of the first (other
+    topics, other counts, a non-empty write against an empty pin) and is refused loudly."""
+    config, writer, coordination, objects = parts
+    for topic in ("alerts", "audit"):
+        create_topic(coordination, config.root_prefix, topic, 1)
+    first = _staged(config, objects, "alerts", [b"a1", b"a2"])
+    writer.commit_staged(pin_batch(coordination, objects, config, "w1", 0, first, writer.clock), SinkBatch("w1", 0))
+    cases = {"another topic": _staged(config, objects, "audit", [b"u1", b"u2"]),
+             "another count": _staged(config, objects, "alerts", [b"a1", b"a2", b"a3"]),
+             "nothing against rows": []}
+    for slices in cases.values():
+        with pytest.raises(SinkBatchMismatch, match=r"sink w1 batch 0 was pinned with alerts: 2 record\(s\); .*not a "
+                                                    r"replay"):
+            pin_batch(coordination, objects, config, "w1", 0, slices, writer.clock)
+    # Rows against an empty pin: refused too.
+    pin_batch(coordination, objects, config, "w2", 0, [], writer.clock)
+    with pytest.raises(SinkBatchMismatch, match=r"sink w2 batch 0 was pinned with no rows; this commit carries "
+                                                r"audit: 1 record\(s\)"):
+        pin_batch(coordination, objects, config, "w2", 0, _staged(config, objects, "audit", [b"u3"]), writer.clock)
+    with LogReader(config) as reader:
+        assert reader.high_watermark("audit", 0) == 0 and reader.high_watermark("alerts", 0) == 2
+
+
+def test_a_real_replay_with_the_same_rows_cut_otherwise_is_still_a_replay(parts):
+    config, writer, coordination, objects = parts
+    rows = [f"v{i}".encode() for i in range(9)]
+    first = _cut(config, objects, rows, 3)
+    pin_batch(coordination, objects, config, "w3", 4, first, writer.clock)
+    assert pin_batch(coordination, objects, config, "w3", 4, _cut(config, objects, rows[::-1], 2),
+                     writer.clock) == first
+
+
+# --- H4: the driver judges a staged blob's age by the S3 server's clock too (sections 9.1, 9.2) ------
+
+
+def test_an_executor_clock_ahead_cannot_make_the_driver_commit_a_collected_blob(config):
+    """G = 4 s, an executor 4 s ahead: its blob looks 0.1 s old by its stamp when GC, by the S3
+    server's Last-Modified, has already collected it. The driver refuses it; nothing is acked."""
+    config = config.replace(gc_grace_ms=4000)
+    objects = ObjectStore(config)
+    try:
+        with Coordination(config) as coordination:
+            create_topic(coordination, config.root_prefix, "t", 1)
+            log_writer(config).check_deployment("the test")  # the driver's writer, ready: its commit is quick
+            slices = stage(objects, config, [AppendGroup("t", 0, [b"r1", b"r2"])], clock=ShiftedClock(4.0))
+            time.sleep(4.1)  # by the S3 server older than G; by the stamp younger than G/4 (no copy)
+            report = gc_pass(coordination, objects, config.root_prefix, config.gc_grace_ms)
+            assert [s.wal_uri for s in slices] == report.deleted_uris
+            with pytest.raises(StaleBlob, match=r"do not exist"):
+                commit_batch(config, [SinkCommitMessage(0, "q-h4", slices, records=2)], 0)
+            with LogReader(config) as reader:
+                assert reader.high_watermark("t", 0) == 0
+            assert coordination.get(sink_batch_key(config.root_prefix, "q-h4"), SINKS_PARTITION_KEY) is None
+    finally:
+        objects.close()
+
+
+def test_a_stamp_in_the_future_beyond_the_allowed_skew_is_refused(config):
+    config = config.replace(gc_grace_ms=4000)
+    objects = ObjectStore(config)
+    try:
+        with Coordination(config) as coordination:
+            create_topic(coordination, config.root_prefix, "t", 1)
+        log_writer(config).check_deployment("the test")
+        slices = stage(objects, config, [AppendGroup("t", 0, [b"r1"])], clock=ShiftedClock(60.0))
+        with pytest.raises(ClockSkew, match=r"in the future"):
+            commit_batch(config, [SinkCommitMessage(0, "q-h4b", slices, records=1)], 0)
+        with LogReader(config) as reader:
+            assert reader.high_watermark("t", 0) == 0
+    finally:
+        objects.close()

@@ -237,3 +237,71 @@ def test_two_queries_into_the_same_partitions(config, tmp_path):
         for p in topic_partitions(coordination, config.root_prefix, "shared"):
             total += check_partition(coordination, config.root_prefix, "shared", p).high_watermark
     assert total >= 2 * 3 * 500
+
+
+# --- H1: several writes of one micro-batch (docs/protocol.md section 9.1) ---------------------------
+
+
+def _values(config, reader, topic: str) -> list[int]:
+    return sorted(int(v) for p in _partitions(config, topic) for v in _log(reader, topic, p))
+
+
+def _foreach_batch_query(spark, write, checkpoint: Path, rows: int):
+    query = (spark.readStream.format("rate-micro-batch").option("rowsPerBatch", rows).load()
+             .select(F.col("value").cast("string").alias("value"))
+             .writeStream.foreachBatch(write).option("checkpointLocation", str(checkpoint))
+             .trigger(availableNow=True).start())
+    try:
+        query.awaitTermination(180)
+    except Exception:  # noqa: BLE001 - the query's own failure: query.exception() holds it
+        pass
+    return query
+
+
+def test_foreach_batch_writing_two_topics_commits_both(spark, config, reader, tmp_path):
+    """Spark's canonical foreachBatch: the evens to one topic, every row to another."""
+    options = _options(config)
+
+    def to_both(df, batch_id):
+        write_batch(topic="evens", **options)(df.filter(F.col("value").cast("long") % 2 == 0), batch_id)
+        write_batch(topic="all", **options)(df, batch_id)
+
+    query = _foreach_batch_query(spark, to_both, tmp_path / "ck", 200)
+    assert query.exception() is None
+    assert _values(config, reader, "all") == list(range(200))
+    assert _values(config, reader, "evens") == list(range(0, 200, 2))
+
+
+def test_foreach_batch_empty_then_filtered_writes_to_one_topic_exactly_once_across_a_replay(
+        spark, config, reader, tmp_path):
+    """One topic, three writes per micro-batch: an empty one, then the odds, then the evens. The
+    first run fails inside the batch after its writes; the restart replays the batch (same
+    writes, same order) and commits nothing twice."""
+    options = _options(config)
+    crashed = tmp_path / "crashed"
+
+    def split(df, batch_id):
+        value = F.col("value").cast("long")
+        write_batch(topic="split", **options)(df.filter(F.lit(False)), batch_id)
+        write_batch(topic="split", **options)(df.filter(value % 2 == 1), batch_id)
+        write_batch(topic="split", **options)(df.filter(value % 2 == 0), batch_id)
+        if not crashed.exists():
+            crashed.touch()
+            raise RuntimeError("the driver fails after the batch's writes")
+
+    first = _foreach_batch_query(spark, split, tmp_path / "ck", 150)
+    assert first.exception() is not None and "after the batch's writes" in str(first.exception())
+    assert _values(config, reader, "split") == list(range(150))
+    again = _foreach_batch_query(spark, split, tmp_path / "ck", 150)
+    assert again.exception() is None
+    batches = [p["batchId"] for p in again.recentProgress]
+    assert batches[0] == 0  # batch 0 again: a replay (then the run may go on to the next batch)
+    assert _values(config, reader, "split") == list(range(150 * (batches[-1] + 1)))  # each row once
+
+
+def test_a_batch_write_naming_a_sink_needs_a_batch_id(spark, config):
+    df = spark.createDataFrame([("v",)], "value string")
+    with pytest.raises(PySparkException, match=r"llog\.sink\.id.*llog\.sink\.batch\.id"):
+        df.write.format("llog").options(**_options(config)).option("topic", "named").option("llog.sink.id", "s1") \
+            .mode("append").save()
+    assert _partitions(config, "named") == []

@@ -295,3 +295,18 @@ def test_cursor_default_and_unknown_fields():
 def test_cursor_rejects(raw, problem):
     with pytest.raises(CorruptRecord, match=re.escape(problem)):
         CompactionCursor.from_json(raw)
+
+
+def test_sink_progress_keeps_at_most_the_most_recent_sinks_per_partition():
+    """docs/protocol.md section 9.1: `sinks` is bounded whatever the workload (one entry per write of
+    every query that wrote in the retention period would grow without bound)."""
+    from llog.records import MAX_SINKS_PER_PARTITION
+
+    now = 100 * DAY_MS
+    sinks = {f"q{i}": {"batch_id": 1, "slices": 1, "committed_at_ms": now - i} for i in range(MAX_SINKS_PER_PARTITION)}
+    control = ControlRecord.from_json(control_json(pending=None, sinks={**sinks, "not-progress": "someone else's"}))
+    updated = control.with_sink_progress("me", SinkProgress(5, 1, now), retention_ms=7 * DAY_MS)
+    kept = json.loads(updated.to_json())["sinks"]
+    assert len(kept) == MAX_SINKS_PER_PARTITION + 1 and "not-progress" in kept and "me" in kept
+    assert f"q{MAX_SINKS_PER_PARTITION - 1}" not in kept  # the one that committed longest ago
+    assert updated.sink_progress("q0") is not None
