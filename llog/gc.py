@@ -37,7 +37,7 @@ deleted its blob find the blob gone; they resolve the offsets again (``llog.read
 from __future__ import annotations
 
 import itertools
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
@@ -50,7 +50,7 @@ from llog.deployment import pass_gate
 from llog.discovery import partitions_of
 from llog.errors import InconsistentReadState
 from llog.keys import PartitionKeys, s3_uri, shared_wal_prefix, sink_cut_prefix
-from llog.objects import _DELETE_BATCH, ObjectStore
+from llog.objects import _DELETE_BATCH, ObjectInfo, ObjectStore
 from llog.progress import TaskFactory, silent, track
 from llog.records import CompactionRecord, ControlRecord, IndexEntry
 from llog.sink_batches import pinned_references
@@ -192,9 +192,13 @@ def collect_garbage(objects: ObjectStore, root: str, referenced: set[str], grace
     pinnable = (shared_wal_prefix(root), cuts)  # what a pinned batch may reference (section 9.1)
     with ThreadPoolExecutor(max_workers=_LIST_THREADS, thread_name_prefix="llog-gc-list") as pool, \
             progress("gc: examining blobs", unit="blobs") as examined:
-        # The shared WAL blobs stream by while the partitions' (smaller) listings run alongside.
-        sink_cuts = (info for info in objects.list(cuts) if "/" not in info.key[len(cuts):])
-        for info in itertools.chain(objects.list(shared_wal_prefix(root)), sink_cuts, itertools.chain.from_iterable(
+        # The shared WAL blobs stream by while the partitions' (smaller) listings run alongside. A
+        # blob or a cut is a direct child of its prefix: a topic of that name has its compacted
+        # blobs deeper under it, candidates only through its own partition's listing.
+        def children(prefix: str) -> Iterator[ObjectInfo]:
+            return (info for info in objects.list(prefix) if "/" not in info.key[len(prefix):])
+
+        for info in itertools.chain(children(shared_wal_prefix(root)), children(cuts), itertools.chain.from_iterable(
                 pool.map(lambda prefix: list(objects.list(prefix)), compacted))):
             examined()
             report.listed += 1
