@@ -181,7 +181,8 @@ class PendingAppend:
 #: after ``2^31 - 1`` is 0 (docs/protocol.md section 9.4).
 SEQUENCE_MODULUS = 2 ** 31
 #: At most this many sequences before a producer's last batch are known to be written, half the
-#: sequence space: a gap ahead of fewer sequences is never taken for a batch behind (section 9.4).
+#: sequence space: a batch whose base is fewer sequences than this past the last batch's base
+#: (``last.count + gap < 2^30``) is never taken for a batch behind (section 9.4).
 SEQUENCE_WINDOW = 2 ** 30
 
 
@@ -192,7 +193,8 @@ class SequenceVerdict(enum.Enum):
     NEXT = "next"
     #: The producer's last batch again: not written; answered with the offsets it got then.
     REPEAT = "repeat"
-    #: An older batch the partition knows it wrote: not written again (``DuplicateSequence``).
+    #: An older batch, wholly in the run known written: not written again (``DuplicateSequence``;
+    #: against a run that batches of the same body extend, only once those are written).
     OLDER = "older"
     #: A gap, a batch inside the last one, or behind it past what is known: ``OutOfOrderSequence``.
     OUT_OF_ORDER = "out of order"
@@ -261,6 +263,13 @@ def judge_sequence(last: ProducerBatch | None, sequence: int, count: int) -> Seq
     """Section 9.4's check of an idempotent producer's batch against ``last``, its last batch on
     the partition: a producer the partition does not know (None) may start at any sequence."""
     return SequenceVerdict.NEXT if last is None else last.judge(sequence, count)
+
+
+def sequences_overlap(sequence: int, count: int, other_sequence: int, other_count: int) -> bool:
+    """Whether a batch of ``count`` records from base ``sequence`` and one of ``other_count`` from
+    ``other_sequence`` share a sequence, mod ``2^31`` (either may straddle the wrap; section 9.4)."""
+    return (other_sequence - sequence) % SEQUENCE_MODULUS < count or (sequence - other_sequence) % SEQUENCE_MODULUS \
+        < other_count
 
 
 def _is_int(value: Any) -> bool:

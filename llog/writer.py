@@ -39,7 +39,7 @@ from llog.keys import PartitionKeys, TopicPartition, shared_wal_object
 from llog.objects import ObjectStore
 from llog.records import (
     BYTES_BATCH_V1, SEQUENCE_MODULUS, WAL, ControlRecord, IndexEntry, PendingAppend, ProducerBatch, SequenceVerdict,
-    SinkProgress, judge_sequence,
+    SinkProgress, judge_sequence, sequences_overlap,
 )
 from llog.topics import TopicCache
 
@@ -149,13 +149,28 @@ class _SameAs:
     group: int
 
 
+@dataclass(frozen=True)
+class _WrittenWith:
+    """A group older than its producer's last batch that shares sequences with ``groups``, groups
+    of the same body that precede it in the run and are not written yet (section 9.4): it gets
+    ``error`` (:class:`DuplicateSequence`) once each of them is written (an :class:`AppendResult`,
+    or DuplicateSequence itself), else the outcome of the first that is not (not done, in doubt)."""
+
+    groups: tuple[int, ...]
+    error: DuplicateSequence
+
+
+#: What a producer's group that is not written gets: its own outcome, or one that follows others'.
+_Verdict = AppendResult | _SameAs | _WrittenWith | LlogError
+
+
 class _Rejected(LlogError):
     """A slot whose body holds producers' groups the partition must not write (duplicates, or out
     of order): nothing was reserved; ``verdicts`` gives each of those groups its outcome (an
-    :class:`AppendResult` of the earlier send, :class:`_SameAs`, or its error). The writer stages
-    the body again without them."""
+    :class:`AppendResult` of the earlier send, :class:`_SameAs`, :class:`_WrittenWith`, or its
+    error). The writer stages the body again without them."""
 
-    def __init__(self, verdicts: dict[int, "AppendResult | _SameAs | LlogError"]):
+    def __init__(self, verdicts: dict[int, _Verdict]):
         self.verdicts = verdicts
         super().__init__(f"{len(verdicts)} producer group(s) not to be written")
 
@@ -276,11 +291,16 @@ def _results(groups: Sequence[AppendGroup], done: _Done, settled: dict[int, obje
                                        created_at_ms=s.created_at_ms)
             start += count
     settled = settled or {}
-    by_group.update((i, v) for i, v in settled.items() if not isinstance(v, _SameAs))
-    for i, v in settled.items():
+    by_group.update((i, v) for i, v in settled.items() if not isinstance(v, (_SameAs, _WrittenWith)))
+    for i in sorted(settled):  # each follows groups before it in its body, so these come first
+        v = settled[i]
         if isinstance(v, _SameAs):
             first = by_group[v.group]
             by_group[i] = replace(first, duplicate=True) if isinstance(first, AppendResult) else first
+        elif isinstance(v, _WrittenWith):
+            unwritten = [by_group[j] for j in v.groups
+                         if isinstance(by_group[j], BaseException) and not isinstance(by_group[j], DuplicateSequence)]
+            by_group[i] = unwritten[0] if unwritten else v.error
     outcomes = [by_group[i] for i in range(len(groups))]
     ok = [o for o in outcomes if isinstance(o, AppendResult)]
     if len(ok) == len(outcomes):
@@ -394,7 +414,9 @@ class LogWriter(ClientUser):
         Sequences wrap to 0 after ``2^31 - 1``, as Kafka's. A group that is that last batch again
         is not written: its result is the offsets it got then (``duplicate``). An older batch the
         partition knows it wrote fails with :class:`DuplicateSequence`, any other sequence with
-        :class:`OutOfOrderSequence` (docs/protocol.md section 9.4). Such groups are known only once the
+        :class:`OutOfOrderSequence` (docs/protocol.md section 9.4). An older batch that repeats
+        sequences of groups of the same append gets DuplicateSequence only once those are written,
+        else their error (it is never said of a batch not written). Such groups are known only once the
         control is read, after the blob's PUT: their partition's body is staged again without
         them (another PUT), so the other groups of the append, producers' or not, are written as
         usual. Then :class:`GroupsFailed` gives each group its own outcome.
@@ -794,7 +816,8 @@ class LogWriter(ClientUser):
         producer's last batch, mod ``2^31``, or any for a producer the control does not know (new,
         expired or evicted). A group that is the last batch again (same sequence and count) is a
         duplicate: the offsets it got then. An older batch wholly in the run the partition knows
-        it wrote: :class:`DuplicateSequence`; any other: :class:`OutOfOrderSequence`. Entries of
+        it wrote: :class:`DuplicateSequence`, or, when it shares sequences with groups of this body
+        (not written yet), :class:`_WrittenWith` them; any other: :class:`OutOfOrderSequence`. Entries of
         producers that wrote nothing for :data:`PRODUCER_RETENTION_MS` are dropped, and so are
         (evicted: logged, counted in ``stats["producers_evicted"]``) those past the newest
         :data:`MAX_PRODUCERS_PER_PARTITION`; entries that are not well-formed are someone else's
@@ -811,7 +834,8 @@ class LogWriter(ClientUser):
                 if any(g.producer_id == pid for g in slot.producers):
                     raise  # ours must be well-formed; others' are kept as they are
         here: dict[str, int] = {}  # producers whose last batch is a group of this body: that group
-        verdicts: dict[int, AppendResult | _SameAs | LlogError] = {}
+        chained: dict[str, list[_ProducerGroup]] = {}  # each producer's groups of this body written as NEXT
+        verdicts: dict[int, _Verdict] = {}
         for g in slot.producers:
             last = batches.get(g.producer_id)
             verdict = judge_sequence(last, g.sequence, g.count)
@@ -819,12 +843,16 @@ class LogWriter(ClientUser):
                 batches[g.producer_id] = ProducerBatch(g.sequence, g.count, start + g.first, end, now) if last is None \
                     else last.followed_by(g.sequence, g.count, start + g.first, end, now)
                 here[g.producer_id] = g.group
+                chained.setdefault(g.producer_id, []).append(g)
             elif verdict is SequenceVerdict.REPEAT:
                 verdicts[g.group] = _SameAs(here[g.producer_id]) if g.producer_id in here else AppendResult(
                     tp.topic, tp.partition, last.start_offset, last.start_offset + last.count - 1,
                     slot.keys.index(last.entry_end_offset), None, duplicate=True)
             elif verdict is SequenceVerdict.OLDER:
-                verdicts[g.group] = DuplicateSequence(tp.topic, tp.partition, g.producer_id, g.sequence, last.sequence)
+                error = DuplicateSequence(tp.topic, tp.partition, g.producer_id, g.sequence, last.sequence)
+                unwritten = tuple(h.group for h in chained.get(g.producer_id, ())
+                                  if sequences_overlap(g.sequence, g.count, h.sequence, h.count))
+                verdicts[g.group] = _WrittenWith(unwritten, error) if unwritten else error
             else:
                 verdicts[g.group] = OutOfOrderSequence(tp.topic, tp.partition, g.producer_id, g.sequence,
                                                        last.next_sequence)

@@ -14,7 +14,9 @@ import pytest
 
 from llog.clock import ShiftedClock
 from llog.control import read_control
-from llog.errors import DuplicateSequence, GroupsFailed, InvalidPayload, OutOfOrderSequence
+from llog.errors import (DuplicateSequence, GroupsFailed, InvalidPayload, LlogError, LogFenced, OffsetOutOfRange,
+                         OutOfOrderSequence, StorageError)
+from llog.fence import fence
 from llog.reader import LogReader
 from llog.writer import MAX_PRODUCERS_PER_PARTITION, AppendGroup, LogWriter
 from tests.helpers.broker_process import run_broker
@@ -91,6 +93,102 @@ def test_older_and_out_of_order_sequences_are_refused_and_the_rest_of_the_append
             w.append_shared([AppendGroup(T, 0, [b"x"], producer_id="p")])
     assert _log(config) == [b"0", b"1", b"2", b"q0", b"plain"]
     assert _log(config, 1) == [b"other partition"]
+
+
+def _resent_within_one_body(w: LogWriter) -> list:
+    """One append whose body holds producer p's batch 0..1, its next 2..3, and 0..1 again (a
+    resend the broker merged into the same group commit as the originals); each group's outcome."""
+    try:
+        return w.append_shared([AppendGroup(T, 0, [b"a0", b"a1"], producer_id="p", sequence=0),
+                                AppendGroup(T, 0, [b"b2", b"b3"], producer_id="p", sequence=2),
+                                AppendGroup(T, 0, [b"a0", b"a1"], producer_id="p", sequence=0)])
+    except GroupsFailed as failed:
+        return failed.outcomes
+    except LlogError as error:  # the same error for every group
+        return [error] * 3
+
+
+def _empty_or_log(config) -> list[bytes]:
+    try:
+        return _log(config)
+    except OffsetOutOfRange:  # nothing was ever written
+        return []
+
+
+def test_a_batch_resent_within_its_body_is_a_duplicate_sequence_once_the_body_is_written(config):
+    """docs/protocol.md section 9.4: the resend of 0..1 is older than 2..3, in the same body; it
+    is answered DuplicateSequence because 0..1 was written (by this append), and lands once."""
+    with LogWriter(config, auto_initialize=True) as w:
+        first, second, resent = _resent_within_one_body(w)
+    assert (first.start_offset, second.start_offset) == (1, 3)
+    assert isinstance(resent, DuplicateSequence), resent
+    assert _log(config) == [b"a0", b"a1", b"b2", b"b3"]
+
+
+def test_duplicate_sequence_is_never_said_of_a_batch_whose_body_then_fails(config, hooks):
+    """Sections 4.6, 9.4: the resend's verdict (older than 2..3, whose run holds 0..1 of the same
+    body) is known in the first round; the body is staged again without it, and that PUT fails:
+    nothing is written, so the resend must get the failure too (not done), never DuplicateSequence,
+    which a Kafka client completes as delivered."""
+    puts = [0]
+
+    def second_put_fails():
+        puts[0] += 1
+        if puts[0] == 2:
+            raise StorageError("injected: S3 refused the PUT of the body staged again")
+
+    with LogWriter(config, auto_initialize=True) as w:
+        w.initialize_partition(T, 0)
+        hooks["writer.after_blob_put"] = second_put_fails
+        outcomes = _resent_within_one_body(w)
+        hooks.clear()
+    assert _empty_or_log(config) == []
+    assert all(isinstance(o, StorageError) for o in outcomes), outcomes
+
+
+def test_duplicate_sequence_is_never_said_of_a_batch_whose_body_is_then_fenced(config, hooks):
+    """As above, with the partition fenced between the two rounds (`llog fence`, or a topic
+    delete): 0..1 and 2..3 are LogFenced (not done), and so is the resend of 0..1."""
+    puts = [0]
+
+    with LogWriter(config, auto_initialize=True) as w:
+        w.initialize_partition(T, 0)
+
+        def fence_before_second_round():
+            puts[0] += 1
+            if puts[0] == 2:
+                fence(w.coordination, w.keys(T, 0), config)
+
+        hooks["writer.after_blob_put"] = fence_before_second_round
+        outcomes = _resent_within_one_body(w)
+        hooks.clear()
+    assert _empty_or_log(config) == []
+    assert all(isinstance(o, LogFenced) for o in outcomes), outcomes
+
+
+def test_a_resend_of_a_batch_written_before_is_a_duplicate_sequence_whatever_its_body_does(config, hooks):
+    """Section 9.4: 0..1 is in the control read (written by an earlier append); a body with 2..3,
+    4..5 and 0..1 again judges 0..1 against the run those extend, but it shares no sequence with
+    them: DuplicateSequence at once, also when the body staged again then fails."""
+    puts = [0]
+
+    def second_put_fails():
+        puts[0] += 1
+        if puts[0] == 2:
+            raise StorageError("injected: S3 refused the PUT of the body staged again")
+
+    with LogWriter(config, auto_initialize=True) as w:
+        w.append_shared([AppendGroup(T, 0, [b"a0", b"a1"], producer_id="p", sequence=0)])
+        hooks["writer.after_blob_put"] = second_put_fails
+        with pytest.raises(GroupsFailed) as failed:
+            w.append_shared([AppendGroup(T, 0, [b"b2", b"b3"], producer_id="p", sequence=2),
+                             AppendGroup(T, 0, [b"c4", b"c5"], producer_id="p", sequence=4),
+                             AppendGroup(T, 0, [b"a0", b"a1"], producer_id="p", sequence=0)])
+        hooks.clear()
+    after_first, after_second, resent = failed.value.outcomes
+    assert isinstance(after_first, StorageError) and isinstance(after_second, StorageError)
+    assert isinstance(resent, DuplicateSequence), resent
+    assert _log(config) == [b"a0", b"a1"]
 
 
 def test_sequences_wrap_after_2147483647_for_every_producer(config):

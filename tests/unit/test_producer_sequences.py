@@ -7,7 +7,8 @@ from __future__ import annotations
 import pytest
 
 from llog.errors import CorruptRecord, InvalidPayload
-from llog.records import SEQUENCE_MODULUS, SEQUENCE_WINDOW, ProducerBatch, SequenceVerdict, judge_sequence
+from llog.records import (SEQUENCE_MODULUS, SEQUENCE_WINDOW, ProducerBatch, SequenceVerdict, judge_sequence,
+                          sequences_overlap)
 from llog.writer import AppendGroup, check_producer
 
 NEXT, REPEAT, OLDER, OUT_OF_ORDER = (SequenceVerdict.NEXT, SequenceVerdict.REPEAT, SequenceVerdict.OLDER,
@@ -83,6 +84,26 @@ def test_the_known_run_is_at_most_half_the_sequence_space_so_a_gap_is_never_take
     assert last.judge((last.sequence - SEQUENCE_WINDOW - 1) % SEQUENCE_MODULUS, 1) is OUT_OF_ORDER
     gap = (last.next_sequence + SEQUENCE_WINDOW - (1 << 20) - 1) % SEQUENCE_MODULUS  # far ahead, yet a gap
     assert last.judge(gap, 1) is OUT_OF_ORDER
+
+
+def test_a_gap_is_taken_for_a_batch_behind_only_from_last_count_plus_gap_of_2_to_the_30():
+    """Section 9.4's bound: with the known run full, a batch ahead of the last is a gap while
+    ``last.count + gap < 2^30``; at ``2^30`` it lies in the run behind (DuplicateSequence)."""
+    last = ProducerBatch(0, 1 << 20, 1, 1 << 20, 0)
+    for _ in range(SEQUENCE_MODULUS // (1 << 20) + 3):
+        last = _then(last, last.next_sequence, 1 << 20)
+    largest_gap = SEQUENCE_WINDOW - last.count - 1
+    assert last.judge((last.next_sequence + largest_gap) % SEQUENCE_MODULUS, 1) is OUT_OF_ORDER
+    assert last.judge((last.next_sequence + largest_gap + 1) % SEQUENCE_MODULUS, 1) is OLDER
+
+
+@pytest.mark.parametrize("a, n, b, m, shared", [
+    (0, 2, 2, 2, False), (0, 2, 1, 2, True), (2, 2, 0, 3, True), (0, 1, 0, 1, True),
+    (MAX, 2, 0, 1, True), (MAX, 1, 0, 1, False), (MAX - 1, 3, 1, 5, False), (5, 1, MAX, 7, True),
+])
+def test_batches_share_a_sequence_across_the_wrap(a, n, b, m, shared):
+    assert sequences_overlap(a, n, b, m) is shared
+    assert sequences_overlap(b, m, a, n) is shared
 
 
 def test_an_entry_written_without_known_before_knows_no_run():
