@@ -17,7 +17,9 @@ import pytest
 from llog.clock import ShiftedClock
 from llog.control import read_control
 from llog.coordination import EXPECTED_ABSENT, Coordination
+from llog.deployment import pass_gate
 from llog.errors import AppendFailed, AppendOutcomeUnknown, CoordinationError, LlogError, StaleBlob, WriteOutcomeUnknown
+from llog.objects import ObjectStore
 from llog.reader import LogReader
 from llog.topics import create_topic
 from llog.writer import AppendGroup, LogWriter
@@ -48,6 +50,9 @@ def _lose_replies(hooks, after: int = 0) -> list[int]:
 
 
 def _on_two_shards(coordination: Coordination, root: str) -> tuple[str, str]:
+    """Two keys on different shards, for a client that has passed the deployment gate (whose own
+    write, ``R/deployment``, would otherwise be the first Write a test counts)."""
+    pass_gate(coordination.config, coordination, make_objects=ObjectStore)
     keys = [f"/{root}/k{n}" for n in range(64)]
     first = keys[0]
     second = next(k for k in keys if coordination._shard(k, k) != coordination._shard(first, first))
