@@ -16,6 +16,7 @@ from __future__ import annotations
 import json
 import threading
 import time
+from dataclasses import replace
 
 import pytest
 
@@ -24,7 +25,7 @@ from llog.clock import ShiftedClock
 from llog.compactor import Compactor
 from llog.errors import InconsistentReadState, OffsetOutOfRange
 from llog.gc import gc_pass
-from llog.records import COMPACTED
+from llog.records import COMPACTED, WAL, IndexEntry
 from llog.topics import alter_topic, create_topic
 from tests.helpers.invariants import check_partition
 from tests.helpers.retention import current_keys, index_entries
@@ -187,12 +188,13 @@ def _shape(writer, keys) -> list[tuple[str, int, int]]:
     return [(e.entry.type, e.start_offset, e.end_offset) for e in index_entries(writer.coordination, keys)]
 
 
-def _stale_run_lands_below_a_later_run(config, writer, hooks, later_dies: bool):
+def _stale_run_lands_below_a_later_run(config, writer, hooks, later_dies: bool = False):
     """Entries 1..10, 11..20, 21..30, S = 1. Z selects 1..20 at cursor 1 and stalls past its
-    claim; B compacts 1..10 (cursor 11); A selects 11..30 at cursor 11; Z then finishes 1..20
-    (B's ``index/10`` deleted, cursor 21); A creates its record 11..30 and goes on, or
-    (``later_dies``) dies there, leaving the record for the next compactor's step 0. Z's
-    COMPACTED 1..20 is then the only entry covering 1..10, and it lies in A's range 11..30."""
+    claim; B compacts 1..10 (cursor 11); A selects 11..30 at cursor 11 and writes its blob; then
+    Z finishes 1..20 (B's ``index/10`` deleted, cursor 21; Z's record is gone before A can create
+    its own); A goes on, or (``later_dies``) dies after creating its record, leaving it for the
+    next compactor's step 0. Z's COMPACTED 1..20 is then the only entry covering 1..10, and it
+    lies in A's range 11..30."""
     create_topic(writer.coordination, config.root_prefix, OVERTAKEN, 1)
     for first in (1, 11, 21):
         writer.append(OVERTAKEN, 0, _values(first, first + 9))
@@ -282,7 +284,7 @@ def _assert_overlap_is_sound(config, writer, reader, keys) -> None:
 def test_a_compaction_never_deletes_an_entry_that_starts_below_its_run(config, writer, reader, hooks):
     """Step 5 deletes a key in the run's range only if its entry starts at or above the run's
     start: Z's COMPACTED 1..20 stays (on f2a79e7 A's delete_range removed it, and 1..10 with it)."""
-    keys = _stale_run_lands_below_a_later_run(config, writer, hooks, later_dies=False)
+    keys = _stale_run_lands_below_a_later_run(config, writer, hooks)
     _assert_overlap_is_sound(config, writer, reader, keys)
 
 
@@ -297,3 +299,31 @@ def test_a_resumed_record_below_the_cursor_keeps_the_entry_below_its_run(config,
         assert c.compact_partition(OVERTAKEN, 0).resumed_compactions == 1
     assert writer.coordination.get(keys.compaction, keys.partition_key) is None
     _assert_overlap_is_sound(config, writer, reader, keys)
+
+
+def test_the_oracle_refuses_an_overlap_other_than_two_compacted_entries_in_start_order(config, writer,
+                                                                                     three_entries):
+    """Only a COMPACTED entry may overlap the entry before it, and only a COMPACTED one that starts
+    before it: a WAL entry never overlaps at rest, and neither entry holds the other."""
+    keys, pk = three_entries, three_entries.partition_key
+    wal = IndexEntry.from_json(writer.coordination.get(keys.index(10), pk).value)
+
+    def put(end: int, entry_type: str, msg_count: int) -> None:
+        fields = {"byte_offset": None, "byte_length": None} if entry_type == COMPACTED else {}
+        writer.coordination.put(keys.index(end), replace(wal, type=entry_type, msg_count=msg_count, **fields).to_json(), pk)
+
+    put(30, WAL, 20)  # a WAL entry 11..30 over the WAL entry 11..20
+    with pytest.raises(AssertionError, match="entry 11..30 overlaps offset 20"):
+        check_partition(writer.coordination, config.root_prefix, T, 0)
+    put(20, COMPACTED, 20)  # COMPACTED 1..20 and 5..30: allowed
+    writer.coordination.delete(keys.index(10), pk)
+    put(30, COMPACTED, 26)
+    check_partition(writer.coordination, config.root_prefix, T, 0)
+    put(30, COMPACTED, 30)  # COMPACTED 1..20 and 1..30: the later one holds the earlier
+    with pytest.raises(AssertionError, match="entry 1..30 overlaps offset 20"):
+        check_partition(writer.coordination, config.root_prefix, T, 0)
+    put(20, WAL, 10)  # a WAL entry 11..20 under a COMPACTED 5..30
+    put(10, WAL, 10)
+    put(30, COMPACTED, 26)
+    with pytest.raises(AssertionError, match="entry 5..30 overlaps offset 20"):
+        check_partition(writer.coordination, config.root_prefix, T, 0)
