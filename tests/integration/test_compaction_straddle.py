@@ -9,6 +9,12 @@ allowed at rest: readers read from ``S`` (nothing below it), the next retention 
 entry whole or keeps it, compaction goes on past it, GC counts it as a reference; and a
 compactor that finds the record of such a run left midway finishes it rather than dropping it
 as stale.
+
+Runs that overlap (section 6): a compactor stalled after selecting 1..20 finishes it after
+others compacted 1..10 and selected 11..30; the later run's step 5 keeps the stalled one's
+COMPACTED 1..20 (it starts below the run, and is the only cover of 1..10), whether that run goes
+on or its record is resumed by the next compactor's step 0. Two COMPACTED entries then overlap
+at rest, which readers, GC, retention and the oracle accept.
 """
 
 from __future__ import annotations
@@ -232,7 +238,7 @@ def _stale_run_lands_below_a_later_run(config, writer, hooks, later_dies: bool =
     _claim_lost(writer, keys)  # Z's session expired during its stall
     stage["who"] = "B"
     assert b.compact_partition(OVERTAKEN, 0, deadline=time.monotonic() + 0.3).compactions == 1
-    assert _shape(writer, keys) == [(COMPACTED, 1, 10), ("WAL", 11, 20), ("WAL", 21, 30)]
+    assert _shape(writer, keys) == [(COMPACTED, 1, 10), (WAL, 11, 20), (WAL, 21, 30)]
     stage["who"] = "A"
     if later_dies:
         def die() -> None:
@@ -277,7 +283,7 @@ def _assert_overlap_is_sound(config, writer, reader, keys) -> None:
     assert done.log_start_offset == 21 and done.retention_records == 20
     snapshot = check_partition(writer.coordination, config.root_prefix, OVERTAKEN, 0)
     assert [(e.entry.type, e.start_offset, e.end_offset) for e in snapshot.entries] == [
-        (COMPACTED, 11, 30), ("WAL", 31, 40)]
+        (COMPACTED, 11, 30), (WAL, 31, 40)]
     assert [r.value for r in reader.read_range(OVERTAKEN, 0, 21)] == _values(21, 40)
 
 
@@ -294,7 +300,7 @@ def test_a_resumed_record_below_the_cursor_keeps_the_entry_below_its_run(config,
     keys = _stale_run_lands_below_a_later_run(config, writer, hooks, later_dies=True)
     record = json.loads(writer.coordination.get(keys.compaction, keys.partition_key).value)
     assert (record["start_offset"], record["end_offset"]) == (11, 30)
-    assert _shape(writer, keys) == [(COMPACTED, 1, 20), ("WAL", 21, 30)]
+    assert _shape(writer, keys) == [(COMPACTED, 1, 20), (WAL, 21, 30)]
     with _compactor(writer, config, "C") as c:
         assert c.compact_partition(OVERTAKEN, 0).resumed_compactions == 1
     assert writer.coordination.get(keys.compaction, keys.partition_key) is None
@@ -310,7 +316,8 @@ def test_the_oracle_refuses_an_overlap_other_than_two_compacted_entries_in_start
 
     def put(end: int, entry_type: str, msg_count: int) -> None:
         fields = {"byte_offset": None, "byte_length": None} if entry_type == COMPACTED else {}
-        writer.coordination.put(keys.index(end), replace(wal, type=entry_type, msg_count=msg_count, **fields).to_json(), pk)
+        entry = replace(wal, type=entry_type, msg_count=msg_count, **fields)
+        writer.coordination.put(keys.index(end), entry.to_json(), pk)
 
     put(30, WAL, 20)  # a WAL entry 11..30 over the WAL entry 11..20
     with pytest.raises(AssertionError, match="entry 11..30 overlaps offset 20"):
