@@ -10,6 +10,7 @@ import asyncio
 import time
 import uuid
 
+import pytest
 from kio.schema.errors import ErrorCode
 
 from broker_lite.kafka.registry import REFRESH_S, Listener, ListenerRegistry
@@ -143,14 +144,17 @@ def test_a_coordinator_whose_claim_is_gone_commits_nothing(config):
         assert [r.committed_offset for r in describe_group(other, config.root_prefix, group, [topic])] == [3]
 
 
-def test_a_lookup_that_straddles_a_re_registration_leaves_the_live_claim_alone(config):
+@pytest.mark.parametrize("node_id_after", ["the same", "another"])
+def test_a_lookup_that_straddles_a_re_registration_leaves_the_live_claim_alone(config, node_id_after):
     """A FindCoordinator lookup that starts as node ``me`` (coordinator() captures it and reads
     the claim in a thread) while the listener takes its session as lost, registers anew, and a
     second lookup claims the group under the new registration. The first lookup then meets that
     claim: same broker id, another node id than the one it started as. It is the live claim of
     the current registration, not one left under an old node id (docs/protocol.md section 9.5,
     refresh), and must not be deleted: were it, another listener would claim the group while
-    this one still lists it as held, and two listeners would coordinate one group."""
+    this one still lists it as held, and two listeners would coordinate one group. The listener
+    registers anew under the same node id (the lookup adopts the new claim as its own), or under
+    another (the lookup meets a claim with its broker id under a node id not the one it began as)."""
     group = f"g{uuid.uuid4().hex[:8]}"
 
     async def scenario():
@@ -158,8 +162,14 @@ def test_a_lookup_that_straddles_a_re_registration_leaves_the_live_claim_alone(c
         with Coordination(config) as mine, Coordination(config) as theirs:
             a = ListenerRegistry(mine, config.root_prefix, "127.0.0.1", 1111, "broker-a", 30_000)
             b = ListenerRegistry(theirs, config.root_prefix, "127.0.0.1", 2222, "broker-b", 30_000)
+            first = ListenerRegistry(theirs, config.root_prefix, "127.0.0.1", 3333, "broker-c", 30_000)
+            if node_id_after == "another":  # node 0 is free again when a registers anew
+                await first.start()
             await a.start()
             await b.start()
+            if node_id_after == "another":
+                await first.stop()
+            began_as = a.node_id
             try:
                 read_claim, release = a._coordinator, a._release
                 raced, stolen = [], []
@@ -181,7 +191,7 @@ def test_a_lookup_that_straddles_a_re_registration_leaves_the_live_claim_alone(c
                 holder = await a.coordinator(group)
                 found = await asyncio.to_thread(mine.get, kafka_group_key(config.root_prefix, group),
                                                 KAFKA_PARTITION_KEY)
-                assert raced
+                assert raced and (a.node_id == began_as) == (node_id_after == "the same")
                 assert not (a.holds(group) and b.holds(group)), (
                     f"both listeners hold {group}: a's lookup answered {holder}, the claim is "
                     f"{found.value if found else None}")
