@@ -27,6 +27,16 @@ class ClockSkew(ConfigError):
     """This machine's clock is too far from the S3 server's for the protocol's timing rules."""
 
 
+class GraceBelowG(ConfigError, ValueError):
+    """GC was given a grace period shorter than the ``G`` (``LLOG_GC_GRACE_MS``) its config
+    passed the deployment gate with (docs/protocol.md section 9.2, step 4)."""
+
+
+class RootPrefixMismatch(ConfigError, ValueError):
+    """GC was given a root prefix other than its config's, the one the deployment gate checked
+    (docs/protocol.md section 9.2, step 4)."""
+
+
 class InvalidTopicName(LlogError, ValueError):
     """A topic name breaks Kafka's rule (docs/protocol.md section 1)."""
 

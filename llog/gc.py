@@ -48,7 +48,7 @@ from llog.config import Config
 from llog.coordination import Coordination
 from llog.deployment import pass_gate
 from llog.discovery import partitions_of
-from llog.errors import InconsistentReadState
+from llog.errors import GraceBelowG, InconsistentReadState, RootPrefixMismatch
 from llog.keys import PartitionKeys, s3_uri, shared_wal_prefix, sink_cut_prefix
 from llog.objects import _DELETE_BATCH, ObjectInfo, ObjectStore
 from llog.progress import TaskFactory, silent, track
@@ -61,12 +61,22 @@ _LIST_THREADS = 16
 
 def check_grace(grace_ms: int, config: Config) -> int:
     """``grace_ms`` if it is at least the ``gc_grace_ms`` writers use (they refuse blobs older
-    than half of it, which is what makes collecting safe); else ValueError."""
+    than half of it, which is what makes collecting safe); else :class:`GraceBelowG`."""
     if grace_ms < config.gc_grace_ms:
-        raise ValueError(f"grace period {grace_ms} ms is below LLOG_GC_GRACE_MS={config.gc_grace_ms} ms, the one "
-                         f"writers use (they refuse blobs older than half of it); a shorter one could delete "
-                         f"blobs a writer is still committing")
+        raise GraceBelowG(f"grace period {grace_ms} ms is below LLOG_GC_GRACE_MS={config.gc_grace_ms} ms, the one "
+                          f"writers use (they refuse blobs older than half of it); a shorter one could delete "
+                          f"blobs a writer is still committing")
     return grace_ms
+
+
+def check_root(root: str, config: Config) -> str:
+    """``root`` if it is ``config``'s root prefix, the one whose ``G`` the deployment gate
+    checked (docs/protocol.md section 9.2, step 4); else :class:`RootPrefixMismatch`."""
+    if root != config.root_prefix:
+        raise RootPrefixMismatch(f"GC was asked to collect under root prefix {root!r}, but its config's is "
+                                 f"{config.root_prefix!r}, the one whose LLOG_GC_GRACE_MS the deployment gate "
+                                 f"checked; collect with a config of root prefix {root!r}")
+    return root
 
 
 def all_partitions(coordination: Coordination, root: str) -> list[PartitionKeys]:
@@ -180,9 +190,11 @@ def collect_garbage(objects: ObjectStore, root: str, referenced: set[str], grace
     :func:`gc_pass` does all of it in order). ``partitions`` must be among those whose
     references ``referenced`` holds. ``progress`` (:mod:`llog.progress`) counts the blobs
     examined, then those deleted. With ``unreadable_pins`` (pinned records that could not be
-    read: each may reference any WAL blob), no WAL blob and no sink cut is deleted."""
-    if grace_ms < 1:
-        raise ValueError(f"grace period must be >= 1 ms, got {grace_ms}")
+    read: each may reference any WAL blob), no WAL blob and no sink cut is deleted. ``root`` must
+    be ``objects.config``'s root prefix and ``grace_ms`` at least its ``G`` (section 9.2, step 4),
+    or nothing is listed or deleted."""
+    check_root(root, objects.config)
+    check_grace(grace_ms, objects.config)
     now = now or datetime.now(timezone.utc)
     bucket = objects.config.require("s3_bucket").s3_bucket
     report = GcReport(unreadable_pins=list(unreadable_pins))
@@ -227,7 +239,10 @@ def gc_pass(coordination: Coordination, objects: ObjectStore, root: str, grace_m
             dry_run: bool = False, clock: Clock = SYSTEM, progress: TaskFactory = silent) -> GcReport:
     """One whole pass in the safe order (module doc): time, discovery, references, listing.
     ``progress`` (:mod:`llog.progress`; ``llog gc`` passes :func:`llog_tools.progress.task`) shows
-    each step."""
+    each step. ``root`` must be ``objects.config``'s root prefix and ``grace_ms`` at least its
+    ``G`` (section 9.2, step 4): checked first, before anything is read."""
+    check_root(root, objects.config)
+    check_grace(grace_ms, objects.config)
     pass_gate(objects.config, coordination, objects, "gc")  # before its time: a clock off is refused first
     began = datetime.fromtimestamp(clock.now_ms() / 1000, timezone.utc)
     with progress("gc: finding partitions", unit="partitions") as found:

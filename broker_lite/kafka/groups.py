@@ -580,8 +580,9 @@ class GroupCoordinator:
     # --- DeleteGroups, OffsetDelete -----------------------------------------------------------
 
     async def delete_group(self, group_id: str) -> ErrorCode:
-        """Kafka's DeleteGroups for one group: refused while it has members; else its committed
-        offsets are deleted (docs/protocol.md section 9.3, delete) and its claim released."""
+        """Kafka's DeleteGroups for one group: refused while it has members; else, once a get
+        finds the claim still held (docs/protocol.md section 9.5, delete), its committed offsets
+        are deleted (section 9.3, delete) and its claim released."""
         try:
             validate_group(group_id)
         except InvalidGroupId:
@@ -597,6 +598,11 @@ class GroupCoordinator:
         if group is None:
             group = self.groups[group_id] = Group(group_id)
         group.state = DEAD  # joins and commits meanwhile: COORDINATOR_NOT_AVAILABLE, and they try again
+        code = await self._claim_check(group_id)  # a claim lost during a pause: delete nothing (section 9.5)
+        if code != ErrorCode.none:
+            if self.groups.get(group_id) is group:  # the claim could not be read: as after a failed delete
+                group.state = EMPTY
+            return code
         app = self.listener.app
         try:
             deleted = await asyncio.to_thread(delete_offsets, app.reader.coordination, app.config.root_prefix,
@@ -613,7 +619,8 @@ class GroupCoordinator:
     async def delete_offsets(self, group_id: str, wanted: list[tuple[str, int]]
                              ) -> tuple[ErrorCode, dict[tuple[str, int], ErrorCode]]:
         """Kafka's OffsetDelete: the group's error, and each partition's. A topic a member
-        subscribes to keeps its offsets (GROUP_SUBSCRIBED_TO_TOPIC); the others' are deleted."""
+        subscribes to keeps its offsets (GROUP_SUBSCRIBED_TO_TOPIC); the others' are deleted,
+        once a get finds the claim still held (docs/protocol.md section 9.5, delete)."""
         try:
             validate_group(group_id)
         except InvalidGroupId:
@@ -621,6 +628,10 @@ class GroupCoordinator:
         group = await self.owned(group_id, create=False)
         if group is None and not self.registry.holds(group_id):
             return ErrorCode.not_coordinator, {}
+        code = await self._claim_check(group_id)  # a claim lost during a pause: delete nothing (section 9.5)
+        if code != ErrorCode.none:
+            return code, {}
+        group = self.groups.get(group_id)  # as it is now, after the get
         if group is not None and group.state == DEAD:
             return ErrorCode.group_id_not_found, {}
         members = group is not None and bool(group.members)

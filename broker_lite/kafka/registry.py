@@ -229,28 +229,36 @@ class ListenerRegistry:
         if releasing is not None:  # read the claim once its delete is done, not the record being deleted
             await asyncio.wait({releasing})
         for _ in range(_REGISTER_ATTEMPTS):
-            me = self.me
-            holder, version = await asyncio.to_thread(self._coordinator, group, me, claim)
+            holder, version = await asyncio.to_thread(self._coordinator, group, self.me, claim)
             if version is None or self.stopped:
                 return holder
-            if self.me is me:
+            if holder.node_id == self.me.node_id:  # ours, whichever registration's lookup made it
                 self._claims[group] = version
-                return holder
-            # Registered anew while claiming: the claim names the old node id. Delete it and
-            # look again as the new one.
+                return self.me
+            # Registered anew while claiming: the claim names a node id no longer ours. Delete it
+            # (at the version made) and look again as the new registration (section 9.5, refresh).
             await asyncio.to_thread(self._release, {group: version}, None, -1)
         raise LlogError(f"Kafka group {group}: this listener registered anew {_REGISTER_ATTEMPTS} times while "
                         "claiming it")
 
     def _coordinator(self, group: str, me: Listener, claim: bool) -> tuple[Listener | None, int | None]:
+        """``(holder, version)``: the claim's holder, with the claim's version when the holder is
+        this listener (``me`` created it, or it names this listener's node id), else None.
+
+        A claim naming this listener's ``broker_id`` is judged against the registration current
+        when it is read (``self.me``, read after the get), not ``me``, the one the lookup began
+        as: the listener may have registered anew meanwhile, and another lookup claimed the group
+        under the new node id (section 9.5, refresh). Only a claim under a node id that is not the
+        current one is an old registration's, and deleted."""
         key = kafka_group_key(self.root, group)
         for _ in range(3):
             found = self.coordination.get(key, KAFKA_PARTITION_KEY)
             if found is not None:
                 holder = Listener.from_json(found.value, key)
-                if holder.broker_id == me.broker_id and holder.node_id == me.node_id:
-                    return me, found.version_id  # ours, from before a refresh took the session as lost
-                if holder.broker_id == me.broker_id:
+                current = self.me  # after the get: a claim read is never newer than this registration
+                if holder.broker_id == current.broker_id and holder.node_id == current.node_id:
+                    return holder, found.version_id  # ours: adopted (made by another lookup, or before a refresh)
+                if holder.broker_id == current.broker_id:
                     # Ours under a node id of an earlier registration whose delete failed (section
                     # 9.5, refresh): nobody serves it. Delete it at the version read, then claim.
                     self.coordination.release(key, KAFKA_PARTITION_KEY, found.version_id)
@@ -260,7 +268,7 @@ class ListenerRegistry:
                 return None, None
             try:
                 claimed = Listener(me.node_id, me.host, me.port, me.broker_id, now_ms())
-                return me, self.coordination.claim(key, claimed.to_json(), KAFKA_PARTITION_KEY)
+                return claimed, self.coordination.claim(key, claimed.to_json(), KAFKA_PARTITION_KEY)
             except ClaimHeld:
                 continue  # another listener won the create: read who
         raise LlogError(f"{key}: claimed and released three times while being read")

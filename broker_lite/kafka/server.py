@@ -223,8 +223,8 @@ class KafkaListener:
     # --- connections ----------------------------------------------------------------------------
 
     async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        task = asyncio.current_task()
-        self._connections.add(task)
+        connection = asyncio.current_task()  # cancelled at stop while open; forgotten once closed
+        self._connections.add(connection)
         peer = writer.get_extra_info("peername")
         host = peer[0] if isinstance(peer, tuple) else ""
         answers: asyncio.Queue = asyncio.Queue()
@@ -251,11 +251,11 @@ class KafkaListener:
                 handler = self._handlers[header.request_api_key]
                 CLIENT.set((getattr(header, "client_id", None) or "", host))  # the handler's task copies it
                 if header.request_api_key in ORDERED_APIS:
-                    task = ordered = asyncio.create_task(_after(ordered, functools.partial(
+                    answering = ordered = asyncio.create_task(_after(ordered, functools.partial(
                         self._timed, response_class, handler, request)))
                 else:  # a produce's admission happens in this task's first step, so in arrival order
-                    task = asyncio.create_task(self._timed(response_class, handler, request))
-                answers.put_nowait((header.correlation_id, response_class, task))
+                    answering = asyncio.create_task(self._timed(response_class, handler, request))
+                answers.put_nowait((header.correlation_id, response_class, answering))
         except (ConnectionError, asyncio.IncompleteReadError):
             return
         finally:
@@ -265,7 +265,7 @@ class KafkaListener:
             except (TimeoutError, asyncio.CancelledError):
                 replier.cancel()
             writer.close()
-            self._connections.discard(task)
+            self._connections.discard(connection)
 
     async def _reply(self, answers: asyncio.Queue, writer: asyncio.StreamWriter) -> None:
         """Write each response, in request order."""

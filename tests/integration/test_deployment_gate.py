@@ -6,6 +6,7 @@ on a machine whose clock is off the S3 server's, is refused with :class:`GraceMi
 from __future__ import annotations
 
 import re
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from uuid import uuid4
@@ -267,3 +268,42 @@ def test_a_sink_executor_passes_the_gate_once_per_process_and_config(setup, monk
     with pytest.raises(ClockSkew):  # another config is another check
         write_task(iter(_sink_task_rows()), SINK_LAYOUT, config.replace(client_identifier="other"), task_id=2,
                    batch_id=0, sink_id=SINK)
+
+
+def test_gc_with_a_grace_below_the_deployments_g_is_refused_and_deletes_nothing(config):
+    """gc_pass and collect_garbage delete by the grace period they are given: one below the G the
+    gate checked (the config's) is refused before anything is read or deleted (section 9.2,
+    step 4), so a blob staged by a writer and not yet committed (at most G/2 old) survives."""
+    from llog.errors import GraceBelowG
+    from llog.gc import collect_garbage
+    from llog.reader import LogReader
+
+    with LogWriter(config, auto_initialize=True) as w:
+        w.initialize_partition(T, 0)
+        staged = w.upload([AppendGroup(T, 0, [b"acked"])])
+        time.sleep(1.2)
+        with pytest.raises(GraceBelowG, match=rf"grace period 1 ms is below LLOG_GC_GRACE_MS={config.gc_grace_ms}"):
+            gc_pass(w.coordination, w.objects, config.root_prefix, grace_ms=1)
+        with pytest.raises(GraceBelowG, match=rf"grace period 1000 ms is below LLOG_GC_GRACE_MS="):
+            collect_garbage(w.objects, config.root_prefix, set(), grace_ms=1000)
+        w.commit_staged(staged)  # acknowledged: the blob is far younger than G/2
+    with LogReader(config) as reader:
+        assert [r.value for r in reader.read_range(T, 0, 1)] == [b"acked"]
+
+
+def test_gc_under_another_root_prefix_than_the_gate_checked_is_refused(config, stack):
+    """The gate checks the config's root prefix; gc_pass and collect_garbage given another root
+    would delete under a prefix whose G nobody compared (section 9.2, step 4): refused."""
+    from llog.errors import RootPrefixMismatch
+    from llog.gc import collect_garbage
+
+    other = f"t{uuid4().hex[:12]}"
+    objects = ObjectStore(config)
+    try:
+        with Coordination(config) as coordination:
+            with pytest.raises(RootPrefixMismatch, match=rf"root prefix '{other}'.*'{config.root_prefix}'"):
+                gc_pass(coordination, objects, other, config.gc_grace_ms)
+            with pytest.raises(RootPrefixMismatch, match=rf"root prefix '{other}'"):
+                collect_garbage(objects, other, set(), config.gc_grace_ms)
+    finally:
+        objects.close()

@@ -179,3 +179,42 @@ def test_a_long_poll_holds_back_no_later_request_and_is_still_answered_first(lis
         assert answers[1][1].topics[0].partitions[0].error_code == ErrorCode.none
     finally:
         pipeline.close()
+
+
+def test_a_closed_connection_leaves_no_task_behind():
+    """A connection's task is the listener's to cancel at stop while the connection is open, and
+    no longer once it is closed: twenty connections that each sent a request and closed leave
+    nothing in the listener's set (each request runs in a task of its own, which is not the
+    connection's)."""
+    import asyncio
+    import struct
+    from types import SimpleNamespace
+
+    from broker_lite.kafka.server import KafkaListener
+
+    app = SimpleNamespace(config=SimpleNamespace(root_prefix="unused"), max_request_bytes=1 << 20,
+                          metrics=SimpleNamespace(observe_kafka_request=lambda *_: None))
+    listener = KafkaListener(app, "127.0.0.1", 0)
+
+    def api_versions_v0(correlation_id: int) -> bytes:
+        body = struct.pack(">hhih", 18, 0, correlation_id, 4) + b"test"
+        return struct.pack(">i", len(body)) + body
+
+    async def scenario() -> int:
+        server = await asyncio.start_server(listener._serve, "127.0.0.1", 0)
+        port = server.sockets[0].getsockname()[1]
+        for n in range(20):
+            reader, writer = await asyncio.open_connection("127.0.0.1", port)
+            writer.write(api_versions_v0(n))
+            await writer.drain()
+            await reader.readexactly(struct.unpack(">i", await reader.readexactly(4))[0])
+            writer.close()
+            await writer.wait_closed()
+        deadline = time.monotonic() + 5
+        while listener._connections and time.monotonic() < deadline:
+            await asyncio.sleep(0.02)
+        server.close()
+        await server.wait_closed()
+        return len(listener._connections)
+
+    assert asyncio.run(scenario()) == 0, "closed connections' tasks are kept in KafkaListener._connections"
