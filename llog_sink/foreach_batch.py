@@ -9,7 +9,8 @@ foreachBatch function may write a micro-batch several times (two topics, one top
 filters). So each write gets a sink id of its own, derived from what a replay of the micro-batch
 makes again: ``{query id}.{label}.{n}``, where ``label`` is the ``name`` given, else the topic
 (``topic-column`` when rows name their topics), and ``n`` the write's ordinal among this
-micro-batch's writes with that label in this run of the query (0 for the first). A replay after
+micro-batch's writes with that label that returned in this run of the query (0 for the first;
+a write that raised is not counted, so the function's retry of it is a replay). A replay after
 a restart (a new run, the same query id from the checkpoint) that makes the same writes in the
 same order derives the same ids. An id over 249 characters (the topic name rule) takes a SHA-256
 digest of the label instead. Spark's local property ``sql.streaming.queryId``, set on the thread
@@ -49,15 +50,24 @@ def write_sink_id(query_id: str, label: str, ordinal: int) -> str:
 
 
 def _ordinal(query_id: str, run_id: str, batch_id: int, label: str) -> int:
-    """This write's ordinal among the micro-batch's writes with ``label`` in this run."""
+    """The ordinal of the next write with ``label`` in this micro-batch of this run: the count of
+    its writes with that label that returned (:func:`_count_write`). A write that raised is not
+    counted, so a function that retries it gets the same sink id, and its retry is a replay of
+    whatever the failed attempt pinned and committed (docs/protocol.md section 9.1)."""
     with _writes_lock:
         run, batch, counts = _writes.get(query_id, (None, None, None))
         if (run, batch) != (run_id, batch_id):
             counts = collections.Counter()
             _writes[query_id] = (run_id, batch_id, counts)
-        ordinal = counts[label]
-        counts[label] += 1
-        return ordinal
+        return counts[label]
+
+
+def _count_write(query_id: str, run_id: str, batch_id: int, label: str) -> None:
+    """A write with ``label`` returned: the next one gets the next ordinal."""
+    with _writes_lock:
+        run, batch, counts = _writes.get(query_id, (None, None, None))
+        if (run, batch) == (run_id, batch_id):
+            counts[label] += 1
 
 
 def _query_and_run(df: DataFrame) -> tuple[str, str]:
@@ -97,5 +107,6 @@ def write_batch(topic: str | None = None, partitions: int | None = None, name: s
         if partitions is not None:
             writer = writer.option("partitions", str(partitions))
         writer.option(SINK_ID_OPTION, sink_id).option(BATCH_ID_OPTION, str(batch_id)).save()
+        _count_write(query_id, run_id, batch_id, label)
 
     return write
