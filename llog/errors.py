@@ -212,6 +212,12 @@ class SinkBatchMismatch(LlogError):
     committed."""
 
 
+class SinkProgressFull(LlogError):
+    """A partition's ``meta/control.sinks`` holds its most entries, all of sinks that committed
+    within the progress retention: a new sink's first commit there is refused, nothing written
+    (docs/protocol.md section 9.1); dropping a live sink's entry would make its replay write twice."""
+
+
 class AppendOutcomeUnknown(LlogError):
     """A reserving CAS failed in transit and it cannot be told whether it landed: the answer "in
     doubt" of docs/protocol.md section 4.6 (every other error of an append means nothing of it was

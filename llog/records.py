@@ -12,7 +12,7 @@ import time
 from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
-from llog.errors import CorruptRecord
+from llog.errors import CorruptRecord, SinkProgressFull
 
 OPEN = "OPEN"
 FENCED = "FENCED"
@@ -375,8 +375,9 @@ class ControlRecord:
 
     def with_sink_progress(self, sink_id: str, progress: SinkProgress, retention_ms: int) -> "ControlRecord":
         """This record with ``progress`` for ``sink_id`` (stamped ``committed_at_ms``) and
-        without other sinks' entries that last committed more than ``retention_ms`` before it,
-        nor, past :data:`MAX_SINKS_PER_PARTITION` entries, those that committed longest ago.
+        without other sinks' entries that last committed more than ``retention_ms`` before it.
+        A sink new to the partition when :data:`MAX_SINKS_PER_PARTITION` live entries are there
+        is refused (:class:`SinkProgressFull`): no live entry is dropped.
         An entry with no time (written before llog recorded one) gets this commit's time, so
         it expires a retention period later. Entries that are not well-formed progress are
         someone else's and stay as they are."""
@@ -400,9 +401,14 @@ class ControlRecord:
             elif now - other.committed_at_ms <= retention_ms:
                 sinks[other_id] = obj
                 ages[other_id] = other.committed_at_ms
-        # At most MAX_SINKS_PER_PARTITION entries with ours: those that committed longest ago go.
-        for other_id in sorted(ages, key=lambda i: (ages[i], i))[:max(0, len(ages) + 1 - MAX_SINKS_PER_PARTITION)]:
-            del sinks[other_id]
+        # At most MAX_SINKS_PER_PARTITION entries with ours. A live entry is never dropped (its
+        # sink's replay would write its batch again): a new sink finds the partition full.
+        if len(ages) + 1 > MAX_SINKS_PER_PARTITION and sink_id not in (self.extra.get("sinks") or {}):
+            raise SinkProgressFull(
+                f"sink {sink_id}: this partition's meta/control already holds the progress of {len(ages)} sinks "
+                f"that committed in the last {retention_ms // 3_600_000} h (at most {MAX_SINKS_PER_PARTITION}): "
+                f"nothing was written; write to it under fewer sink ids (foreachBatch writes: fewer `name=` "
+                f"labels), or wait for entries to expire (LLOG_SINK_PROGRESS_RETENTION_MS)")
         sinks[sink_id] = progress.to_dict()
         return replace(self, extra={**self.extra, "sinks": sinks})
 

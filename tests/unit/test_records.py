@@ -297,16 +297,21 @@ def test_cursor_rejects(raw, problem):
         CompactionCursor.from_json(raw)
 
 
-def test_sink_progress_keeps_at_most_the_most_recent_sinks_per_partition():
+def test_sink_progress_refuses_a_new_sink_when_the_partition_holds_its_most_live_entries():
     """docs/protocol.md section 9.1: `sinks` is bounded whatever the workload (one entry per write of
-    every query that wrote in the retention period would grow without bound)."""
+    every query that wrote in the retention period would grow without bound), and no live entry is
+    dropped for it: its sink's replay of a batch would write the batch again."""
+    from llog.errors import SinkProgressFull
     from llog.records import MAX_SINKS_PER_PARTITION
 
     now = 100 * DAY_MS
     sinks = {f"q{i}": {"batch_id": 1, "slices": 1, "committed_at_ms": now - i} for i in range(MAX_SINKS_PER_PARTITION)}
     control = ControlRecord.from_json(control_json(pending=None, sinks={**sinks, "not-progress": "someone else's"}))
-    updated = control.with_sink_progress("me", SinkProgress(5, 1, now), retention_ms=7 * DAY_MS)
+    with pytest.raises(SinkProgressFull, match=f"progress of {MAX_SINKS_PER_PARTITION} sinks"):
+        control.with_sink_progress("me", SinkProgress(5, 1, now), retention_ms=7 * DAY_MS)
+    updated = control.with_sink_progress("q7", SinkProgress(5, 1, now), retention_ms=7 * DAY_MS)  # a known sink
     kept = json.loads(updated.to_json())["sinks"]
-    assert len(kept) == MAX_SINKS_PER_PARTITION + 1 and "not-progress" in kept and "me" in kept
-    assert f"q{MAX_SINKS_PER_PARTITION - 1}" not in kept  # the one that committed longest ago
-    assert updated.sink_progress("q0") is not None
+    assert len(kept) == MAX_SINKS_PER_PARTITION + 1 and "not-progress" in kept
+    assert updated.sink_progress("q7") == SinkProgress(5, 1, now)
+    later = control.with_sink_progress("me", SinkProgress(5, 1, now + 8 * DAY_MS), retention_ms=7 * DAY_MS)
+    assert set(json.loads(later.to_json())["sinks"]) == {"me", "not-progress"}  # the expired ones went
