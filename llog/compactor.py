@@ -25,9 +25,7 @@ the claim with a versioned delete. Each compaction:
    run, or retention dropped it (this one stalled past its claim): the record is deleted again
    and the partition left. A run that a retention pass cut into meanwhile (the entry unchanged)
    is finished: its COMPACTED entry then starts below the log start, which section 10.3 allows.
-5. Delete the lower keys whose entries start inside the run, each at the version scanned
-   (an entry that starts below the run, a stalled compactor's COMPACTED one, stays: the two
-   COMPACTED entries then overlap, section 6 "Runs that overlap"); state UPDATING_CURSOR.
+5. ``delete_range(index/{start}, index/{end})``: the lower keys only; state UPDATING_CURSOR.
 6. Move the cursor to ``end + 1`` (only forward), delete ``meta/compaction``.
 
 Every step is idempotent and checks what the previous one left, so any compactor resumes any
@@ -54,9 +52,7 @@ from llog.codec import COMPRESSION_CODES, concat_records, encode_body
 from llog.config import Config
 from llog.control import check_blob_age, finish_pending, read_control
 from llog.coordination import EXPECTED_ABSENT, Coordination
-from llog.errors import (
-    ClaimHeld, CorruptRecord, InconsistentReadState, MaxRetriesExceeded, TopicDeleted, VersionConflict,
-)
+from llog.errors import ClaimHeld, CorruptRecord, InconsistentReadState, TopicDeleted, VersionConflict
 from llog.keys import PartitionKeys, partition_keys
 from llog.objects import ObjectStore
 from llog.progress import TaskFactory, silent
@@ -73,9 +69,6 @@ log = logging.getLogger(__name__)
 #: Offsets and body bytes one compaction takes at most, by default (a run is held in memory).
 DEFAULT_MAX_OFFSETS = 1_000_000
 DEFAULT_MAX_BYTES = 256 * 1024 * 1024
-#: Attempts step 5 makes at one key that keeps changing under it (it can change at most twice,
-#: docs/protocol.md section 6 step 5).
-_LOWER_KEY_ATTEMPTS = 4
 #: Crash points, in the order a compaction reaches them (``LLOG_FAILPOINT``).
 FAILPOINTS = (
     "compactor.after_blob_put",
@@ -287,7 +280,8 @@ class Compactor(ClientUser):
             version = self.coordination.put(keys.compaction, record.to_json(), pk, expected_version=version)
             failpoints.hit("compactor.after_index_overwrite")
         if record.state == DELETING_OLD:
-            self._drop_lower_keys(keys, record)
+            if record.start_offset < record.end_offset:
+                self.coordination.delete_range(keys.index(record.start_offset), keys.index(record.end_offset), pk)
             record = record.with_state(UPDATING_CURSOR)
             version = self.coordination.put(keys.compaction, record.to_json(), pk, expected_version=version)
             failpoints.hit("compactor.after_delete_range")
@@ -298,37 +292,6 @@ class Compactor(ClientUser):
         failpoints.hit("compactor.after_cursor_move")
         self._delete_record(keys, version)
         return True
-
-    def _drop_lower_keys(self, keys: PartitionKeys, record: CompactionRecord) -> None:
-        """Step 5 (docs/protocol.md section 6): delete each key below the run's end whose entry
-        starts at or above its start, at the version read. An entry that starts below the run (a
-        COMPACTED entry of a compactor that stalled past its claim, section 6 "Runs that
-        overlap") stays: it may be the only cover of its first offsets. A delete that fails on
-        the version reads the key again and judges it again, a bounded number of times."""
-        if record.start_offset >= record.end_offset:
-            return
-        pk = keys.partition_key
-        for found in self.coordination.range_scan(keys.index(record.start_offset), keys.index(record.end_offset), pk):
-            for _ in range(_LOWER_KEY_ATTEMPTS):
-                entry = IndexEntry.from_json(found.value, found.key)
-                first = keys.index_end_offset(found.key) - entry.msg_count + 1
-                if first < record.start_offset:
-                    log.warning("%s: compaction %s of %d..%d keeps the %s entry %d..%d, which starts below its run "
-                                "(a compactor that stalled past its claim made it)", keys.tp, record.compaction_id,
-                                record.start_offset, record.end_offset, entry.type, first,
-                                keys.index_end_offset(found.key))
-                    break
-                try:
-                    self.coordination.delete(found.key, pk, expected_version=found.version_id)
-                    break
-                except VersionConflict:
-                    found = self.coordination.get(found.key, pk)  # changed since the scan: judge it again
-                    if found is None:
-                        break
-            else:
-                raise MaxRetriesExceeded(f"{keys.tp}: compaction {record.compaction_id} of {record.start_offset}.."
-                                         f"{record.end_offset} deleting {found.key}, which kept changing",
-                                         _LOWER_KEY_ATTEMPTS)
 
     def _delete_record(self, keys: PartitionKeys, version: int) -> None:
         """Delete ``meta/compaction`` only at ``version`` (a record someone else wrote since stays)."""

@@ -1,9 +1,8 @@
 """The invariants of docs/protocol.md section 8, checked against real Oxia (and S3 through a reader).
 
 One checker for every test (and chaos's ``check_at_rest``): ``check_partition`` asserts no
-overlap (but two COMPACTED entries of stalled compactors' runs may overlap, docs/protocol.md
-section 6 "Runs that overlap"), no gaps (from the log start ``S``; the first entry may be a
-COMPACTED one that starts below ``S``, section 10.3), cursor bounds and entry sanity for a quiescent
+overlap, no gaps (from the log start ``S``; the first entry may be a COMPACTED one that starts
+below ``S``, docs/protocol.md section 10.3), cursor bounds and entry sanity for a quiescent
 partition and returns a :class:`Snapshot`; ``check_monotonic`` compares two snapshots;
 ``check_acked_readable`` reads acknowledged appends back.
 """
@@ -64,15 +63,11 @@ def check_partition(coordination: Coordination, root: str, topic: str, partition
     # No duplicates / no overlap, and no gaps: entries tile S..n exactly, in key order. The first
     # may be a COMPACTED entry that starts below S and covers it: a compaction that finished
     # across a retention pass's cut (docs/protocol.md sections 6 and 10.3); offsets below S are gone.
-    # A COMPACTED entry may overlap the COMPACTED entry before it, starting after that one starts
-    # (section 6 "Runs that overlap": runs of compactors that stalled past their claims).
     expected_start = start
     for i, e in enumerate(entries):
         assert e.entry.msg_count >= 1, f"{keys.tp}: entry at {e.end_offset} has msg_count {e.entry.msg_count}"
         straddles = i == 0 and e.entry.type == COMPACTED and e.start_offset < start <= e.end_offset
-        overlaps_compacted = (i > 0 and e.entry.type == COMPACTED and entries[i - 1].entry.type == COMPACTED
-                              and entries[i - 1].start_offset < e.start_offset < expected_start)
-        assert straddles or overlaps_compacted or e.start_offset == expected_start, (
+        assert straddles or e.start_offset == expected_start, (
             f"{keys.tp}: entry {e.start_offset}..{e.end_offset} "
             + ("overlaps" if e.start_offset < expected_start else "leaves a gap after")
             + f" offset {expected_start - 1}"
