@@ -6,7 +6,8 @@ Per partition: take the ephemeral ``meta/compactor-claim`` (skip the partition i
 it), finish a pending append (:func:`llog.control.finish_pending`, with the materialization
 budget), resume a ``meta/compaction`` record left by a crashed compactor (step 4 deletes it
 instead if another compactor did its run meanwhile: its end entry changed and the cursor passed
-its start), then compact run after run until none is left or the deadline passes, and release
+its start; one whose run starts below the cursor and whose step 4 has not landed is stale and
+deleted at once, section 6.0), then compact run after run until none is left or the deadline passes, and release
 the claim with a versioned delete. Each compaction:
 
 1. From ``meta/compaction-cursor``, select WAL entries starting exactly at the cursor, stopping
@@ -157,11 +158,13 @@ class Compactor(ClientUser):
                 done.recoveries += 1
             in_flight = self.coordination.get(keys.compaction, keys.partition_key)
             if in_flight is not None:
-                # Resumed, also when its run starts below the cursor (section 6.0): step 4 finds
-                # it done by another compactor (and deletes it), or finishes it.
-                self._finish(keys, CompactionRecord.from_json(in_flight.value, in_flight.key), in_flight.version_id)
+                record = CompactionRecord.from_json(in_flight.value, in_flight.key)
+                if self._stale(keys, record):
+                    self._delete_record(keys, in_flight.version_id)
+                else:
+                    self._finish(keys, record, in_flight.version_id)
+                    done.resumed_compactions += 1
                 done.recoveries += 1
-                done.resumed_compactions += 1
             done.log_start_offset = finish_retention(self.coordination, keys)  # a pass that crashed midway
             failpoints.hit("compactor.after_recover")
             if retention:
@@ -292,6 +295,20 @@ class Compactor(ClientUser):
         failpoints.hit("compactor.after_cursor_move")
         self._delete_record(keys, version)
         return True
+
+    def _stale(self, keys: PartitionKeys, record: CompactionRecord) -> bool:
+        """Section 6.0: a record whose run starts below the cursor and whose step 4 has not
+        landed (``index/{end}`` is not its COMPACTED entry) is stale: another compactor or a
+        retention pass moved the cursor past its start before it swapped anything in. Resuming
+        it would swap in a run whose lower keys may now hold another compactor's COMPACTED entry
+        starting below it, which step 5 would delete. A record whose step 4 landed is resumed."""
+        if record.state != WRITING_COMPACTED_INDEX or record.start_offset >= self._cursor(keys).offset:
+            return False
+        current = self.coordination.get(keys.index(record.end_offset), keys.partition_key)
+        if current is None:
+            return True
+        entry = IndexEntry.from_json(current.value, current.key)
+        return not (entry.type == COMPACTED and entry.data_key == record.data_key)
 
     def _delete_record(self, keys: PartitionKeys, version: int) -> None:
         """Delete ``meta/compaction`` only at ``version`` (a record someone else wrote since stays)."""
