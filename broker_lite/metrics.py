@@ -317,6 +317,9 @@ class BrokerMetrics:
         self._batcher: Batcher | None = None
         self._consume: object | None = None
         self._coordinations: list[object] = []
+        #: The LogWriters attached: their ``stats`` (section 4.6's rounds not finished after a
+        #: reserve, section 9.4's evicted producers) are read at scrape time.
+        self._writers: list[object] = []
         self._object_stores: list[object] = []
         self._scanner: BucketUsageScanner | None = None
         self._lag_scanner: GroupLagScanner | None = None
@@ -394,6 +397,8 @@ class BrokerMetrics:
                 for client in found:
                     if client is not None and all(client is not known for known in into):
                         into.append(client)
+            if writer is not None and all(writer is not known for known in self._writers):
+                self._writers.append(writer)
             if batcher is not None:
                 self._batcher = batcher
                 batcher.observer = self._observe_batch
@@ -529,7 +534,7 @@ class BrokerMetrics:
     # --- reading ---------------------------------------------------------------------------------
 
     def snapshot(self) -> dict:
-        """The body of ``GET /metrics``: ``broker``, ``http``, ``batching``, ``oxia``, ``s3``."""
+        """The body of ``GET /metrics``: ``broker``, ``http``, ``batching``, ``writer``, ``oxia``, ``s3``."""
         http, statuses, topics, tps = self._http_state()
         return {
             "broker": {
@@ -553,6 +558,7 @@ class BrokerMetrics:
                 "inflight_requests": http.inflight_requests,
             },
             "batching": self._batching(),
+            "writer": self.writer_counts(),
             "oxia": self._oxia(),
             "s3": self._s3(),
         }
@@ -590,6 +596,15 @@ class BrokerMetrics:
         http.consume_blob_cache_full_object_gets_total = s3["get"]
         http.consume_blob_cache_range_gets_total = s3["range_get"]
         return http, statuses, topics, tps
+
+    def writer_counts(self) -> dict[str, int]:
+        """What went wrong in the attached writers without changing an answer, summed:
+        ``failed_after_reserve`` (rounds whose reserved appends were not finished, in doubt or
+        left to the next writer, docs/protocol.md section 4.6) and ``producers_evicted`` (Kafka
+        producers forgotten past 128 per partition, section 9.4)."""
+        with self._lock:
+            writers = list(self._writers)
+        return {key: sum(w.stats[key] for w in writers) for key in WRITER_COUNTERS.values()}
 
     def _batching(self) -> dict:
         b = self._batcher
@@ -692,6 +707,18 @@ _BATCH_COUNTERS = {
     "batch_flushed_payload_bytes_total": ("Record bytes of batches flushed without error", "flushed_bytes"),
 }
 
+#: Writer counters: family name -> ``LogWriter.stats`` key (:meth:`BrokerMetrics.writer_counts`).
+WRITER_COUNTERS = {
+    "appends_failed_after_reserve_total": "failed_after_reserve",
+    "producers_evicted_total": "producers_evicted",
+}
+_WRITER_HELP = {
+    "failed_after_reserve": "Append rounds whose reservation landed but that were not finished "
+                            "(answered in doubt or failed; the next writer finishes them)",
+    "producers_evicted": "Producers forgotten past the 128 remembered per partition (a resend of their "
+                         "last batch is then written again)",
+}
+
 
 class _Collector:
     """Families whose numbers live elsewhere, read at scrape time."""
@@ -707,6 +734,8 @@ class _Collector:
                                 value=m.started_at_ms / 1000)
         yield from self._http()
         yield from self._batching()
+        for name, key in WRITER_COUNTERS.items():
+            yield _counter(name, _WRITER_HELP[key], m.writer_counts()[key])
         with m._lock:
             coordinations, stores = list(m._coordinations), list(m._object_stores)
         yield from client_families(coordinations, stores)

@@ -60,8 +60,8 @@ EXTRA_SCHEMAS: dict[str, dict[str, Any]] = {"MetricsSnapshot": {
     "description": "The broker's counters as JSON, grouped like the seed's snapshot; the same numbers "
                    "as /metrics/prometheus.",
     "type": "object",
-    "properties": {part: {"type": "object"} for part in ("broker", "http", "batching", "oxia", "s3")},
-    "required": ["broker", "http", "batching", "oxia", "s3"],
+    "properties": {part: {"type": "object"} for part in ("broker", "http", "batching", "writer", "oxia", "s3")},
+    "required": ["broker", "http", "batching", "writer", "oxia", "s3"],
 }}
 
 
@@ -117,7 +117,7 @@ ROUTES: tuple[Route, ...] = (
     Route("health", "get", "/health", "Liveness", "operations", secured=False, answers=(
         Answer(200, "The broker process is up.", models.Health),)),
     Route("metrics", "get", "/metrics", "Counters as JSON", "operations", answers=(
-        Answer(200, "The counters, grouped as broker, http, batching, oxia and s3.",
+        Answer(200, "The counters, grouped as broker, http, batching, writer, oxia and s3.",
                schema={"$ref": REF_TEMPLATE.format(name="MetricsSnapshot")}),)),
     Route("metricsPrometheus", "get", "/metrics/prometheus", "Counters in the Prometheus text format", "operations",
           answers=(Answer(200, "Prometheus text exposition 0.0.4.", schema={"type": "string"},

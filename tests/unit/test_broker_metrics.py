@@ -79,7 +79,7 @@ def closed_port_store() -> ObjectStore:
 
 def test_snapshot_has_every_seed_field():
     snapshot = new_metrics().snapshot()
-    assert list(snapshot) == ["broker", "http", "batching", "oxia", "s3"]
+    assert list(snapshot) == ["broker", "http", "batching", "writer", "oxia", "s3"]
     assert set(SEED_BROKER) <= set(snapshot["broker"])
     assert snapshot["broker"]["batch_settings"] == {"max_bytes": 1000, "max_delay_ms": 7, "max_buffer_bytes": 5000}
     assert snapshot["broker"]["roles"] == ["write", "read"]
@@ -289,6 +289,26 @@ def test_oxia_counts_are_read_at_scrape_time():
            if s.name.endswith("_total")}
     assert ops == {"get": 5, "put": 8}
 
+
+
+def test_writer_counts_are_read_at_scrape_time():
+    """``failed_after_reserve`` and ``producers_evicted`` of every attached writer (section 4.6, 9.4),
+    summed, in the snapshot and as counters. A LogWriter needs a running stack; this stands in for
+    its ``stats`` Counter only."""
+    writers = [types.SimpleNamespace(stats=collections.Counter(), coordination=None, objects=None) for _ in range(2)]
+    m = new_metrics()
+    for w in writers:
+        m.attach(writer=w)
+    m.attach(writer=writers[0])  # counted once
+    assert m.snapshot()["writer"] == {"failed_after_reserve": 0, "producers_evicted": 0}
+    writers[0].stats["failed_after_reserve"] += 1
+    writers[1].stats["failed_after_reserve"] += 2
+    writers[1].stats["producers_evicted"] += 5
+    assert m.snapshot()["writer"] == {"failed_after_reserve": 3, "producers_evicted": 5}
+    found = families(m)
+    assert [s.value for s in found["leaderless_log_appends_failed_after_reserve"].samples
+            if s.name.endswith("_total")] == [3]
+    assert [s.value for s in found["leaderless_log_producers_evicted"].samples if s.name.endswith("_total")] == [5]
 
 # --- group commit ---------------------------------------------------------------------------------
 
