@@ -9,6 +9,7 @@ import io
 import socket
 import struct
 
+from aiokafka.record._crecords import DefaultRecordBatchBuilder
 from kio.serial import entity_reader, entity_writer
 
 
@@ -79,5 +80,22 @@ class Pipeline:
         _, used = entity_reader(response_class.__header_schema__)(data, 0)
         return correlation, entity_reader(response_class)(data, used)[0]
 
+    def call(self, api: str, version: int, **fields):
+        """Send one request and return its response (with no other request in flight)."""
+        correlation = self.send(api, version, **fields)
+        answered, response = self.receive()
+        assert answered == correlation, f"request {correlation} answered by {answered}"
+        return response
+
     def close(self) -> None:
         self.sock.close()
+
+
+def record_batch(values: list[bytes], producer_id: int = -1, sequence: int = -1) -> bytes:
+    """A record batch (magic 2, uncompressed) of ``values``; idempotent when ``producer_id`` and
+    ``sequence`` are given (epoch 0)."""
+    builder = DefaultRecordBatchBuilder(magic=2, compression_type=0, is_transactional=0, producer_id=producer_id,
+                                        producer_epoch=0, base_sequence=sequence, batch_size=1 << 20)
+    for i, value in enumerate(values):
+        builder.append(i, timestamp=1_700_000_000_000, key=None, value=value, headers=[])
+    return bytes(builder.build())

@@ -125,21 +125,25 @@ def test_a_batch_resent_within_its_body_is_a_duplicate_sequence_once_the_body_is
     assert _log(config) == [b"a0", b"a1", b"b2", b"b3"]
 
 
+def _second_put_fails():
+    """A ``writer.after_blob_put`` hook: the second blob PUT (the body staged again) fails."""
+    puts = [0]
+
+    def hook():
+        puts[0] += 1
+        if puts[0] == 2:
+            raise StorageError("injected: S3 refused the PUT of the body staged again")
+    return hook
+
+
 def test_duplicate_sequence_is_never_said_of_a_batch_whose_body_then_fails(config, hooks):
     """Sections 4.6, 9.4: the resend's verdict (older than 2..3, whose run holds 0..1 of the same
     body) is known in the first round; the body is staged again without it, and that PUT fails:
     nothing is written, so the resend must get the failure too (not done), never DuplicateSequence,
     which a Kafka client completes as delivered."""
-    puts = [0]
-
-    def second_put_fails():
-        puts[0] += 1
-        if puts[0] == 2:
-            raise StorageError("injected: S3 refused the PUT of the body staged again")
-
     with LogWriter(config, auto_initialize=True) as w:
         w.initialize_partition(T, 0)
-        hooks["writer.after_blob_put"] = second_put_fails
+        hooks["writer.after_blob_put"] = _second_put_fails()
         outcomes = _resent_within_one_body(w)
         hooks.clear()
     assert _empty_or_log(config) == []
@@ -170,16 +174,9 @@ def test_a_resend_of_a_batch_written_before_is_a_duplicate_sequence_whatever_its
     """Section 9.4: 0..1 is in the control read (written by an earlier append); a body with 2..3,
     4..5 and 0..1 again judges 0..1 against the run those extend, but it shares no sequence with
     them: DuplicateSequence at once, also when the body staged again then fails."""
-    puts = [0]
-
-    def second_put_fails():
-        puts[0] += 1
-        if puts[0] == 2:
-            raise StorageError("injected: S3 refused the PUT of the body staged again")
-
     with LogWriter(config, auto_initialize=True) as w:
         w.append_shared([AppendGroup(T, 0, [b"a0", b"a1"], producer_id="p", sequence=0)])
-        hooks["writer.after_blob_put"] = second_put_fails
+        hooks["writer.after_blob_put"] = _second_put_fails()
         with pytest.raises(GroupsFailed) as failed:
             w.append_shared([AppendGroup(T, 0, [b"b2", b"b3"], producer_id="p", sequence=2),
                              AppendGroup(T, 0, [b"c4", b"c5"], producer_id="p", sequence=4),

@@ -13,7 +13,6 @@ import time
 import uuid
 
 import pytest
-from aiokafka.record._crecords import DefaultRecordBatchBuilder
 from kio.schema.errors import ErrorCode
 
 from llog.consumer_groups import describe_group
@@ -22,7 +21,7 @@ from llog.reader import LogReader
 from llog.topics import create_topic
 from llog.writer import LogWriter
 from tests.helpers.broker_process import free_port, run_broker
-from tests.helpers.kafka_wire import Pipeline
+from tests.helpers.kafka_wire import Pipeline, record_batch
 
 
 @pytest.fixture(scope="module")
@@ -94,14 +93,6 @@ def test_pipelined_offset_commits_take_effect_in_the_order_sent(listener, module
             == [2 * pairs]
 
 
-def _batch(values: list[bytes], producer_id: int = -1, sequence: int = -1) -> bytes:
-    builder = DefaultRecordBatchBuilder(magic=2, compression_type=0, is_transactional=0, producer_id=producer_id,
-                                        producer_epoch=0, base_sequence=sequence, batch_size=1 << 20)
-    for i, value in enumerate(values):
-        builder.append(i, timestamp=1_700_000_000_000, key=None, value=value, headers=[])
-    return bytes(builder.build())
-
-
 def test_pipelined_produces_are_appended_in_the_order_sent(listener, module_config):
     """Windows of five produce requests in flight, as an idempotent producer with
     ``max.in.flight=5`` sends them: partition 0 gets the idempotent producer's batches (each
@@ -123,9 +114,9 @@ def test_pipelined_produces_are_appended_in_the_order_sent(listener, module_conf
                 frames.append(pipeline.frame("produce", 8, transactional_id=None, acks=-1,
                                              timeout=datetime.timedelta(seconds=30), topic_data=(TopicProduceData(
                                                  name=topic, partition_data=(
-                                                     PartitionProduceData(index=0, records=_batch(values, producer_id,
+                                                     PartitionProduceData(index=0, records=record_batch(values, producer_id,
                                                                                                   sequence)),
-                                                     PartitionProduceData(index=1, records=_batch(values)))),)))
+                                                     PartitionProduceData(index=1, records=record_batch(values)))),)))
                 correlations.append(pipeline.correlation)
                 sequence += len(values)
             pipeline.sock.sendall(b"".join(frames))

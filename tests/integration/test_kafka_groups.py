@@ -7,10 +7,7 @@ killing it costs the members a rebalance, never a committed offset."""
 from __future__ import annotations
 
 import datetime
-import importlib
-import io
 import shutil
-import socket
 import struct
 import subprocess
 import time
@@ -21,13 +18,12 @@ import pytest
 from confluent_kafka import Consumer, KafkaError, KafkaException, Producer, TopicPartition as KafkaPartition
 from confluent_kafka.admin import AdminClient
 from kio.schema.errors import ErrorCode
-from kio.serial import entity_reader, entity_writer
 
 from llog.consumer_groups import describe_group
 from llog.coordination import Coordination
 from llog.topics import create_topic
 from tests.helpers.broker_process import free_port, run_broker
-from tests.helpers.kafka_wire import read_exactly, request
+from tests.helpers.kafka_wire import Pipeline, request
 
 PARTITIONS = 4
 #: Consumers' settings: short timeouts so a rebalance is quick; the coordinator's minimum session
@@ -316,64 +312,32 @@ def test_killing_the_coordinator_costs_a_rebalance_never_a_committed_offset(modu
 
 # --- raw requests (kio's types, as the listener's own) ---------------------------------------------
 
-class Raw:
-    """One connection that sends kio requests and reads their responses."""
-
-    def __init__(self, address: str):
-        host, port = address.split(":")
-        self.sock = socket.create_connection((host, int(port)), timeout=60)
-        self.correlation = 0
-
-    def call(self, api: str, version: int, **fields):
-        request_module = importlib.import_module(f"kio.schema.{api}.v{version}.request")
-        response_module = importlib.import_module(f"kio.schema.{api}.v{version}.response")
-        name = "".join(part.title() for part in api.split("_"))
-        request_class = getattr(request_module, f"{name}Request")
-        response_class = getattr(response_module, f"{name}Response")
-        self.correlation += 1
-        header_class = request_class.__header_schema__
-        out = io.BytesIO()
-        entity_writer(header_class)(out, header_class(request_api_key=request_class.__api_key__,
-                                                      request_api_version=version, correlation_id=self.correlation,
-                                                      client_id="raw"))
-        entity_writer(request_class)(out, request_class(**fields))
-        frame = out.getvalue()
-        self.sock.sendall(struct.pack(">i", len(frame)) + frame)
-        data = memoryview(read_exactly(self.sock, struct.unpack(">i", read_exactly(self.sock, 4))[0]))
-        header, used = entity_reader(response_class.__header_schema__)(data, 0)
-        assert header.correlation_id == self.correlation
-        return entity_reader(response_class)(data, used)[0], response_module
-
-    def close(self) -> None:
-        self.sock.close()
-
-
-def _join(raw: Raw, group: str, member_id: str = "", instance: str | None = None, metadata: bytes = b"m"):
+def _join(raw: Pipeline, group: str, member_id: str = "", instance: str | None = None, metadata: bytes = b"m"):
     from kio.schema.join_group.v5.request import JoinGroupRequestProtocol
 
-    response, _ = raw.call("join_group", 5, group_id=group, session_timeout=datetime.timedelta(seconds=6),
+    response = raw.call("join_group", 5, group_id=group, session_timeout=datetime.timedelta(seconds=6),
                            rebalance_timeout=datetime.timedelta(seconds=10), member_id=member_id,
                            group_instance_id=instance, protocol_type="consumer",
                            protocols=(JoinGroupRequestProtocol(name="range", metadata=metadata),))
     return response
 
 
-def _sync(raw: Raw, group: str, generation: int, member_id: str, instance: str | None = None,
+def _sync(raw: Pipeline, group: str, generation: int, member_id: str, instance: str | None = None,
           assignments: dict[str, bytes] | None = None):
     from kio.schema.sync_group.v3.request import SyncGroupRequestAssignment
 
-    response, _ = raw.call("sync_group", 3, group_id=group, generation_id=generation, member_id=member_id,
+    response = raw.call("sync_group", 3, group_id=group, generation_id=generation, member_id=member_id,
                            group_instance_id=instance, assignments=tuple(
                                SyncGroupRequestAssignment(member_id=m, assignment=a)
                                for m, a in (assignments or {}).items()))
     return response
 
 
-def _commit(raw: Raw, group: str, topic: str, generation: int, member_id: str, offset: int,
+def _commit(raw: Pipeline, group: str, topic: str, generation: int, member_id: str, offset: int,
             instance: str | None = None) -> ErrorCode:
     from kio.schema.offset_commit.v8.request import OffsetCommitRequestPartition, OffsetCommitRequestTopic
 
-    response, _ = raw.call("offset_commit", 8, group_id=group, generation_id_or_member_epoch=generation,
+    response = raw.call("offset_commit", 8, group_id=group, generation_id_or_member_epoch=generation,
                            member_id=member_id, group_instance_id=instance, topics=(OffsetCommitRequestTopic(
                                name=topic, partitions=(OffsetCommitRequestPartition(
                                    partition_index=0, committed_offset=offset, committed_leader_epoch=-1,
@@ -381,8 +345,8 @@ def _commit(raw: Raw, group: str, topic: str, generation: int, member_id: str, o
     return response.topics[0].partitions[0].error_code
 
 
-def _heartbeat(raw: Raw, group: str, generation: int, member_id: str, instance: str | None = None) -> ErrorCode:
-    response, _ = raw.call("heartbeat", 4, group_id=group, generation_id=generation, member_id=member_id,
+def _heartbeat(raw: Pipeline, group: str, generation: int, member_id: str, instance: str | None = None) -> ErrorCode:
+    response = raw.call("heartbeat", 4, group_id=group, generation_id=generation, member_id=member_id,
                            group_instance_id=instance)
     return response.error_code
 
@@ -394,7 +358,7 @@ def test_generations_fence_commits_and_a_silent_member_is_removed_after_its_sess
     topic, group = _topic(module_config, 1), f"grp{uuid.uuid4().hex[:8]}"
     _produce(listeners[0], topic, 10, "x", partitions=1)
     _, _, host, port = _find_coordinator(listeners[0], group)
-    raw = Raw(f"{host}:{port}")
+    raw = Pipeline(f"{host}:{port}")
     try:
         first = _join(raw, group)
         assert first.error_code == ErrorCode.member_id_required and first.member_id  # KIP-394
@@ -402,7 +366,7 @@ def test_generations_fence_commits_and_a_silent_member_is_removed_after_its_sess
         assert joined.error_code == ErrorCode.none and joined.leader == first.member_id
         assert [m.member_id for m in joined.members] == [first.member_id]
         member, generation = first.member_id, joined.generation_id
-        synced, _ = raw.call("sync_group", 3, group_id=group, generation_id=generation, member_id=member,
+        synced = raw.call("sync_group", 3, group_id=group, generation_id=generation, member_id=member,
                              group_instance_id=None, assignments=(SyncGroupRequestAssignment(
                                  member_id=member, assignment=b"mine"),))
         assert synced.error_code == ErrorCode.none and synced.assignment == b"mine"
@@ -516,7 +480,7 @@ def test_a_static_member_back_with_a_new_member_id_fences_the_old_one_without_a_
     instance id removes it."""
     topic, group = _topic(module_config, 1), f"grp{uuid.uuid4().hex[:8]}"
     _produce(listeners[0], topic, 10, "x", partitions=1)
-    raw = Raw(_coordinator_address(listeners, group))
+    raw = Pipeline(_coordinator_address(listeners, group))
     try:
         first = _join(raw, group, instance="host-1")  # a static member gets no MEMBER_ID_REQUIRED
         assert first.error_code == ErrorCode.none and first.leader == first.member_id
@@ -545,7 +509,7 @@ def test_a_static_member_back_with_a_new_member_id_fences_the_old_one_without_a_
         assert changed.leader == new and [m.group_instance_id for m in changed.members] == ["host-1"]
 
         from kio.schema.leave_group.v4.request import MemberIdentity
-        left, _ = raw.call("leave_group", 4, group_id=group, members=(
+        left = raw.call("leave_group", 4, group_id=group, members=(
             MemberIdentity(member_id="", group_instance_id="host-1"),
             MemberIdentity(member_id="", group_instance_id="host-2")))
         assert [m.error_code for m in left.members] == [ErrorCode.none, ErrorCode.unknown_member_id]
@@ -601,12 +565,12 @@ def test_the_claim_goes_when_the_last_member_leaves_and_the_group_is_joined_agai
         listeners, module_config):
     group = f"grp{uuid.uuid4().hex[:8]}"
     address = _coordinator_address(listeners, group)
-    raw = Raw(address)
+    raw = Pipeline(address)
     try:
         member = _join(raw, group, instance="only")
         assert member.error_code == ErrorCode.none
         from kio.schema.leave_group.v4.request import MemberIdentity
-        left, _ = raw.call("leave_group", 4, group_id=group, members=(
+        left = raw.call("leave_group", 4, group_id=group, members=(
             MemberIdentity(member_id=member.member_id, group_instance_id="only"),))
         assert left.error_code == ErrorCode.none and left.members[0].error_code == ErrorCode.none
     finally:
@@ -619,7 +583,7 @@ def test_the_claim_goes_when_the_last_member_leaves_and_the_group_is_joined_agai
     other = next(a for a in listeners if a != address)
     code, _, host, port = _find_coordinator(other, group)  # free: the listener asked claims it
     assert code == ErrorCode.none and f"{host}:{port}" == other
-    raw = Raw(other)
+    raw = Pipeline(other)
     try:
         first = _join(raw, group)
         joined = _join(raw, group, first.member_id)
@@ -642,9 +606,9 @@ def _listed(listeners: list[str], group: str) -> list[str]:
     """The state of ``group`` in each listener's ListGroups answer that lists it."""
     states = []
     for address in listeners:
-        raw = Raw(address)
+        raw = Pipeline(address)
         try:
-            response, _ = raw.call("list_groups", 4, states_filter=())
+            response = raw.call("list_groups", 4, states_filter=())
         finally:
             raw.close()
         assert response.error_code == ErrorCode.none

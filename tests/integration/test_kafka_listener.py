@@ -13,14 +13,13 @@ import uuid
 from contextlib import ExitStack
 
 import pytest
-from aiokafka.record._crecords import DefaultRecordBatchBuilder
 from confluent_kafka import Consumer, KafkaError, Producer, TopicPartition as KafkaPartition
 
 from llog.reader import LogReader
 from llog.topics import create_topic
 from llog.writer import AppendGroup, LogWriter
 from tests.helpers.broker_process import free_port, run_broker
-from tests.helpers.kafka_wire import request
+from tests.helpers.kafka_wire import record_batch, request
 
 
 
@@ -322,24 +321,16 @@ def _produce_result(response: bytes) -> tuple[int, int]:
     return code, base
 
 
-def _batch(producer_id: int, sequence: int, values: list[bytes]) -> bytes:
-    builder = DefaultRecordBatchBuilder(magic=2, compression_type=0, is_transactional=0, producer_id=producer_id,
-                                        producer_epoch=0, base_sequence=sequence, batch_size=1 << 20)
-    for i, value in enumerate(values):
-        builder.append(i, timestamp=1_700_000_000_000, key=None, value=value, headers=[])
-    return bytes(builder.build())
-
-
 def test_a_batch_sent_again_to_another_listener_is_written_once(listeners, module_config):
     topic = _topic()
     with LogWriter(module_config) as writer:
         create_topic(writer.coordination, module_config.root_prefix, topic, 1)
-    first = _batch(4242, 0, [b"a", b"b"])
+    first = record_batch([b"a", b"b"], 4242, 0)
     assert _produce_result(request(listeners[0], 0, 8, _produce_v8(topic, 0, first))) == (0, 1)
     # The same batch again, as a producer retrying after a lost answer, to the other listener.
     assert _produce_result(request(listeners[1], 0, 8, _produce_v8(topic, 0, first))) == (0, 1)
-    assert _produce_result(request(listeners[1], 0, 8, _produce_v8(topic, 0, _batch(4242, 2, [b"c"])))) == (0, 3)
-    code, _ = _produce_result(request(listeners[0], 0, 8, _produce_v8(topic, 0, _batch(4242, 9, [b"d"]))))
+    assert _produce_result(request(listeners[1], 0, 8, _produce_v8(topic, 0, record_batch([b"c"], 4242, 2)))) == (0, 3)
+    code, _ = _produce_result(request(listeners[0], 0, 8, _produce_v8(topic, 0, record_batch([b"d"], 4242, 9))))
     assert code == 45  # OUT_OF_ORDER_SEQUENCE_NUMBER: a gap
     with LogReader(module_config) as reader:
         assert [r.value for r in reader.read_range(topic, 0, 1)] == [b"a", b"b", b"c"]
@@ -356,8 +347,8 @@ def test_sequences_wrap_after_2147483647_and_batches_after_the_wrap_are_written(
     end = 2 ** 31 - 1
 
     def produce(partition: int, producer: int, sequence: int, values: list[bytes], at: int = 0) -> tuple[int, int]:
-        return _produce_result(request(listeners[at], 0, 8, _produce_v8(topic, partition, _batch(producer, sequence,
-                                                                                                   values))))
+        batch = record_batch(values, producer, sequence)
+        return _produce_result(request(listeners[at], 0, 8, _produce_v8(topic, partition, batch)))
 
     # Partition 0: a batch ending at 2147483647, then 0, then 3.
     assert produce(0, 5151, end - 9, [b"w%d" % i for i in range(10)]) == (0, 1)
@@ -384,7 +375,7 @@ def test_a_corrupt_batch_is_refused_and_nothing_is_written(brokers, listeners, m
     topic = _topic()
     with LogWriter(module_config) as writer:
         create_topic(writer.coordination, module_config.root_prefix, topic, 1)
-    batch = bytearray(_batch(-1, -1, [b"good", b"bad"]))
+    batch = bytearray(record_batch([b"good", b"bad"]))
     batch[-1] ^= 0xFF  # a record byte: the CRC no longer matches
     code, _ = _produce_result(request(listeners[0], 0, 8, _produce_v8(topic, 0, bytes(batch))))
     assert code == 2  # CORRUPT_MESSAGE
@@ -419,7 +410,7 @@ def test_an_unknown_partition_is_unknown_topic_or_partition(listeners, module_co
     topic = _topic()
     with LogWriter(module_config) as writer:
         create_topic(writer.coordination, module_config.root_prefix, topic, 1)
-    code, _ = _produce_result(request(listeners[0], 0, 8, _produce_v8(topic, 5, _batch(-1, -1, [b"x"]))))
+    code, _ = _produce_result(request(listeners[0], 0, 8, _produce_v8(topic, 5, record_batch([b"x"]))))
     assert code == KafkaError.UNKNOWN_TOPIC_OR_PART  # 3, as librdkafka names it
     consumer = Consumer({"bootstrap.servers": listeners[0], "group.id": "u"})
     try:

@@ -61,19 +61,27 @@ def _old(writer: LogWriter, first: int, last: int) -> None:
     writer.append(T, 0, [f"old-{i}".encode() for i in range(first, last + 1)])
 
 
-def test_a_batch_planned_before_a_recreate_fails_instead_of_reading_the_new_topic(clients):
-    """Spark took the batch's end (4..5 of the old topic) and wrote its offset log; the topic is
-    created again before it plans the tasks. The tasks fail naming the re-create (on 1.2 they
-    read new-4 and new-5, and new-1..new-3 were never read)."""
+def _second_batch_planned_before_a_recreate(clients, **options: str):
+    """A reader (``options`` on top of earliest) that read old 1..3 as its first batch and took
+    old 4..5 as its second batch's end; then the topic is created again with new 1..10. Returns
+    ``(reader, first, second)``: the first batch's end offset and the second's."""
     config, coordination, objects, writer = clients
     _old(writer, 1, 3)
-    reader = _reader(config, startingOffsets="earliest")
+    reader = _reader(config, startingOffsets="earliest", **options)
     start = reader.initialOffset()
     first = reader.latestOffset(start, ReadAllAvailable())
     assert _values(reader, start, first) == ["old-1", "old-2", "old-3"]
     _old(writer, 4, 5)
     second = reader.latestOffset(first, ReadAllAvailable())
     _recreate(config, coordination, objects, writer, 10)
+    return reader, first, second
+
+
+def test_a_batch_planned_before_a_recreate_fails_instead_of_reading_the_new_topic(clients):
+    """Spark took the batch's end (4..5 of the old topic) and wrote its offset log; the topic is
+    created again before it plans the tasks. The tasks fail naming the re-create (on 1.2 they
+    read new-4 and new-5, and new-1..new-3 were never read)."""
+    reader, first, second = _second_batch_planned_before_a_recreate(clients)
     with pytest.raises(DataLossError, match=f"topic '{T}' was deleted and created again"):
         _values(reader, first, second)
 
@@ -81,15 +89,7 @@ def test_a_batch_planned_before_a_recreate_fails_instead_of_reading_the_new_topi
 def test_with_fail_on_data_loss_false_the_query_goes_on_from_the_new_topics_start(clients, capfd):
     """The same, with ``failOnDataLoss=false``: the stale batch reads nothing, and the next one
     reads the new topic from its first record, with a warning naming the re-create."""
-    config, coordination, objects, writer = clients
-    _old(writer, 1, 3)
-    reader = _reader(config, startingOffsets="earliest", failOnDataLoss="false")
-    start = reader.initialOffset()
-    first = reader.latestOffset(start, ReadAllAvailable())
-    assert _values(reader, start, first) == ["old-1", "old-2", "old-3"]
-    _old(writer, 4, 5)
-    second = reader.latestOffset(first, ReadAllAvailable())
-    _recreate(config, coordination, objects, writer, 10)
+    reader, first, second = _second_batch_planned_before_a_recreate(clients, failOnDataLoss="false")
     assert _values(reader, first, second) == []
     third = reader.latestOffset(second, ReadAllAvailable())
     assert _values(reader, second, third) == [f"new-{i}" for i in range(1, 11)]
