@@ -171,3 +171,56 @@ def test_unpin_committed_takes_a_partition_without_progress_as_done_only_past_th
     assert unpin_committed(coordination, objects, config, "gone", 0, later).endswith(
         "A replay of batch 0 from now on pins its own cut")
     assert coordination.get(sink_batch_key(config.root_prefix, "gone"), SINKS_PARTITION_KEY) is None
+
+
+def test_a_query_whose_code_changed_before_its_replay_goes_on_after_the_operator_finishes_the_batch(
+        config, reader, tmp_path):
+    """End to end with Spark: the driver dies after a slice of batch 0 is committed; the query is
+    restarted with other code (each value prefixed) and fails on the replay of batch 0, naming the
+    command; the operator runs it; the query then goes on. Batch 0 holds the first attempt's rows
+    once, the later batches the new code's rows once."""
+    import os
+    import re
+    import signal
+    import subprocess
+    import sys
+
+    from llog.discovery import topic_partitions
+    from tests.helpers import driver_process
+    from tests.helpers.invariants import check_partition
+
+    rows, batches = 300, 3
+
+    def run(*extra, failpoint=None):
+        return driver_process.run(config, ["tests.helpers.sink_query", "--topic", "out", "--checkpoint",
+                                           str(tmp_path / "ck"), "--rows", str(rows), "--batches", str(batches),
+                                           *extra], failpoint)
+
+    first = run(failpoint="writer.after_staged_slice")
+    assert first.returncode == -signal.SIGKILL, f"not killed after a committed slice: {first.stderr[-3000:]}"
+    changed = run("--value-prefix", "v2-")
+    assert changed.returncode != 0 and "SinkBatchMismatch" in changed.stderr, changed.stderr[-3000:]
+    command = re.search(r"`(llog sinks finish \S+ --batch 0)`", changed.stderr)
+    assert command, changed.stderr[-3000:]
+    assert re.search(r"[1-9]\d* of the pinned cut's \d+ slice\(s\) are committed", changed.stderr)
+
+    env = {**os.environ, "LLOG_SETTINGS_FILE": "/nonexistent", **config.to_options()}
+    done = subprocess.run([sys.executable, "-m", "llog_tools", *command.group(1).split()[1:]], env=env,
+                          capture_output=True, text=True, timeout=120, cwd=driver_process.REPO)
+    assert done.returncode == 0, done.stderr
+    assert "of the pinned cut committed now" in done.stdout
+
+    again = run("--value-prefix", "v2-")
+    assert again.returncode == 0, again.stderr[-3000:]
+    values = []
+    with Coordination(config) as coordination:
+        for p in topic_partitions(coordination, config.root_prefix, "out"):
+            if not check_partition(coordination, config.root_prefix, "out", p).high_watermark:
+                continue
+            values += [v.decode() for v in
+                       reader.read_batches([ReadRequest("out", p, 1)])[0].table().column("value").to_pylist()]
+    old = sorted(int(v) for v in values if not v.startswith("v2-"))
+    new = sorted(int(v[3:]) for v in values if v.startswith("v2-"))
+    assert old == list(range(rows)), "batch 0 is not the first attempt's rows, each once"
+    assert new[:1] == [rows] and new == list(range(rows, new[-1] + 1)) and len(new) >= (batches - 1) * rows, \
+        "the later batches are not the new code's rows, each once"
