@@ -253,6 +253,11 @@ def unpin_unreadable(coordination: Coordination, objects: ObjectStore, root: str
             f"a reference GC honours and a replay needs")
 
 
+def _not_pinned(sink_id: str, pinned: PinnedBatch | None, batch_id: int) -> SinkBatchNotPinned:
+    held = "no pinned batch" if pinned is None else f"batch {pinned.batch_id} pinned"
+    return SinkBatchNotPinned(f"sink {sink_id} has {held}, not batch {batch_id}: nothing done")
+
+
 def finish_pinned(coordination: Coordination, objects: ObjectStore, sink_id: str, batch_id: int, root: str,
                   clock: Clock) -> PinnedBatch:
     """Mark sink ``sink_id``'s pin of batch ``batch_id`` finished (section 9.1, ``llog sinks
@@ -265,8 +270,7 @@ def finish_pinned(coordination: Coordination, objects: ObjectStore, sink_id: str
     found = coordination.get(key, SINKS_PARTITION_KEY)
     header = None if found is None else PinnedBatch.from_json(found.value, found.key)
     if header is None or header.batch_id != batch_id:
-        raise SinkBatchNotPinned(f"sink {sink_id} has " + ("no pinned batch" if header is None else
-                                 f"batch {header.batch_id} pinned") + f", not batch {batch_id}: nothing done")
+        raise _not_pinned(sink_id, header, batch_id)
     if header.finished_at_ms is not None:
         return read_cut(objects, header, key)
     finished = replace(header, finished_at_ms=clock.now_ms())
@@ -312,7 +316,8 @@ def list_pins(coordination: Coordination, objects: ObjectStore, root: str, clock
             out.append(PinSummary(v.key, problem=str(e)))
             continue
         out.append(PinSummary(v.key, pinned.sink_id, pinned.batch_id, clock.now_ms() - pinned.pinned_at_ms,
-                              len(pinned.slices), sum(c for c, _ in committed.values()), pinned.finished_at_ms is not None))
+                              len(pinned.slices), sum(c for c, _ in committed.values()),
+                              pinned.finished_at_ms is not None))
     return out
 
 
@@ -331,8 +336,7 @@ def unpin_committed(coordination: Coordination, objects: ObjectStore, config: Co
     found = coordination.get(key, SINKS_PARTITION_KEY)
     pinned = None if found is None else read_cut(objects, PinnedBatch.from_json(found.value, found.key), key)
     if pinned is None or pinned.batch_id != batch_id:
-        raise SinkBatchNotPinned(f"sink {sink_id} has " + ("no pinned batch" if pinned is None else
-                                 f"batch {pinned.batch_id} pinned") + f", not batch {batch_id}: nothing done")
+        raise _not_pinned(sink_id, pinned, batch_id)
     committed = committed_slices(coordination, root, pinned)
     expired = clock.now_ms() - pinned.pinned_at_ms > config.sink_progress_retention_ms
     if any(0 < c < n or (c == 0 and not expired) for c, n in committed.values()):
@@ -388,8 +392,7 @@ def pin_batch(coordination: Coordination, objects: ObjectStore, config: Config, 
                              cut_created_at_ms=None,
                              rows=current.rows if current.rows is not None else rows_of(current.slices, None))
         elif replay_only:
-            raise SinkBatchNotPinned(f"sink {sink_id} has " + ("no pinned batch" if current is None else
-                                     f"batch {current.batch_id} pinned") + f", not batch {batch_id}: nothing done")
+            raise _not_pinned(sink_id, current, batch_id)
         else:
             if checked is None:
                 checked = by_server_age(config, tuple(slices), dict(zip(uris, (h.result() for h in heads))), clock)
@@ -426,7 +429,7 @@ def _differs(pinned: PinnedBatch, rows: Rows) -> bool:
     know it, another size."""
     before = _pinned_rows(pinned)
     return set(before) != set(rows) or any(
-        before[t][0] != rows[t][0] or (before[t][1] is not None and rows[t][1] is not None and before[t][1] != rows[t][1])
+        before[t][0] != rows[t][0] or (None not in (before[t][1], rows[t][1]) and before[t][1] != rows[t][1])
         for t in before)
 
 
@@ -450,7 +453,8 @@ def _check_replay(coordination: Coordination, root: str, pinned: PinnedBatch, ro
         f"batch {pinned.batch_id} (docs/spark-sink.md)")
 
 
-def committed_slices(coordination: Coordination, root: str, pinned: PinnedBatch) -> dict[tuple[str, int], tuple[int, int]]:
+def committed_slices(coordination: Coordination, root: str, pinned: PinnedBatch
+                     ) -> dict[tuple[str, int], tuple[int, int]]:
     """Per partition of the pinned cut, ``(committed, slices)``: how many of its pinned slices
     the sink's progress in that partition's ``meta/control`` covers (section 9.1), of how many.
     A partition of a topic that does not exist, or that holds no progress of the sink, has none."""
