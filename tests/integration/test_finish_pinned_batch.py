@@ -5,18 +5,29 @@ a batch that is not the pinned one and a pin that changed while it worked."""
 
 from __future__ import annotations
 
+import os
+import re
+import signal
+import subprocess
+import sys
+
 import pytest
 
-from llog.coordination import Coordination
 from llog.clock import ShiftedClock
-from llog.errors import SinkBatchMismatch, SinkBatchNotCommitted
+from llog.coordination import Coordination
+from llog.discovery import topic_partitions
+from llog.errors import SinkBatchMismatch, SinkBatchNotCommitted, SinkBatchNotPinned
 from llog.gc import gc_pass
 from llog.objects import ObjectStore
 from llog.reader import LogReader, ReadRequest
-from llog.sink_batches import SINKS_PARTITION_KEY, PinnedBatch, pin_batch, sink_batch_key, unpin_committed
+from llog.sink_batches import (
+    SINKS_PARTITION_KEY, PinnedBatch, finish_pinned, pin_batch, sink_batch_key, unpin_committed,
+)
 from llog.writer import AppendGroup, LogWriter, SinkBatch, stage
 from llog_tools.cli import main as llog_main
+from tests.helpers import driver_process
 from tests.helpers.clocks import past_the_lag
+from tests.helpers.invariants import check_partition
 
 
 @pytest.fixture
@@ -181,16 +192,6 @@ def test_a_query_whose_code_changed_before_its_replay_goes_on_after_the_operator
     restarted with other code (each value prefixed) and fails on the replay of batch 0, naming the
     command; the operator runs it; the query then goes on. Batch 0 holds the first attempt's rows
     once, the later batches the new code's rows once."""
-    import os
-    import re
-    import signal
-    import subprocess
-    import sys
-
-    from llog.discovery import topic_partitions
-    from tests.helpers import driver_process
-    from tests.helpers.invariants import check_partition
-
     rows, batches = 300, 3
 
     def run(*extra, failpoint=None):
@@ -226,3 +227,24 @@ def test_a_query_whose_code_changed_before_its_replay_goes_on_after_the_operator
     assert old == list(range(rows)), "batch 0 is not the first attempt's rows, each once"
     assert new[:1] == [rows] and new == list(range(rows, new[-1] + 1)) and len(new) >= (batches - 1) * rows, \
         "the later batches are not the new code's rows, each once"
+
+
+def test_a_finished_pin_long_after_the_crash_commits_copies_and_stays_finished(parts):
+    """The cut is finished when its slices are past G/2 (the query stayed down): the commit copies
+    them into a new blob and re-pins them (the age rule, section 9.1), and the re-pinned record is
+    still finished, so the query's replay with its other rows is still let through."""
+    config, writer, coordination, objects = parts
+    rows = [f"x{i}".encode() for i in range(6)]
+    first = pin_batch(coordination, objects, config, "q", 2, _cut(config, objects, rows, 2), writer.clock, {"t": 12})
+    later = ShiftedClock(config.gc_grace_ms / 1000 * 0.6)
+    finish_pinned(coordination, objects, "q", 2, config.root_prefix, later)
+    copies = pin_batch(coordination, objects, config, "q", 2, [], later, replay_only=True)
+    assert {s.wal_uri for s in copies}.isdisjoint({s.wal_uri for s in first})
+    assert _pin(coordination, config, "q").finished_at_ms is not None
+    with LogWriter(config, clock=later) as late:
+        late.commit_staged(copies, SinkBatch("q", 2))
+        replay = pin_batch(coordination, objects, config, "q", 2, _cut(config, objects, [b"other"], 1), later, {"t": 5})
+        assert replay == copies and late.commit_staged(replay, SinkBatch("q", 2)) == [None, None]
+    assert _log(config) == rows
+    with pytest.raises(SinkBatchNotPinned, match="sink q has batch 2 pinned, not batch 3: nothing done"):
+        pin_batch(coordination, objects, config, "q", 3, [], later, replay_only=True)
