@@ -212,6 +212,21 @@ class SinkBatchMismatch(LlogError):
     committed."""
 
 
+class SinkBatchNotPinned(LlogError):
+    """An operator named a sink batch that is not the one pinned (no pin, or the sink pinned
+    another batch since): nothing is changed (docs/protocol.md section 9.1)."""
+
+
+class SinkPinChanged(LlogError):
+    """A sink's pinned record changed between an operator's read of it and the CAS that would
+    have changed it: nothing is changed; look at it again (docs/protocol.md section 9.1)."""
+
+
+class SinkBatchNotCommitted(LlogError):
+    """An operator asked to remove a sink's pin whose cut is not wholly committed: a replay of
+    its batch still needs it, so it is kept (docs/protocol.md section 9.1)."""
+
+
 class SinkProgressFull(LlogError):
     """A partition's ``meta/control.sinks`` holds its most entries, all of sinks that committed
     within the progress retention: a new sink's first commit there is refused, nothing written

@@ -34,6 +34,8 @@ POINTS = {
     "compactor.after_recover": "section 6.0 done: pending finished, in-flight record resumed, no run selected",
     "compactor.after_select": "section 6.1 done: a run is selected, its blob not yet written",
     "compactor.after_age_check": "section 6.2 done: the compacted blob is written and was young enough once",
+    "sink_batches.before_finish_cas": "section 9.1: an operator's finish read the pin, its CAS not yet sent",
+    "sink_batches.before_unpin_cas": "section 9.1: an operator's unpin --committed read the pin and progress, its CAS not yet sent",
     "gc.before_control_read": "section 9.2 step 2 done: partitions found, their meta/control not yet read",
     "gc.before_index_scan": "section 9.2 step 3: meta/control and meta/compaction read, indexes not yet scanned",
     "gc.after_scan": "section 9: references scanned, blobs not yet listed",

@@ -29,6 +29,12 @@ older than ``G/4`` copies their bodies into a new blob and re-pins them first. T
 batch ``B`` is replaced by batch ``B + 1``'s, which Spark starts only once ``B`` is committed: by
 then every slice of ``B`` is referenced by the index (or a pending append), so the references
 move forward, never back.
+
+A replay whose rows truly differ is refused on every restart; the operator's way out is
+:func:`finish_pinned` (``llog sinks finish``): the pin is marked finished, by CAS on the version
+read, and its cut committed, so every later commit of that batch is a replay whatever its rows.
+A pin whose sink never commits again stays until the operator removes it (:func:`list_pins`,
+:func:`unpin_committed`): nothing here can know whether Spark may still replay its batch.
 """
 
 from __future__ import annotations
@@ -39,18 +45,20 @@ from collections.abc import Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, replace
 
+from llog import failpoints
 from llog.clock import Clock
 from llog.codec import EncodedBatch, pack_shared
 from llog.config import Config
-from llog.control import backoff, check_blob_age
+from llog.control import backoff, check_blob_age, read_controls
 from llog.coordination import EXPECTED_ABSENT, Coordination
 from llog.deployment import MAX_SKEW_FRACTION
 from llog.errors import (
-    ClockSkew, CorruptRecord, LlogError, MaxRetriesExceeded, ObjectNotFound, SinkBatchMismatch, StaleBlob,
-    StorageError, VersionConflict,
+    ClockSkew, CorruptRecord, LlogError, MaxRetriesExceeded, ObjectNotFound, SinkBatchMismatch, SinkBatchNotCommitted,
+    SinkBatchNotPinned, SinkPinChanged, StaleBlob, StorageError, VersionConflict,
 )
-from llog.keys import parse_s3_uri, shared_wal_object, sink_cut_object, validate_group
+from llog.keys import parse_s3_uri, partition_keys, shared_wal_object, sink_cut_object, validate_group
 from llog.objects import ObjectStore
+from llog.topics import read_topic
 from llog.writer import StagedSlice
 
 log = logging.getLogger(__name__)
@@ -103,7 +111,8 @@ def rows_of(slices: Sequence[StagedSlice], sizes: Mapping[str, int] | None) -> d
 class PinnedBatch:
     """``R/sinks/{sink_id}``: the slices of the sink's last batch, in commit order, and what its
     rows are (``rows``; None in a record v1.2 wrote). ``cut_uri``: the object the cut is in, when
-    the record does not hold it (section 9.1)."""
+    the record does not hold it. ``finished_at_ms``: when an operator finished the cut (every
+    commit of this batch is then a replay, whatever its rows; section 9.1)."""
 
     sink_id: str
     batch_id: int
@@ -112,6 +121,11 @@ class PinnedBatch:
     rows: Rows | None = None
     cut_uri: str | None = None
     cut_created_at_ms: int | None = None
+    finished_at_ms: int | None = None
+
+    def _head(self) -> dict:
+        head = {"sink_id": self.sink_id, "batch_id": self.batch_id, "pinned_at_ms": self.pinned_at_ms}
+        return head if self.finished_at_ms is None else {**head, "finished_at_ms": self.finished_at_ms}
 
     def body(self) -> dict:
         """``rows`` and ``cut``: what the record holds inline, or the cut object holds."""
@@ -119,13 +133,11 @@ class PinnedBatch:
                 "cut": encode_cut(self.slices)}
 
     def inline_json(self) -> bytes:
-        return _dump({"sink_id": self.sink_id, "batch_id": self.batch_id, "pinned_at_ms": self.pinned_at_ms,
-                      **self.body()})
+        return _dump({**self._head(), **self.body()})
 
     def header_json(self) -> bytes:
         """The record when the cut is in ``cut_uri``."""
-        return _dump({"sink_id": self.sink_id, "batch_id": self.batch_id, "pinned_at_ms": self.pinned_at_ms,
-                      "cut_uri": self.cut_uri, "cut_created_at_ms": self.cut_created_at_ms})
+        return _dump({**self._head(), "cut_uri": self.cut_uri, "cut_created_at_ms": self.cut_created_at_ms})
 
     @classmethod
     def from_json(cls, raw: bytes, key: str) -> "PinnedBatch":
@@ -134,12 +146,13 @@ class PinnedBatch:
             obj = json.loads(raw)
             head = (str(obj["sink_id"]), int(obj["batch_id"]))
             pinned_at_ms = int(obj["pinned_at_ms"])
+            finished = None if obj.get("finished_at_ms") is None else int(obj["finished_at_ms"])
             if "cut_uri" in obj:
                 parse_s3_uri(obj["cut_uri"])
-                return cls(*head, (), pinned_at_ms, None, str(obj["cut_uri"]), int(obj["cut_created_at_ms"]))
+                return cls(*head, (), pinned_at_ms, None, str(obj["cut_uri"]), int(obj["cut_created_at_ms"]), finished)
             if "cut" in obj:
                 rows, slices = _parse_body(obj)
-                return cls(*head, slices, pinned_at_ms, rows)
+                return cls(*head, slices, pinned_at_ms, rows, finished_at_ms=finished)
             # v1.2: the slices as STAGED SLICE objects, no rows
             return cls(*head, tuple(StagedSlice(**s) for s in obj["slices"]), pinned_at_ms)
         except (ValueError, KeyError, TypeError, IndexError, AttributeError) as e:
@@ -240,16 +253,119 @@ def unpin_unreadable(coordination: Coordination, objects: ObjectStore, root: str
             f"a reference GC honours and a replay needs")
 
 
+def _not_pinned(sink_id: str, pinned: PinnedBatch | None, batch_id: int) -> SinkBatchNotPinned:
+    held = "no pinned batch" if pinned is None else f"batch {pinned.batch_id} pinned"
+    return SinkBatchNotPinned(f"sink {sink_id} has {held}, not batch {batch_id}: nothing done")
+
+
+def finish_pinned(coordination: Coordination, objects: ObjectStore, sink_id: str, batch_id: int, root: str,
+                  clock: Clock) -> PinnedBatch:
+    """Mark sink ``sink_id``'s pin of batch ``batch_id`` finished (section 9.1, ``llog sinks
+    finish``): the record as it was plus ``finished_at_ms``, by CAS on the version read, so every
+    later commit of that batch is a replay whatever its rows. The caller then commits the pinned
+    cut (:func:`pin_batch` with ``replay_only``). :class:`SinkBatchNotPinned` unless the record
+    holds that batch; :class:`SinkPinChanged` when it changed after it was read. A pin already
+    finished is returned as it is."""
+    key = sink_batch_key(root, sink_id)
+    found = coordination.get(key, SINKS_PARTITION_KEY)
+    header = None if found is None else PinnedBatch.from_json(found.value, found.key)
+    if header is None or header.batch_id != batch_id:
+        raise _not_pinned(sink_id, header, batch_id)
+    if header.finished_at_ms is not None:
+        return read_cut(objects, header, key)
+    finished = replace(header, finished_at_ms=clock.now_ms())
+    if header.cut_uri is not None:  # the same cut object: no reference is made or dropped
+        value = finished.header_json()
+    else:  # inline (a v1.2 record is written in the inline form, smaller than the one it replaces)
+        finished = replace(finished, rows=_pinned_rows(header))
+        value = finished.inline_json()
+    failpoints.hit("sink_batches.before_finish_cas")
+    try:
+        coordination.put(key, value, SINKS_PARTITION_KEY, found.version_id)
+    except VersionConflict:
+        raise SinkPinChanged(f"{key} changed while it was read (it held batch {batch_id} at version "
+                             f"{found.version_id}): nothing done; look at it again (`llog sinks list`)") from None
+    return read_cut(objects, finished, key)
+
+
+@dataclass(frozen=True)
+class PinSummary:
+    """One pinned record as ``llog sinks list`` shows it: its batch, age, and how much of its
+    cut the sink's progress covers (``committed`` of ``slices``); ``problem``: why it could not
+    be read (then only ``key`` is known)."""
+
+    key: str
+    sink_id: str | None = None
+    batch_id: int | None = None
+    age_ms: int | None = None
+    slices: int = 0
+    committed: int = 0
+    finished: bool = False
+    problem: str | None = None
+
+
+def list_pins(coordination: Coordination, objects: ObjectStore, root: str, clock: Clock) -> list[PinSummary]:
+    """Every pinned record under ``root`` (section 9.1, "How long a pin lives"), by sink id."""
+    start, end = sink_keys_range(root)
+    out = []
+    for v in coordination.range_scan(start, end, SINKS_PARTITION_KEY):
+        try:
+            pinned = read_cut(objects, PinnedBatch.from_json(v.value, v.key), v.key)
+            committed = committed_slices(coordination, root, pinned)
+        except (CorruptRecord, StorageError) as e:
+            out.append(PinSummary(v.key, problem=str(e)))
+            continue
+        out.append(PinSummary(v.key, pinned.sink_id, pinned.batch_id, clock.now_ms() - pinned.pinned_at_ms,
+                              len(pinned.slices), sum(c for c, _ in committed.values()),
+                              pinned.finished_at_ms is not None))
+    return out
+
+
+def unpin_committed(coordination: Coordination, objects: ObjectStore, config: Config, sink_id: str, batch_id: int,
+                    clock: Clock) -> str:
+    """Delete sink ``sink_id``'s pin of batch ``batch_id`` if its cut is committed, by CAS on the
+    version read (section 9.1, ``llog sinks unpin --batch B --committed``): in each partition every
+    pinned slice is covered by the sink's progress, or the partition holds no progress of the sink
+    and the pin is older than ``LLOG_SINK_PROGRESS_RETENTION_MS`` (its entry expired: a replay
+    writes that partition's slices again with or without the pin). Only the operator knows that
+    Spark will not replay the batch (the query is gone, or its checkpoint's ``commits/`` holds it).
+    :class:`SinkBatchNotPinned`, :class:`SinkBatchNotCommitted` (kept), :class:`SinkPinChanged`:
+    nothing deleted."""
+    root = config.root_prefix
+    key = sink_batch_key(root, sink_id)
+    found = coordination.get(key, SINKS_PARTITION_KEY)
+    pinned = None if found is None else read_cut(objects, PinnedBatch.from_json(found.value, found.key), key)
+    if pinned is None or pinned.batch_id != batch_id:
+        raise _not_pinned(sink_id, pinned, batch_id)
+    committed = committed_slices(coordination, root, pinned)
+    expired = clock.now_ms() - pinned.pinned_at_ms > config.sink_progress_retention_ms
+    if any(0 < c < n or (c == 0 and not expired) for c, n in committed.values()):
+        raise SinkBatchNotCommitted(f"sink {sink_id} batch {batch_id}: {describe_committed(committed)}; a replay of "
+                                    f"the batch needs its pin, which is kept (a replay that differs: `llog sinks "
+                                    f"finish {sink_id} --batch {batch_id}`)")
+    failpoints.hit("sink_batches.before_unpin_cas")
+    try:
+        coordination.delete(key, SINKS_PARTITION_KEY, expected_version=found.version_id)
+    except VersionConflict:
+        raise SinkPinChanged(f"{key} changed while it was read (it held batch {batch_id} at version "
+                             f"{found.version_id}): nothing deleted; look at it again (`llog sinks list`)") from None
+    return (f"{key}: deleted (batch {batch_id}, {len(pinned.slices)} slice(s), all committed); its blobs are "
+            f"collected once the index no longer names them. A replay of batch {batch_id} from now on pins its own cut")
+
+
 def pin_batch(coordination: Coordination, objects: ObjectStore, config: Config, sink_id: str, batch_id: int,
-              slices: list[StagedSlice], clock: Clock, sizes: Mapping[str, int] | None = None) -> list[StagedSlice]:
+              slices: list[StagedSlice], clock: Clock, sizes: Mapping[str, int] | None = None,
+              replay_only: bool = False) -> list[StagedSlice]:
     """The slices batch ``batch_id`` of ``sink_id`` commits: ``slices``, pinned now, or, when
     this is a replay of a batch pinned before, the pinned ones (whose bodies are copied into a new
     blob first if they are older than ``G/4``). ``sizes``: per topic, the sum of the record sizes
     (section 11.1) of the rows the slices hold, as the tasks counted them.
 
     A pin of batch ``batch_id`` whose rows differ from this commit's is not its replay:
-    :class:`SinkBatchMismatch`. Before ``slices`` are pinned, each blob's age is checked by the
-    S3 server's clock too (:func:`by_server_age`)."""
+    :class:`SinkBatchMismatch`, unless an operator finished it (then this commit's rows are
+    dropped). Before ``slices`` are pinned, each blob's age is checked by the S3 server's clock too
+    (:func:`by_server_age`). ``replay_only``: pin nothing new, :class:`SinkBatchNotPinned` unless
+    batch ``batch_id`` is pinned (the operator's finish)."""
     key = sink_batch_key(config.root_prefix, sink_id)
     rows = rows_of(slices, sizes)
     uris = list(dict.fromkeys(s.wal_uri for s in slices))
@@ -264,12 +380,19 @@ def pin_batch(coordination: Coordination, objects: ObjectStore, config: Config, 
             raise SinkBatchOutOfOrder(f"sink {sink_id} commits batch {batch_id}, but batch {current.batch_id} was "
                                       f"pinned before it: two queries share this sink id (checkpoint)?")
         if current is not None and current.batch_id == batch_id:
-            _check_replay(current, rows)
+            if current.finished_at_ms is None:
+                _check_replay(coordination, config.root_prefix, current, rows)
+            elif slices and _differs(current, rows):
+                log.warning("sink %s batch %d: its pinned cut was finished by an operator; this commit's rows (%s) are "
+                            "dropped, the pinned ones (%s) are the batch's", sink_id, batch_id, _describe(rows),
+                            _describe(_pinned_rows(current)))
             if not _stale(current.slices, config, clock):
                 return list(current.slices)
             chosen = replace(current, slices=_refresh(objects, config, current.slices, clock), cut_uri=None,
                              cut_created_at_ms=None,
                              rows=current.rows if current.rows is not None else rows_of(current.slices, None))
+        elif replay_only:
+            raise _not_pinned(sink_id, current, batch_id)
         else:
             if checked is None:
                 checked = by_server_age(config, tuple(slices), dict(zip(uris, (h.result() for h in heads))), clock)
@@ -297,19 +420,64 @@ def pin_batch(coordination: Coordination, objects: ObjectStore, config: Config, 
     raise MaxRetriesExceeded(f"pinning batch {batch_id} of sink {sink_id}", config.cas_max_attempts)
 
 
-def _check_replay(pinned: PinnedBatch, rows: Rows) -> None:
-    """A commit of a pinned ``(sink_id, batch_id)`` is its replay only if it carries the same
-    rows: per topic the same record count and, where both know it, the same size."""
-    before = pinned.rows if pinned.rows is not None else rows_of(pinned.slices, None)  # v1.2: counts only
-    same = set(before) == set(rows) and all(
-        before[t][0] == rows[t][0] and (before[t][1] is None or rows[t][1] is None or before[t][1] == rows[t][1])
+def _pinned_rows(pinned: PinnedBatch) -> Rows:
+    return pinned.rows if pinned.rows is not None else rows_of(pinned.slices, None)  # v1.2: counts only
+
+
+def _differs(pinned: PinnedBatch, rows: Rows) -> bool:
+    """Whether ``rows`` are not the pinned batch's: per topic another record count or, where both
+    know it, another size."""
+    before = _pinned_rows(pinned)
+    return set(before) != set(rows) or any(
+        before[t][0] != rows[t][0] or (None not in (before[t][1], rows[t][1]) and before[t][1] != rows[t][1])
         for t in before)
-    if not same:
-        raise SinkBatchMismatch(
-            f"sink {pinned.sink_id} batch {pinned.batch_id} was pinned with {_describe(before)}; this commit carries "
-            f"{_describe(rows)}: not a replay of it (a replay carries the same rows). One (sink id, batch id) names "
-            f"one commit: give each write of a micro-batch its own sink id (write_batch's name=). Nothing of this "
-            f"write is committed")
+
+
+def _check_replay(coordination: Coordination, root: str, pinned: PinnedBatch, rows: Rows) -> None:
+    """A commit of a pinned ``(sink_id, batch_id)`` is its replay only if it carries the same
+    rows; else :class:`SinkBatchMismatch`, naming both, how much of the pinned cut is committed
+    and the operator's way out (section 9.1)."""
+    if not _differs(pinned, rows):
+        return
+    try:
+        committed = describe_committed(committed_slices(coordination, root, pinned))
+    except LlogError as e:
+        committed = f"how much of the pinned cut is committed could not be read ({e})"
+    raise SinkBatchMismatch(
+        f"sink {pinned.sink_id} batch {pinned.batch_id} was pinned with {_describe(_pinned_rows(pinned))}; this "
+        f"commit carries {_describe(rows)}: not a replay of it (a replay carries the same rows). {committed}. Nothing "
+        f"of this write is committed. If two writes share this sink id, give each write of a micro-batch its own "
+        f"(write_batch's name=). If this replay differs for good (the query's code changed, a non-deterministic "
+        f"column, a source that lost offsets), run `llog sinks finish {pinned.sink_id} --batch {pinned.batch_id}`: "
+        f"it commits the rest of the pinned cut, and the replay then goes through with none of its own rows of "
+        f"batch {pinned.batch_id} (docs/spark-sink.md)")
+
+
+def committed_slices(coordination: Coordination, root: str, pinned: PinnedBatch
+                     ) -> dict[tuple[str, int], tuple[int, int]]:
+    """Per partition of the pinned cut, ``(committed, slices)``: how many of its pinned slices
+    the sink's progress in that partition's ``meta/control`` covers (section 9.1), of how many.
+    A partition of a topic that does not exist, or that holds no progress of the sink, has none."""
+    totals: dict[tuple[str, int], int] = {}
+    for s in pinned.slices:
+        totals[(s.topic, s.partition)] = totals.get((s.topic, s.partition), 0) + 1
+    ids = {topic: read_topic(coordination, root, topic) for topic in {t for t, _ in totals}}
+    live = [tp for tp in totals if ids[tp[0]] is not None]
+    states = read_controls(coordination, [partition_keys(root, t, p, ids[t].record.topic_id) for t, p in live])
+    progress = {tp: None if state is None else state.record.sink_progress(pinned.sink_id)
+                for tp, state in zip(live, states)}
+    out = {}
+    for tp, total in totals.items():
+        found = progress.get(tp)
+        out[tp] = (0 if found is None else total if found.batch_id > pinned.batch_id
+                   else min(found.slices, total) if found.batch_id == pinned.batch_id else 0, total)
+    return out
+
+
+def describe_committed(committed: Mapping[tuple[str, int], tuple[int, int]]) -> str:
+    done, total = sum(c for c, _ in committed.values()), sum(n for _, n in committed.values())
+    return (f"{done} of the pinned cut's {total} slice(s) are committed ("
+            + ", ".join(f"{t}[{p}]: {c} of {n}" for (t, p), (c, n) in sorted(committed.items())) + ")")
 
 
 def _describe(rows: Rows) -> str:

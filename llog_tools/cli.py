@@ -139,18 +139,78 @@ def _compact(args) -> int:
 
 
 def _sinks_unpin(args) -> int:
+    from llog.clock import SYSTEM
     from llog.objects import ObjectStore
-    from llog.sink_batches import unpin_unreadable
+    from llog.sink_batches import unpin_committed, unpin_unreadable
 
+    if args.committed != (args.batch is not None):
+        print("llog: error: sinks unpin: --batch and --committed go together (a readable pin is removed only when "
+              "its cut is committed)", file=sys.stderr)
+        return 2
     config = Config.load().require("oxia_service_address", "s3_bucket")
     objects = ObjectStore(config)
     try:
         with Coordination(config) as coordination:
+            if args.committed:
+                _pass_gate(config, coordination, "sinks unpin", objects)
+                print(unpin_committed(coordination, objects, config, args.sink_id, args.batch, SYSTEM))
+                return 0
             done = unpin_unreadable(coordination, objects, config.root_prefix, args.sink_id)
     finally:
         objects.close()
     print(done)
     return 0 if ": deleted" in done or ": no pinned batch" in done else 1
+
+
+def _sinks_finish(args) -> int:
+    """``llog sinks finish``: docs/protocol.md section 9.1, the operator finishes a pinned cut."""
+    from llog.sink_batches import SinkBatchOutOfOrder, finish_pinned, pin_batch
+    from llog.writer import LogWriter, SinkBatch
+
+    config = Config.load().require("oxia_service_address", "s3_bucket")
+    with LogWriter(config) as writer:
+        _pass_gate(config, writer.coordination, "sinks finish", writer.objects)
+        finish_pinned(writer.coordination, writer.objects, args.sink_id, args.batch, config.root_prefix, writer.clock)
+        try:
+            pinned = pin_batch(writer.coordination, writer.objects, config, args.sink_id, args.batch, [], writer.clock,
+                               replay_only=True)
+        except SinkBatchOutOfOrder:  # the query's own replay committed it and went on meanwhile
+            print(f"sink {args.sink_id} batch {args.batch}: finished, and the query has committed it and pinned a "
+                  f"later batch since")
+            return 0
+        done = writer.commit_staged(pinned, SinkBatch(args.sink_id, args.batch))
+    now = sum(r is not None for r in done)
+    print(f"sink {args.sink_id} batch {args.batch}: {now} slice(s) of the pinned cut committed now, {len(done) - now} "
+          f"before ({sum(s.msg_count for s in pinned)} record(s) in all). The pin is finished: a replay of batch "
+          f"{args.batch} commits nothing more and drops its own rows (their blobs are left to GC), so the batch holds "
+          f"the rows of the attempt that pinned it, once")
+    return 0
+
+
+def _sinks_list(args) -> int:
+    from llog.clock import SYSTEM
+    from llog.objects import ObjectStore
+    from llog.sink_batches import list_pins
+
+    config = Config.load().require("oxia_service_address", "s3_bucket")
+    objects = ObjectStore(config)
+    try:
+        with Coordination(config) as coordination:
+            pins = list_pins(coordination, objects, config.root_prefix, SYSTEM)
+    finally:
+        objects.close()
+    if args.json:
+        print(json.dumps([dataclasses.asdict(p) for p in pins], indent=2))
+        return 0
+    for p in pins:
+        if p.problem is not None:
+            print(f"{p.key}: cannot be read ({p.problem}); `llog sinks unpin {p.key.rsplit('/', 1)[1]}`")
+            continue
+        state = "finished" if p.finished else "committed" if p.committed == p.slices else "half-committed" \
+            if p.committed else "not committed"
+        print(f"{p.sink_id}  batch {p.batch_id}  pinned {p.age_ms / 3_600_000:.1f} h ago  {p.committed} of "
+              f"{p.slices} slice(s) committed  {state}")
+    return 0
 
 
 def _gc(args) -> int:
@@ -433,9 +493,22 @@ def build_parser() -> argparse.ArgumentParser:
     sinks = sub.add_parser("sinks", help="pinned sink batches (docs/protocol.md section 9.1)"
                            ).add_subparsers(dest="sinks_command", required=True)
     p = sinks.add_parser("unpin", help="delete a sink's pinned batch record that cannot be read (GC keeps every WAL "
-                                       "blob while one exists); a readable one is kept")
+                                       "blob while one exists); a readable one only with --batch B --committed")
     p.add_argument("sink_id")
+    p.add_argument("--batch", type=int, default=None, metavar="B",
+                   help="with --committed: the batch the pin must hold (else nothing is deleted)")
+    p.add_argument("--committed", action="store_true",
+                   help="delete a readable pin whose cut is committed; only when Spark will not replay batch B (the "
+                        "query is gone, or its checkpoint's commits/ holds B)")
     p.set_defaults(func=_sinks_unpin)
+    p = sinks.add_parser("finish", help="a replay of batch B that differs is refused (SinkBatchMismatch): commit the "
+                                        "rest of the pinned cut and let the replay through without its own rows")
+    p.add_argument("sink_id")
+    p.add_argument("--batch", type=int, required=True, metavar="B", help="the pinned batch (else nothing is done)")
+    p.set_defaults(func=_sinks_finish)
+    p = sinks.add_parser("list", help="every pinned batch: its age and how much of its cut is committed")
+    p.add_argument("--json", action="store_true", help="print JSON")
+    p.set_defaults(func=_sinks_list)
 
     p = sub.add_parser("gc", help="delete blobs no partition references, older than the grace period",
                        epilog="Progress shows on stderr while it is a terminal (LLOG_PROGRESS=0: never, 1: always).")

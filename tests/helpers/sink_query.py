@@ -10,6 +10,8 @@ A replay may be cut differently from the first attempt, as Spark allows: ``--inp
 ``--shuffle`` (a repartition by a random column, so rows reach other tasks in another order), or
 ``--source-topic`` (read an llog topic instead, ``--rows`` records per batch: its splits are
 re-planned from the index, which compaction may have changed between the attempts).
+``--value-prefix`` changes the query's code: each value written is prefixed, so a replay's rows
+truly differ from the first attempt's.
 """
 
 from __future__ import annotations
@@ -34,6 +36,7 @@ def main() -> None:
     parser.add_argument("--unkeyed", action="store_true")
     parser.add_argument("--shuffle", type=int, default=0, help="repartition into this many tasks, by rand()")
     parser.add_argument("--source-topic")
+    parser.add_argument("--value-prefix", default="", help="written before each value (the query's code changed)")
     args = parser.parse_args()
     spark = local_spark("llog-sink-query")
     options = {k.lower(): v for k, v in Config.load().to_options().items()}
@@ -50,6 +53,8 @@ def main() -> None:
         rows = rows.repartition(args.shuffle, F.rand())
     if not args.unkeyed:
         rows = rows.withColumn("partition", (F.col("value").cast("long") % args.partitions).cast("int"))
+    if args.value_prefix:
+        rows = rows.withColumn("value", F.concat(F.lit(args.value_prefix), F.col("value")))
     query = (rows.writeStream.format("llog").options(**options).option("topic", args.topic)
              .option("checkpointLocation", args.checkpoint).trigger(processingTime="0 seconds").start())
     deadline = time.monotonic() + 240
