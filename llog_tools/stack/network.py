@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from llog.errors import ConfigError
 
 
+#: The stack's address: every server of it listens on loopback only.
 HOST = "127.0.0.1"
 
 
@@ -33,12 +34,14 @@ class StackPorts:
 
 DEFAULT_PORTS = StackPorts(oxia=16648, oxia_metrics=16649, s3=18333)
 
+#: Each port's name in messages and in ``llog stack up --help``.
 PORT_LABELS = {
     "oxia": "Oxia",
     "oxia_metrics": "Oxia metrics",
     "s3": "S3",
 }
 
+#: Seconds a health probe waits for an answer.
 PROBE_TIMEOUT_S = 2
 
 

@@ -35,6 +35,7 @@ class StackPaths:
 
 
 def read_record(paths: StackPaths) -> dict | None:
+    """The stack's record (``stack.json``), or None if there is none."""
     try:
         return json.loads(paths.record.read_text())
     except FileNotFoundError:
@@ -44,4 +45,6 @@ def read_record(paths: StackPaths) -> dict | None:
 
 
 def spawn(paths: StackPaths, service: str, cmd: list[str], env: Mapping[str, str]) -> dict:
+    """``service`` started as a process of the stack (in its directory, its output appended to
+    ``logs/<service>.log``); its record entry (:func:`~llog_tools.stack.processes.start_process`)."""
     return start_process(cmd, paths.log(service), paths.root, env)
