@@ -6,8 +6,8 @@ setup(
     description="A Spark-first leaderless log (diskless Kafka): record bytes in S3, offsets and index in Oxia.",
     python_requires=">=3.11,<3.12",
     # compaction_job too: its Spark tasks import it on the executors (databricks.yml installs this wheel).
-    packages=find_packages(include=["llog", "llog.*", "llog_tools", "llog_sink", "llog_sink.*", "llog_source", "llog_source.*",
-                                    "pyspark_llog", "compaction_job", "broker_lite"]),
+    packages=find_packages(include=["llog", "llog.*", "llog_tools", "llog_tools.*", "llog_sink", "llog_sink.*",
+                                    "llog_source", "llog_source.*", "pyspark_llog", "compaction_job", "broker_lite"]),
     # No pyspark here: a cluster (Databricks, any Spark >= 4.0) keeps its own; `llog[spark]` brings
     # the versions this project is tested with (`make` installs it).
     install_requires=[

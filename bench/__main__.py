@@ -13,6 +13,7 @@ from pathlib import Path
 
 from llog.config import Config
 from llog_tools import local_stack
+from llog_tools.stack import build, network
 from llog_tools import progress as llog_progress
 
 CASES = {"core": "bench.core", "sink": "bench.sink", "source": "bench.source",
@@ -35,11 +36,11 @@ def main(argv: list[str] | None = None) -> int:
     with llog_progress.task(f"bench: {', '.join(cases)}", total=len(cases), unit="cases") as done, \
             tempfile.TemporaryDirectory(prefix="llog-bench-") as tmp:
         with llog_progress.task("bench: installing the local stack (unless installed)"):
-            local_stack.install()
+            build.install()
         stack_dir = Path(tmp) / "stack"
         print(f"bench: starting a private stack in {stack_dir}", file=sys.stderr)
         with llog_progress.task("bench: starting the local stack"):
-            local_stack.up(stack_dir=stack_dir, ports=local_stack.free_ports())
+            local_stack.up(stack_dir=stack_dir, ports=network.free_ports())
         try:
             config = Config.load(env={}, settings_path=stack_dir / "settings.json")
             for case in cases:

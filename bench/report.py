@@ -194,7 +194,7 @@ def check_landed(what: str, landed: int, sent: int, cut: int = 0, whole: bool = 
 
 def s3_server_marker(endpoint_url: str) -> str:
     """What the local stack's S3 server (versitygw) has in its command line when it serves
-    ``endpoint_url``: its listen address (``llog_tools.local_stack``)."""
+    ``endpoint_url``: its listen address (``llog_tools.stack.s3_server``)."""
     parts = urlsplit(endpoint_url)
     return f"--port {parts.hostname}:{parts.port} "
 

@@ -52,7 +52,7 @@ from llog.errors import (
 )
 from llog.gc import gc_pass
 from llog.keys import TopicPartition
-from llog_tools.local_stack import PARTITION_HEADER
+from llog_tools.stack.haproxy import PARTITION_HEADER
 from llog.reader import LogReader, ReadRequest
 from llog.topics import create_topic, delete_topic, read_topic
 from llog.writer import AppendGroup, LogWriter

@@ -25,6 +25,9 @@ import httpx
 
 from chaos.actors import BETWEEN_COMPACTION_STEPS, ROLES, record_value
 from llog_tools import local_stack
+from llog_tools.stack import build, network
+from llog_tools.stack.haproxy import HAPROXY, haproxy_config, read_haproxy_stats
+from llog_tools.stack.oxia_server import oxia_problem
 from llog.clock import ShiftedClock
 from llog.compactor import Compactor
 from llog.config import Config
@@ -241,9 +244,9 @@ class OxiaServer:
     starts one), restarted in place (same ports and data) by the chaos."""
 
     def __init__(self, directory: Path, shards: int):
-        self.ports = local_stack.free_ports()
+        self.ports = network.free_ports()
         self.address = f"127.0.0.1:{self.ports.oxia}"
-        self.command = [str(local_stack.install()["oxia"]), "standalone", "--shards", str(shards),
+        self.command = [str(build.install()["oxia"]), "standalone", "--shards", str(shards),
                         "-p", self.address, "-m", f"127.0.0.1:{self.ports.oxia_metrics}",
                         "--data-dir", str(directory / "data"), "--wal-dir", str(directory / "wal")]
         self.log = directory / "oxia.log"
@@ -256,7 +259,7 @@ class OxiaServer:
             self.proc = subprocess.Popen(self.command, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
                                          start_new_session=True)
         deadline = time.monotonic() + 60
-        while (problem := local_stack._oxia_problem(self.ports)) is not None:  # the stack's own health probe
+        while (problem := oxia_problem(self.ports)) is not None:  # the stack's own health probe
             if self.proc.poll() is not None or time.monotonic() > deadline:
                 raise RuntimeError(f"oxia did not start: {problem}; see {self.log}")
             time.sleep(0.1)
@@ -276,13 +279,13 @@ class OxiaServer:
 
 class Balancer:
     """HAProxy in front of the run's brokers, configured as ``llog stack up --brokers N`` does
-    (:func:`llog_tools.local_stack.haproxy_config`: a partition's requests go to one broker, by the
+    (:func:`llog_tools.stack.haproxy.haproxy_config`: a partition's requests go to one broker, by the
     consistent hash of ``X-Llog-Partition``, and to another while that one is down)."""
 
     def __init__(self, directory: Path, port: int, stats_port: int, brokers: dict[str, int]):
         directory.mkdir(parents=True)
         self.config = directory / "haproxy.cfg"
-        self.config.write_text(local_stack.haproxy_config(port, stats_port, [
+        self.config.write_text(haproxy_config(port, stats_port, [
             {"name": name, "port": p, "role": "both"} for name, p in brokers.items()], split_roles=False))
         self.log = directory / "haproxy.log"
         self.stats_url = f"http://127.0.0.1:{stats_port}/stats"
@@ -290,12 +293,12 @@ class Balancer:
 
     def start(self) -> None:
         with open(self.log, "ab") as log:
-            self.proc = subprocess.Popen([local_stack.HAPROXY, "-db", "-f", str(self.config)], stdin=subprocess.DEVNULL,
+            self.proc = subprocess.Popen([HAPROXY, "-db", "-f", str(self.config)], stdin=subprocess.DEVNULL,
                                          stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
 
     def requests(self) -> dict[str, int]:
         """The requests it sent each broker (HAProxy's statistics)."""
-        return {row["svname"]: int(row["stot"] or 0) for row in local_stack.read_haproxy_stats(self.stats_url)
+        return {row["svname"]: int(row["stot"] or 0) for row in read_haproxy_stats(self.stats_url)
                 if row.get("svname") not in ("FRONTEND", "BACKEND") and row.get("pxname") == "brokers"}
 
     def stop(self) -> None:
@@ -1158,7 +1161,7 @@ def main(argv: list[str] | None = None) -> int:
         stack_dir, oxia, run = None, None, None
         if args.settings is None:
             stack_dir = Path(tmp) / "stack"
-            local_stack.up(stack_dir=stack_dir, ports=local_stack.free_ports(), oxia_cluster=not args.oxia_standalone,
+            local_stack.up(stack_dir=stack_dir, ports=network.free_ports(), oxia_cluster=not args.oxia_standalone,
                            oxia_shards=_OXIA_SHARDS)
         try:
             config = Config.load(env={}, settings_path=args.settings or stack_dir / "settings.json").replace(

@@ -25,8 +25,8 @@ from llog.coordination import Coordination
 from llog.describe import describe_topic
 from llog.errors import LlogError
 from llog.fence import fence, unfence
-from llog_tools import local_stack
 from llog_tools.describe import format_descriptions
+from llog_tools.stack.command import add_stack_command
 
 
 def _pass_gate(config: Config, coordination: Coordination, command: str, objects=None) -> None:
@@ -387,7 +387,7 @@ def _table(rows: list[tuple[str, ...]]) -> str:
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="llog", description="llog: a leaderless log on Oxia and S3.")
     sub = parser.add_subparsers(dest="command", required=True)
-    local_stack.add_stack_command(sub)
+    add_stack_command(sub)
 
     topics = sub.add_parser("topics", help="create, list, describe, alter and delete topics (docs/protocol.md section 10)"
                             ).add_subparsers(dest="topics_command", required=True)

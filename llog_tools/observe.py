@@ -33,7 +33,7 @@ from pathlib import Path
 
 from llog import config as llog_config
 from llog.errors import LlogError
-from llog_tools.local_stack import process_alive, start_process, stop_process, write_json
+from llog_tools.stack.processes import process_alive, start_process, stop_process, write_json
 
 HOST = "127.0.0.1"
 PROMETHEUS = "/usr/bin/prometheus"

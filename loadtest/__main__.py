@@ -14,6 +14,7 @@ from pathlib import Path
 from uuid import uuid4
 
 from llog_tools import local_stack
+from llog_tools.stack import build, network
 from llog.config import Config
 from loadtest import vegeta
 from loadtest.run import RESULTS_DIR, make_run_dir, progress, run
@@ -46,13 +47,13 @@ def main(argv: list[str] | None = None) -> int:
     scenarios = [SCENARIOS[n] if args.duration is None else SCENARIOS[n].replace(duration_s=args.duration)
                  for n in dict.fromkeys(names)]
     label = names[0] if len(set(names)) == 1 else ("all" if set(names) == set(SCENARIOS) else "mixed")
-    local_stack.install()
+    build.install()
     binary = vegeta.install()
     run_dir = make_run_dir(args.results_dir, label)
     with tempfile.TemporaryDirectory(prefix="llog-loadtest-") as tmp:
         stack_dir = run_dir / "stack" if args.keep else Path(tmp) / "stack"
         progress(f"run directory {run_dir}; starting a private stack in {stack_dir}")
-        info = local_stack.up(stack_dir=stack_dir, ports=local_stack.free_ports())
+        info = local_stack.up(stack_dir=stack_dir, ports=network.free_ports())
         try:
             config = Config.load(env={}, settings_path=stack_dir / "settings.json").replace(
                 root_prefix=f"loadtest-{uuid4().hex[:8]}")

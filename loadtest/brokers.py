@@ -21,7 +21,7 @@ from pathlib import Path
 
 import httpx
 
-from llog_tools import local_stack
+from llog_tools.stack.haproxy import HAPROXY, haproxy_config, read_haproxy_stats
 from llog.config import Config
 from llog.errors import LlogError
 
@@ -121,8 +121,8 @@ class Broker:
 
 @dataclass
 class Balancer:
-    """HAProxy (``llog_tools.local_stack.HAPROXY``) in front of ``brokers``, configured as ``llog stack
-    up --brokers N`` does (:func:`llog_tools.local_stack.haproxy_config`): a request with the header
+    """HAProxy (``llog_tools.stack.haproxy.HAPROXY``) in front of ``brokers``, configured as ``llog stack
+    up --brokers N`` does (:func:`llog_tools.stack.haproxy.haproxy_config`): a request with the header
     ``X-Llog-Partition`` goes to the broker its consistent hash picks, one without it round robin."""
 
     name: str
@@ -143,10 +143,10 @@ class Balancer:
     def start(self) -> "Balancer":
         self.port, self.stats_port = free_port(), free_port()
         config = self.log_dir / f"{self.name}.cfg"
-        config.write_text(local_stack.haproxy_config(self.port, self.stats_port, [
+        config.write_text(haproxy_config(self.port, self.stats_port, [
             {"name": f"broker-{b.name}", "port": b.port, "role": "both"} for b in self.brokers], split_roles=False))
         with open(self.log_dir / f"{self.name}.log", "ab") as log:
-            self.proc = subprocess.Popen([local_stack.HAPROXY, "-db", "-f", str(config)], stdin=subprocess.DEVNULL,
+            self.proc = subprocess.Popen([HAPROXY, "-db", "-f", str(config)], stdin=subprocess.DEVNULL,
                                          stdout=log, stderr=subprocess.STDOUT)
         deadline = time.monotonic() + _START_TIMEOUT_S
         while True:
@@ -162,7 +162,7 @@ class Balancer:
             time.sleep(0.1)
 
     def stats(self) -> list[dict[str, str]]:
-        return local_stack.read_haproxy_stats(self.stats_url)
+        return read_haproxy_stats(self.stats_url)
 
     def server_requests(self) -> dict[str, int]:
         """Requests sent to each broker so far (``stot``), and 5xx answers (``hrsp_5xx``) as ``<name>_5xx``."""

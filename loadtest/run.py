@@ -47,7 +47,7 @@ from llog.errors import PartitionNotInitialized
 from llog.reader import LogReader
 from llog.topics import create_topic
 from loadtest import probe, vegeta
-from llog_tools.local_stack import PARTITION_HEADER
+from llog_tools.stack.haproxy import PARTITION_HEADER
 from loadtest.brokers import COUNTERS, Balancer, Broker, MetricsSampler, counter_delta, cpu_seconds
 from loadtest.scenarios import Scenario, consume_body, produce_body
 

@@ -28,7 +28,7 @@ import numpy as np
 
 from llog import config
 from llog.errors import ConfigError, LlogError
-from llog_tools.local_stack import _locked  # the install lock the Oxia build takes, one implementation
+from llog_tools.stack.processes import locked  # the install lock the Oxia build takes, one implementation
 
 VERSION = "v12.12.0"
 MODULE = "github.com/tsenart/vegeta/v12"
@@ -45,7 +45,7 @@ def install(home: Path | None = None) -> Path:
     bin_dir = (Path(home) if home else config.llog_home()) / "bin"
     bin_dir.mkdir(parents=True, exist_ok=True)
     binary, stamp = bin_dir / "vegeta", bin_dir / "vegeta.build"
-    with _locked(bin_dir / ".install.lock", _INSTALL_TIMEOUT_S, "an install"):
+    with locked(bin_dir / ".install.lock", _INSTALL_TIMEOUT_S, "an install"):
         if stamp.is_file() and stamp.read_text().strip() == VERSION and _runs([str(binary), "-version"]):
             return binary
         go = shutil.which("go") or ("/usr/local/go/bin/go" if Path("/usr/local/go/bin/go").is_file() else None)

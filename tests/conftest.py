@@ -9,7 +9,9 @@ import pytest
 
 from llog import failpoints
 from llog.config import Config
-from llog_tools.local_stack import down, free_ports, install, up
+from llog_tools.local_stack import down, up
+from llog_tools.stack.build import install
+from llog_tools.stack.network import free_ports
 
 _INTEGRATION_DIR = Path(__file__).parent / "integration"
 

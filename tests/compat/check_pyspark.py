@@ -102,7 +102,8 @@ def main(argv: list[str] | None = None) -> int:
     for version in args.versions:
         if not version[:1].isdigit() or not set(version) <= _VERSION_CHARS:
             parser.error(f"{version!r} is not a pyspark version like 4.0.5")
-    from llog_tools.local_stack import down, free_ports, up
+    from llog_tools.local_stack import down, up
+    from llog_tools.stack.network import free_ports
 
     COMPAT_DIR.mkdir(parents=True, exist_ok=True)
     results = []

@@ -10,7 +10,8 @@ import pytest
 
 from llog.reader import LogReader
 from llog.writer import LogWriter
-from llog_tools import local_stack
+from llog_tools.stack import build, network
+from llog_tools.stack.oxia_server import oxia_problem
 from tests.conftest import TEST_DEFAULT_PARTITIONS
 from tests.helpers.broker_process import run_broker
 
@@ -44,8 +45,8 @@ def broker(module_config):
 def _four_shard_oxia_address(tmp_path_factory) -> str:
     """An Oxia server of its own with four shards (the stack's has one), on a free port, started
     once for the test session: each test keeps to its own root prefix (``config``)."""
-    binary = local_stack.install()["oxia"]
-    ports = local_stack.free_ports()
+    binary = build.install()["oxia"]
+    ports = network.free_ports()
     address = f"127.0.0.1:{ports.oxia}"
     data = tmp_path_factory.mktemp("four-shard-oxia")
     server = subprocess.Popen(
@@ -54,7 +55,7 @@ def _four_shard_oxia_address(tmp_path_factory) -> str:
         stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT)
     try:
         deadline = time.monotonic() + 30
-        while (problem := local_stack._oxia_problem(ports)) is not None:  # the stack's own health probe
+        while (problem := oxia_problem(ports)) is not None:  # the stack's own health probe
             assert server.poll() is None and time.monotonic() < deadline, f"oxia did not start: {problem}"
             time.sleep(0.1)
         yield address

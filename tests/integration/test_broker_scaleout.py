@@ -19,7 +19,12 @@ import pytest
 from llog_tools import local_stack
 from llog.config import Config
 from llog.coordination import Coordination
-from llog_tools.local_stack import BROKER_HEADER, PARTITION_HEADER, add_stack_command, down, free_ports, install, up
+from llog_tools.local_stack import down, up
+from llog_tools.stack.brokers import kill_broker, start_broker
+from llog_tools.stack.build import install
+from llog_tools.stack.command import add_stack_command
+from llog_tools.stack.haproxy import BROKER_HEADER, PARTITION_HEADER, haproxy_stats
+from llog_tools.stack.network import free_ports
 from llog.topics import create_topic
 from loadtest.run import make_run_dir, run
 from loadtest.scenarios import SCENARIOS
@@ -113,7 +118,7 @@ def test_through_the_balancer_a_partition_stays_on_one_broker(stack_dir: Path) -
             assert _metric(next(b["url"] for b in brokers if b["name"] == owners[p]),
                            "consume_blob_cache_hits_total") - hits[owners[p]] == 4
     assert len(set(owners.values())) > 1, f"6 partitions, all on one broker: {owners}"
-    by_server = {r["svname"]: r for r in local_stack.haproxy_stats(stack_dir) if r["pxname"] == "brokers"}
+    by_server = {r["svname"]: r for r in haproxy_stats(stack_dir) if r["pxname"] == "brokers"}
     assert all(by_server[b["name"]]["status"] == "UP" for b in brokers)
 
 
@@ -171,12 +176,12 @@ def test_a_broker_killed_under_load_loses_no_acknowledged_record(stack_dir: Path
         _wait_for(lambda: all(len(a) >= 5 for a in acked.values()), 60, "5 acks per partition before the kill")
         victim = acked[0][-1][3]  # the broker partition 0 is routed to
         before, at_kill = sum(map(len, acked.values())), len(acked[0])
-        killed = local_stack.kill_broker(stack_dir, victim)
+        killed = kill_broker(stack_dir, victim)
         _wait_for(lambda: sum(map(len, acked.values())) >= before + 60 and len(acked[0]) >= at_kill + 10, 60,
                   f"60 acks, 10 of partition 0, with {victim} down")
         assert next(b for b in local_stack.status(stack_dir)["brokers"] if b["name"] == victim)["pid"] is None
         during = len(acked[0])
-        restarted = local_stack.start_broker(stack_dir, victim)
+        restarted = start_broker(stack_dir, victim)
         assert restarted["pid"] != killed["pid"]
         after = sum(map(len, acked.values()))
         _wait_for(lambda: sum(map(len, acked.values())) >= after + 60, 60, "60 acks after the restart")

@@ -19,7 +19,8 @@ from llog import process_clients
 from llog.config import Config
 from llog.coordination import Coordination
 from llog.errors import CoordinationError, LlogError, StorageError
-from llog_tools.local_stack import HOST, down, free_ports, restart_service, status, up
+from llog_tools.local_stack import down, restart_service, status, up
+from llog_tools.stack.network import HOST, free_ports
 from llog.objects import ObjectStore
 from llog.reader import LogReader
 from llog.writer import LogWriter

@@ -11,7 +11,6 @@ import pytest
 
 from llog.coordination import Coordination
 from llog.errors import VersionConflict
-from llog_tools import local_stack
 
 
 @pytest.fixture

@@ -16,22 +16,14 @@ import httpx
 import oxia
 import pytest
 
-from llog_tools import local_stack
 from llog.config import Config
 from llog.errors import LlogError
-from llog_tools.local_stack import (
-    DEFAULT_PORTS,
-    S3_ACCESS_KEY_ID,
-    S3_SECRET_ACCESS_KEY,
-    S3_SERVER_VERSION,
-    add_stack_command,
-    down,
-    free_ports,
-    install,
-    resolve_ports,
-    status,
-    up,
-)
+from llog_tools.local_stack import down, status, up
+from llog_tools.stack import processes
+from llog_tools.stack.build import S3_SERVER_VERSION, install
+from llog_tools.stack.command import add_stack_command, print_status
+from llog_tools.stack.network import DEFAULT_PORTS, free_ports, resolve_ports
+from llog_tools.stack.s3_server import S3_ACCESS_KEY_ID, S3_SECRET_ACCESS_KEY
 from tests.helpers.broker_process import free_port
 from tests.helpers.processes import processes_using
 
@@ -154,7 +146,7 @@ def test_brokers_behind_the_balancer_each_run_a_kafka_listener(tmp_path: Path, c
         assert info["broker"]["kafka_bootstrap"] == ",".join(listeners), info["broker"]
         assert [(b["name"], b["kafka_port"]) for b in info["brokers"]] == [
             ("broker-0", kafka_port), ("broker-1", kafka_port + 1)]
-        local_stack._print_status(status(tmp_path))
+        print_status(status(tmp_path))
         assert f"Kafka bootstrap {','.join(listeners)}" in capsys.readouterr().out
 
         for bootstrap in listeners:  # each names both brokers, once it scanned the registry (every 2 s)
@@ -228,7 +220,7 @@ def test_a_pid_once_used_by_a_child_of_this_process_is_checked_in_proc(tmp_path:
     exited = subprocess.Popen(["/bin/true"])
     exited.wait()
     other = subprocess.Popen(["/bin/sleep", "300"])  # has the number the exited child had
-    local_stack._children[other.pid] = exited
+    processes.children[other.pid] = exited
     try:
         (tmp_path / "stack.json").write_text(json.dumps({
             "bucket": "llog", "ports": asdict(ports),
@@ -239,7 +231,7 @@ def test_a_pid_once_used_by_a_child_of_this_process_is_checked_in_proc(tmp_path:
         assert down(tmp_path) == [f"oxia (pid {other.pid})"]
         assert other.wait(timeout=10) is not None
     finally:
-        local_stack._children.pop(other.pid, None)
+        processes.children.pop(other.pid, None)
         other.kill()
         other.wait()
 
@@ -286,7 +278,7 @@ def test_a_process_is_alive_from_the_moment_popen_returns() -> None:
     try:
         for _ in range(50):
             started.append(subprocess.Popen(["/bin/sleep", "30"]))
-            if not local_stack._alive(started[-1].pid, "/bin/sleep"):
+            if not processes.pid_alive(started[-1].pid, "/bin/sleep"):
                 taken_for_dead.append(started[-1].pid)
         assert taken_for_dead == []
     finally:
@@ -303,10 +295,10 @@ def test_a_process_whose_binary_was_replaced_is_still_alive(tmp_path: Path) -> N
     try:
         binary.unlink()
         shutil.copy("/bin/sleep", binary)
-        assert local_stack._alive(proc.pid, str(binary))
+        assert processes.pid_alive(proc.pid, str(binary))
         proc.kill()
         proc.wait()
-        assert not local_stack._alive(proc.pid, str(binary))
+        assert not processes.pid_alive(proc.pid, str(binary))
     finally:
         proc.kill()
         proc.wait()

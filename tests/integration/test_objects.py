@@ -31,7 +31,7 @@ def test_get_whole_and_ranges_with_the_object_size(objects, config):
 
 
 def test_ranges_of_a_large_object_are_exact_also_when_read_at_once(objects, config):
-    """The local S3 server sends ranges with sendfile (``llog_tools.local_stack.S3_SERVER_PATCH``):
+    """The local S3 server sends ranges with sendfile (``llog_tools.stack.build.S3_SERVER_PATCH``):
     each range has exactly its bytes, from any offset, to the end or not, concurrently too."""
     data = os.urandom(9 * 1024 * 1024 + 123)
     uri = objects.put(f"{config.root_prefix}/large", data)

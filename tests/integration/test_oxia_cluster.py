@@ -24,11 +24,7 @@ from llog.config import Config
 from llog.coordination import Coordination
 from llog.errors import LlogError
 from llog_tools.local_stack import (
-    OXIA_COORDINATOR,
-    OXIA_SERVERS,
     down,
-    free_ports,
-    install,
     kill_service,
     pause_service,
     resume_service,
@@ -36,6 +32,9 @@ from llog_tools.local_stack import (
     status,
     up,
 )
+from llog_tools.stack.build import install
+from llog_tools.stack.network import free_ports
+from llog_tools.stack.oxia_server import OXIA_COORDINATOR, OXIA_SERVERS
 from llog.reader import LogReader
 from llog.writer import LogWriter
 from tests.helpers.processes import processes_using
