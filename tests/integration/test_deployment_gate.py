@@ -284,7 +284,7 @@ def test_gc_with_a_grace_below_the_deployments_g_is_refused_and_deletes_nothing(
         time.sleep(1.2)
         with pytest.raises(GraceBelowG, match=rf"grace period 1 ms is below LLOG_GC_GRACE_MS={config.gc_grace_ms}"):
             gc_pass(w.coordination, w.objects, config.root_prefix, grace_ms=1)
-        with pytest.raises(GraceBelowG, match=rf"grace period 1000 ms is below LLOG_GC_GRACE_MS="):
+        with pytest.raises(GraceBelowG, match=r"grace period 1000 ms is below LLOG_GC_GRACE_MS="):
             collect_garbage(w.objects, config.root_prefix, set(), grace_ms=1000)
         w.commit_staged(staged)  # acknowledged: the blob is far younger than G/2
     with LogReader(config) as reader:
