@@ -222,6 +222,11 @@ class SinkPinChanged(LlogError):
     have changed it: nothing is changed; look at it again (docs/protocol.md section 9.1)."""
 
 
+class SinkWriteInFlight(LlogError):
+    """A foreachBatch write started while another write of the same label in the same micro-batch
+    was still running: both would get one sink id (docs/protocol.md section 9.1); nothing written."""
+
+
 class SinkBatchNotCommitted(LlogError):
     """An operator asked to remove a sink's pin whose cut is not wholly committed: a replay of
     its batch still needs it, so it is kept (docs/protocol.md section 9.1)."""
