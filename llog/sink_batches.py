@@ -33,8 +33,10 @@ move forward, never back.
 A replay whose rows truly differ is refused on every restart; the operator's way out is
 :func:`finish_pinned` (``llog sinks finish``): the pin is marked finished, by CAS on the version
 read, and its cut committed, so every later commit of that batch is a replay whatever its rows.
-A pin whose sink never commits again stays until the operator removes it (:func:`list_pins`,
-:func:`unpin_committed`): nothing here can know whether Spark may still replay its batch.
+A pin whose sink never commits again stays until the operator retires it (:func:`list_pins`,
+:func:`unpin_committed`): nothing here can know whether Spark may still replay its batch. A
+retired record keeps the batch id and references nothing: a commit of that batch commits
+nothing, an earlier batch is refused, a later one pins as usual.
 """
 
 from __future__ import annotations
@@ -44,6 +46,7 @@ import logging
 from collections.abc import Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, replace
+from typing import NamedTuple
 
 from llog import failpoints
 from llog.clock import Clock
@@ -54,7 +57,7 @@ from llog.coordination import EXPECTED_ABSENT, Coordination
 from llog.deployment import MAX_SKEW_FRACTION
 from llog.errors import (
     ClockSkew, CorruptRecord, LlogError, MaxRetriesExceeded, ObjectNotFound, SinkBatchMismatch, SinkBatchNotCommitted,
-    SinkBatchNotPinned, SinkPinChanged, StaleBlob, StorageError, VersionConflict,
+    SinkBatchNotPinned, SinkPinChanged, StaleBlob, StorageError, UnknownPartition, VersionConflict,
 )
 from llog.keys import parse_s3_uri, partition_keys, shared_wal_object, sink_cut_object, validate_group
 from llog.objects import ObjectStore
@@ -81,7 +84,14 @@ CUT_VERSION = 1
 
 
 class SinkBatchOutOfOrder(LlogError):
-    """A sink committed a batch older than the one it last pinned: not a replay Spark makes."""
+    """A sink committed a batch older than the one it last pinned (or retired): not a replay
+    Spark makes."""
+
+
+def sink_command(command: str, sink_id: str, batch_id: int, *flags: str) -> str:
+    """``llog sinks COMMAND --batch B [FLAGS] -- SINK_ID``: the command an error prints, runnable as
+    printed also for a sink id starting with '-' (section 9.1, "Commands an operator pastes")."""
+    return " ".join(["llog sinks", command, "--batch", str(batch_id), *flags, "--", sink_id])
 
 
 def sink_batch_key(root: str, sink_id: str) -> str:
@@ -112,7 +122,8 @@ class PinnedBatch:
     """``R/sinks/{sink_id}``: the slices of the sink's last batch, in commit order, and what its
     rows are (``rows``; None in a record v1.2 wrote). ``cut_uri``: the object the cut is in, when
     the record does not hold it. ``finished_at_ms``: when an operator finished the cut (every
-    commit of this batch is then a replay, whatever its rows; section 9.1)."""
+    commit of this batch is then a replay, whatever its rows; section 9.1). ``retired_at_ms``:
+    a RETIRED BATCH (section 9.1): no slices, no cut, ``pinned_at_ms`` is ``retired_at_ms``."""
 
     sink_id: str
     batch_id: int
@@ -122,6 +133,15 @@ class PinnedBatch:
     cut_uri: str | None = None
     cut_created_at_ms: int | None = None
     finished_at_ms: int | None = None
+    retired_at_ms: int | None = None
+
+    @classmethod
+    def retired(cls, sink_id: str, batch_id: int, retired_at_ms: int) -> "PinnedBatch":
+        """The RETIRED BATCH of ``batch_id``: it references nothing (section 9.1)."""
+        return cls(sink_id, batch_id, (), retired_at_ms, retired_at_ms=retired_at_ms)
+
+    def retired_json(self) -> bytes:
+        return _dump({"sink_id": self.sink_id, "batch_id": self.batch_id, "retired_at_ms": self.retired_at_ms})
 
     def _head(self) -> dict:
         head = {"sink_id": self.sink_id, "batch_id": self.batch_id, "pinned_at_ms": self.pinned_at_ms}
@@ -145,6 +165,8 @@ class PinnedBatch:
         try:
             obj = json.loads(raw)
             head = (str(obj["sink_id"]), int(obj["batch_id"]))
+            if "retired_at_ms" in obj:
+                return cls.retired(*head, int(obj["retired_at_ms"]))
             pinned_at_ms = int(obj["pinned_at_ms"])
             finished = None if obj.get("finished_at_ms") is None else int(obj["finished_at_ms"])
             if "cut_uri" in obj:
@@ -254,45 +276,93 @@ def unpin_unreadable(coordination: Coordination, objects: ObjectStore, root: str
 
 
 def _not_pinned(sink_id: str, pinned: PinnedBatch | None, batch_id: int) -> SinkBatchNotPinned:
-    held = "no pinned batch" if pinned is None else f"batch {pinned.batch_id} pinned"
+    if pinned is not None and pinned.batch_id == batch_id:  # retired
+        return SinkBatchNotPinned(f"sink {sink_id} batch {batch_id} is retired (its cut was committed; `llog sinks "
+                                  f"unpin --committed`): nothing done")
+    held = "no pinned batch" if pinned is None else f"batch {pinned.batch_id} " + (
+        "retired" if pinned.retired_at_ms is not None else "pinned")
     return SinkBatchNotPinned(f"sink {sink_id} has {held}, not batch {batch_id}: nothing done")
 
 
-def finish_pinned(coordination: Coordination, objects: ObjectStore, sink_id: str, batch_id: int, root: str,
+def finish_pinned(coordination: Coordination, objects: ObjectStore, config: Config, sink_id: str, batch_id: int,
                   clock: Clock) -> PinnedBatch:
     """Mark sink ``sink_id``'s pin of batch ``batch_id`` finished (section 9.1, ``llog sinks
     finish``): the record as it was plus ``finished_at_ms``, by CAS on the version read, so every
     later commit of that batch is a replay whatever its rows. The caller then commits the pinned
     cut (:func:`pin_batch` with ``replay_only``). :class:`SinkBatchNotPinned` unless the record
-    holds that batch; :class:`SinkPinChanged` when it changed after it was read. A pin already
-    finished is returned as it is."""
+    holds that batch (a retired one does not); :class:`UnknownPartition` when a partition of the
+    cut does not exist (nothing marked); :class:`SinkPinChanged` when it changed after it was
+    read. A pin already finished is returned as it is, and so is ours when the CAS's reply was
+    lost (:func:`_put_ours`)."""
+    root = config.root_prefix
     key = sink_batch_key(root, sink_id)
     found = coordination.get(key, SINKS_PARTITION_KEY)
     header = None if found is None else PinnedBatch.from_json(found.value, found.key)
-    if header is None or header.batch_id != batch_id:
+    if header is None or header.batch_id != batch_id or header.retired_at_ms is not None:
         raise _not_pinned(sink_id, header, batch_id)
+    pinned = read_cut(objects, header, key)
+    _check_cut_partitions(coordination, root, pinned)
     if header.finished_at_ms is not None:
-        return read_cut(objects, header, key)
+        return pinned
     finished = replace(header, finished_at_ms=clock.now_ms())
+    guard = None
     if header.cut_uri is not None:  # the same cut object: no reference is made or dropped
         value = finished.header_json()
     else:  # inline (a v1.2 record is written in the inline form, smaller than the one it replaces)
         finished = replace(finished, rows=_pinned_rows(header))
         value = finished.inline_json()
+        if len(value) > PINNED_INLINE_MAX_BYTES:  # the mark's bytes passed the budget (section 2)
+            created_at_ms = clock.now_ms()  # before the PUT, as a blob's
+            finished = replace(finished, cut_uri=objects.put(sink_cut_object(root), _dump(finished.body())),
+                               cut_created_at_ms=created_at_ms)
+            value = finished.header_json()
+
+            def guard() -> None:  # a new reference: the cut object, under the age rule (section 9.1)
+                check_blob_age(f"finishing batch {batch_id} of sink {sink_id}", finished.cut_uri,
+                               finished.cut_created_at_ms, config, clock, "run the command again")
     failpoints.hit("sink_batches.before_finish_cas")
-    try:
-        coordination.put(key, value, SINKS_PARTITION_KEY, found.version_id)
-    except VersionConflict:
-        raise SinkPinChanged(f"{key} changed while it was read (it held batch {batch_id} at version "
-                             f"{found.version_id}): nothing done; look at it again (`llog sinks list`)") from None
+    _put_ours(coordination, key, value, found.version_id, batch_id, "nothing done", guard)
     return read_cut(objects, finished, key)
+
+
+def _check_cut_partitions(coordination: Coordination, root: str, pinned: PinnedBatch) -> None:
+    """:class:`UnknownPartition` for the first partition of the cut its topic does not have now
+    (a topic re-created with fewer partitions, or deleted): the cut cannot be committed whole, so
+    nothing is marked (section 9.1); the error names ``llog topics alter``, the way out."""
+    for topic in sorted({s.topic for s in pinned.slices}):
+        found = read_topic(coordination, root, topic)
+        partitions = 0 if found is None else found.record.partitions
+        missing = sorted({s.partition for s in pinned.slices if s.topic == topic and s.partition >= partitions})
+        if missing:
+            raise UnknownPartition(topic, missing[0], partitions,
+                                   f"sink {pinned.sink_id} batch {pinned.batch_id}'s pinned cut has slices for "
+                                   f"partition(s) {missing}; nothing marked, nothing committed")
+
+
+def _put_ours(coordination: Coordination, key: str, value: bytes, version_id: int, batch_id: int, nothing: str,
+              guard=None) -> None:
+    """Write ``value`` to ``key`` by CAS on ``version_id``; when the CAS conflicts after an attempt
+    whose reply was lost (``outcome_unknown``), the record is read again and, if it holds
+    ``value``, our write landed (section 9.1, "A lost reply"). Else :class:`SinkPinChanged`."""
+    try:
+        coordination.put(key, value, SINKS_PARTITION_KEY, version_id, guard=guard)
+    except VersionConflict as e:
+        if e.outcome_unknown:
+            now = coordination.get(key, SINKS_PARTITION_KEY)
+            if now is not None and now.value == value:
+                log.info("%s: the reply of our write was lost; the record holds what we wrote", key)
+                return
+        raise SinkPinChanged(f"{key} changed while it was read (it held batch {batch_id} at version "
+                             f"{version_id}): {nothing}; look at it again (`llog sinks list`)") from None
 
 
 @dataclass(frozen=True)
 class PinSummary:
-    """One pinned record as ``llog sinks list`` shows it: its batch, age, and how much of its
-    cut the sink's progress covers (``committed`` of ``slices``); ``problem``: why it could not
-    be read (then only ``key`` is known)."""
+    """One record of ``R/sinks/`` as ``llog sinks list`` shows it: its batch, age, and how much of
+    its cut the sink's progress of that batch covers (``committed`` of ``slices``); ``later``: the
+    partitions whose progress is of a later batch (``{"t[0]": 7}``: nothing of this batch is
+    counted there, a commit of it would skip those slices); ``retired``: a RETIRED BATCH (no cut;
+    ``age_ms`` since it was retired); ``problem``: why it could not be read (then only ``key``)."""
 
     key: str
     sink_id: str | None = None
@@ -301,11 +371,13 @@ class PinSummary:
     slices: int = 0
     committed: int = 0
     finished: bool = False
+    retired: bool = False
+    later: dict[str, int] | None = None
     problem: str | None = None
 
 
 def list_pins(coordination: Coordination, objects: ObjectStore, root: str, clock: Clock) -> list[PinSummary]:
-    """Every pinned record under ``root`` (section 9.1, "How long a pin lives"), by sink id."""
+    """Every record under ``R/sinks/`` (section 9.1, "How long a pin lives"), by sink id."""
     start, end = sink_keys_range(root)
     out = []
     for v in coordination.range_scan(start, end, SINKS_PARTITION_KEY):
@@ -315,42 +387,54 @@ def list_pins(coordination: Coordination, objects: ObjectStore, root: str, clock
         except (CorruptRecord, StorageError) as e:
             out.append(PinSummary(v.key, problem=str(e)))
             continue
+        later = {f"{t}[{p}]": c.later_batch for (t, p), c in sorted(committed.items()) if c.later_batch is not None}
         out.append(PinSummary(v.key, pinned.sink_id, pinned.batch_id, clock.now_ms() - pinned.pinned_at_ms,
-                              len(pinned.slices), sum(c for c, _ in committed.values()),
-                              pinned.finished_at_ms is not None))
+                              len(pinned.slices), sum(c.committed for c in committed.values()),
+                              pinned.finished_at_ms is not None, pinned.retired_at_ms is not None, later or None))
     return out
 
 
 def unpin_committed(coordination: Coordination, objects: ObjectStore, config: Config, sink_id: str, batch_id: int,
                     clock: Clock) -> str:
-    """Delete sink ``sink_id``'s pin of batch ``batch_id`` if its cut is committed, by CAS on the
-    version read (section 9.1, ``llog sinks unpin --batch B --committed``): in each partition every
-    pinned slice is covered by the sink's progress, or the partition holds no progress of the sink
-    and the pin is older than ``LLOG_SINK_PROGRESS_RETENTION_MS`` (its entry expired: a replay
-    writes that partition's slices again with or without the pin). Only the operator knows that
-    Spark will not replay the batch (the query is gone, or its checkpoint's ``commits/`` holds it).
-    :class:`SinkBatchNotPinned`, :class:`SinkBatchNotCommitted` (kept), :class:`SinkPinChanged`:
-    nothing deleted."""
+    """Retire sink ``sink_id``'s pin of batch ``batch_id`` if its cut is committed (section 9.1,
+    ``llog sinks unpin --batch B --committed``): replace it, by CAS on the version read, with a
+    RETIRED BATCH, which references nothing and keeps the batch id, so a commit of that batch
+    commits nothing and an earlier one is refused. Committed: in each partition every pinned
+    slice is covered by the sink's progress of the batch (or the progress is of a later batch),
+    or the partition holds no progress of the sink while no partition of the cut holds live
+    progress of the batch and the pin is older than ``LLOG_SINK_PROGRESS_RETENTION_MS`` (every
+    entry of the batch expired). Only the operator knows that Spark will not replay the batch
+    (the query is gone, or its checkpoint's ``commits/`` holds it). A record already retired at
+    that batch is left as it is. :class:`SinkBatchNotPinned`, :class:`SinkBatchNotCommitted`
+    (kept), :class:`SinkPinChanged`: nothing written; a lost reply of our own CAS is success."""
     root = config.root_prefix
     key = sink_batch_key(root, sink_id)
     found = coordination.get(key, SINKS_PARTITION_KEY)
     pinned = None if found is None else read_cut(objects, PinnedBatch.from_json(found.value, found.key), key)
     if pinned is None or pinned.batch_id != batch_id:
         raise _not_pinned(sink_id, pinned, batch_id)
+    if pinned.retired_at_ms is not None:
+        return f"{key}: batch {batch_id} already retired; nothing done"
     committed = committed_slices(coordination, root, pinned)
+    live = any(c.committed for c in committed.values())
     expired = clock.now_ms() - pinned.pinned_at_ms > config.sink_progress_retention_ms
-    if any(0 < c < n or (c == 0 and not expired) for c, n in committed.values()):
-        raise SinkBatchNotCommitted(f"sink {sink_id} batch {batch_id}: {describe_committed(committed)}; a replay of "
-                                    f"the batch needs its pin, which is kept (a replay that differs: `llog sinks "
-                                    f"finish {sink_id} --batch {batch_id}`)")
+    exempt = expired and not live
+    if any(c.later_batch is None and c.committed < c.slices and (c.committed or not exempt)
+           for c in committed.values()):
+        why = ("" if not expired or not live else
+               f"; a partition without progress counts as done past LLOG_SINK_PROGRESS_RETENTION_MS only when no "
+               f"partition of the cut holds live progress of batch {batch_id}, and one does: the driver died between "
+               f"them")
+        raise SinkBatchNotCommitted(f"sink {sink_id} batch {batch_id}: {describe_committed(committed)}{why}; a replay "
+                                    f"of the batch needs its pin, which is kept (a replay that differs: "
+                                    f"`{sink_command('finish', sink_id, batch_id)}`)")
+    retired = PinnedBatch.retired(sink_id, batch_id, clock.now_ms())
     failpoints.hit("sink_batches.before_unpin_cas")
-    try:
-        coordination.delete(key, SINKS_PARTITION_KEY, expected_version=found.version_id)
-    except VersionConflict:
-        raise SinkPinChanged(f"{key} changed while it was read (it held batch {batch_id} at version "
-                             f"{found.version_id}): nothing deleted; look at it again (`llog sinks list`)") from None
-    return (f"{key}: deleted (batch {batch_id}, {len(pinned.slices)} slice(s), all committed); its blobs are "
-            f"collected once the index no longer names them. A replay of batch {batch_id} from now on pins its own cut")
+    _put_ours(coordination, key, retired.retired_json(), found.version_id, batch_id, "nothing retired")
+    return (f"{key}: retired (batch {batch_id}, {len(pinned.slices)} slice(s), all committed); its blobs are "
+            f"collected once the index no longer names them. A commit of batch {batch_id} from now on commits nothing, "
+            f"one of an earlier batch is refused (a new query needs its own llog.sink.id), batch {batch_id + 1} pins "
+            f"as usual")
 
 
 def pin_batch(coordination: Coordination, objects: ObjectStore, config: Config, sink_id: str, batch_id: int,
@@ -363,8 +447,9 @@ def pin_batch(coordination: Coordination, objects: ObjectStore, config: Config, 
 
     A pin of batch ``batch_id`` whose rows differ from this commit's is not its replay:
     :class:`SinkBatchMismatch`, unless an operator finished it (then this commit's rows are
-    dropped). Before ``slices`` are pinned, each blob's age is checked by the S3 server's clock too
-    (:func:`by_server_age`). ``replay_only``: pin nothing new, :class:`SinkBatchNotPinned` unless
+    dropped); a retired record of ``batch_id`` makes it a replay that commits nothing (``[]``;
+    an earlier batch than the retired one is :class:`SinkBatchOutOfOrder`). Before ``slices`` are
+    pinned, each blob's age is checked by the S3 server's clock too (:func:`by_server_age`). ``replay_only``: pin nothing new, :class:`SinkBatchNotPinned` unless
     batch ``batch_id`` is pinned (the operator's finish)."""
     key = sink_batch_key(config.root_prefix, sink_id)
     rows = rows_of(slices, sizes)
@@ -377,8 +462,21 @@ def pin_batch(coordination: Coordination, objects: ObjectStore, config: Config, 
         found = coordination.get(key, SINKS_PARTITION_KEY)
         current = read_cut(objects, PinnedBatch.from_json(found.value, found.key), key) if found is not None else None
         if current is not None and current.batch_id > batch_id:
+            if current.retired_at_ms is not None:
+                raise SinkBatchOutOfOrder(
+                    f"sink {sink_id} commits batch {batch_id}, but batch {current.batch_id} of sink {sink_id} was "
+                    f"retired (`llog sinks unpin --committed`): a new query under an old query's sink id? Give it a "
+                    f"new llog.sink.id: the old id's progress would have this query's batches up to "
+                    f"{current.batch_id} skipped. Nothing of batch {batch_id} is committed")
             raise SinkBatchOutOfOrder(f"sink {sink_id} commits batch {batch_id}, but batch {current.batch_id} was "
-                                      f"pinned before it: two queries share this sink id (checkpoint)?")
+                                      f"pinned before it: two queries share this sink id (checkpoint)? A new query "
+                                      f"needs a new llog.sink.id")
+        if current is not None and current.batch_id == batch_id and current.retired_at_ms is not None:
+            if replay_only:
+                raise _not_pinned(sink_id, current, batch_id)
+            log.info("sink %s batch %d was retired by an operator (committed): this replay commits nothing (%s dropped)",
+                     sink_id, batch_id, _describe(rows))
+            return []
         if current is not None and current.batch_id == batch_id:
             if current.finished_at_ms is None:
                 _check_replay(coordination, config.root_prefix, current, rows)
@@ -448,16 +546,27 @@ def _check_replay(coordination: Coordination, root: str, pinned: PinnedBatch, ro
         f"commit carries {_describe(rows)}: not a replay of it (a replay carries the same rows). {committed}. Nothing "
         f"of this write is committed. If two writes share this sink id, give each write of a micro-batch its own "
         f"(write_batch's name=). If this replay differs for good (the query's code changed, a non-deterministic "
-        f"column, a source that lost offsets), run `llog sinks finish {pinned.sink_id} --batch {pinned.batch_id}`: "
+        f"column, a source that lost offsets), run `{sink_command('finish', pinned.sink_id, pinned.batch_id)}`: "
         f"it commits the rest of the pinned cut, and the replay then goes through with none of its own rows of "
         f"batch {pinned.batch_id} (docs/spark-sink.md)")
 
 
+class PartitionCommitted(NamedTuple):
+    """How much of a pinned cut one partition holds: ``committed`` of its ``slices`` by the sink's
+    progress of the pinned batch; ``later_batch``: the batch of the progress when it is a later
+    one (then ``committed`` is 0: that progress counts slices of another batch)."""
+
+    committed: int
+    slices: int
+    later_batch: int | None = None
+
+
 def committed_slices(coordination: Coordination, root: str, pinned: PinnedBatch
-                     ) -> dict[tuple[str, int], tuple[int, int]]:
-    """Per partition of the pinned cut, ``(committed, slices)``: how many of its pinned slices
-    the sink's progress in that partition's ``meta/control`` covers (section 9.1), of how many.
-    A partition of a topic that does not exist, or that holds no progress of the sink, has none."""
+                     ) -> dict[tuple[str, int], PartitionCommitted]:
+    """Per partition of the pinned cut, how many of its pinned slices the sink's progress of the
+    pinned batch in that partition's ``meta/control`` covers (section 9.1), of how many, and the
+    batch of a later batch's progress there. A partition of a topic that does not exist, or that
+    holds no progress of the sink, has none."""
     totals: dict[tuple[str, int], int] = {}
     for s in pinned.slices:
         totals[(s.topic, s.partition)] = totals.get((s.topic, s.partition), 0) + 1
@@ -469,15 +578,20 @@ def committed_slices(coordination: Coordination, root: str, pinned: PinnedBatch
     out = {}
     for tp, total in totals.items():
         found = progress.get(tp)
-        out[tp] = (0 if found is None else total if found.batch_id > pinned.batch_id
-                   else min(found.slices, total) if found.batch_id == pinned.batch_id else 0, total)
+        if found is not None and found.batch_id > pinned.batch_id:
+            out[tp] = PartitionCommitted(0, total, found.batch_id)
+        else:
+            out[tp] = PartitionCommitted(min(found.slices, total) if found and found.batch_id == pinned.batch_id
+                                         else 0, total)
     return out
 
 
-def describe_committed(committed: Mapping[tuple[str, int], tuple[int, int]]) -> str:
-    done, total = sum(c for c, _ in committed.values()), sum(n for _, n in committed.values())
+def describe_committed(committed: Mapping[tuple[str, int], PartitionCommitted]) -> str:
+    done, total = sum(c.committed for c in committed.values()), sum(c.slices for c in committed.values())
     return (f"{done} of the pinned cut's {total} slice(s) are committed ("
-            + ", ".join(f"{t}[{p}]: {c} of {n}" for (t, p), (c, n) in sorted(committed.items())) + ")")
+            + ", ".join(f"{t}[{p}]: {c.committed} of {c.slices}" + (
+                "" if c.later_batch is None else f", the sink's progress there is of a later batch ({c.later_batch})")
+                        for (t, p), c in sorted(committed.items())) + ")")
 
 
 def _describe(rows: Rows) -> str:

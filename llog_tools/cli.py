@@ -170,7 +170,7 @@ def _sinks_finish(args) -> int:
     config = Config.load().require("oxia_service_address", "s3_bucket")
     with LogWriter(config) as writer:
         _pass_gate(config, writer.coordination, "sinks finish", writer.objects)
-        finish_pinned(writer.coordination, writer.objects, args.sink_id, args.batch, config.root_prefix, writer.clock)
+        finish_pinned(writer.coordination, writer.objects, config, args.sink_id, args.batch, writer.clock)
         try:
             pinned = pin_batch(writer.coordination, writer.objects, config, args.sink_id, args.batch, [], writer.clock,
                                replay_only=True)
@@ -204,12 +204,18 @@ def _sinks_list(args) -> int:
         return 0
     for p in pins:
         if p.problem is not None:
-            print(f"{p.key}: cannot be read ({p.problem}); `llog sinks unpin {p.key.rsplit('/', 1)[1]}`")
+            print(f"{p.key}: cannot be read ({p.problem}); `llog sinks unpin -- {p.key.rsplit('/', 1)[1]}`")
+            continue
+        if p.retired:
+            print(f"{p.sink_id}  batch {p.batch_id}  retired {p.age_ms / 3_600_000:.1f} h ago  (no cut: a commit of "
+                  f"batch {p.batch_id} commits nothing, an earlier one is refused)")
             continue
         state = "finished" if p.finished else "committed" if p.committed == p.slices else "half-committed" \
             if p.committed else "not committed"
+        later = "" if not p.later else "  progress of a later batch (" + ", ".join(
+            f"{b}) in {tp}" for tp, b in p.later.items()) + ": not counted as this batch's"
         print(f"{p.sink_id}  batch {p.batch_id}  pinned {p.age_ms / 3_600_000:.1f} h ago  {p.committed} of "
-              f"{p.slices} slice(s) committed  {state}")
+              f"{p.slices} slice(s) committed  {state}{later}")
     return 0
 
 
@@ -256,7 +262,7 @@ def _gc(args) -> int:
             print("\n".join(report.deleted_uris))
         for key in report.unreadable_pins:
             print(f"pinned sink batch {key} cannot be read: no WAL blob was deleted ({report.kept_for_unreadable_pins} "
-                  f"kept); fix it or remove it with `llog sinks unpin {key.rsplit('/', 1)[1]}`", file=sys.stderr)
+                  f"kept); fix it or remove it with `llog sinks unpin -- {key.rsplit('/', 1)[1]}`", file=sys.stderr)
     return 0
 
 
@@ -498,8 +504,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--batch", type=int, default=None, metavar="B",
                    help="with --committed: the batch the pin must hold (else nothing is deleted)")
     p.add_argument("--committed", action="store_true",
-                   help="delete a readable pin whose cut is committed; only when Spark will not replay batch B (the "
-                        "query is gone, or its checkpoint's commits/ holds B)")
+                   help="retire a readable pin whose cut is committed (a commit of B then commits nothing, an earlier "
+                        "batch is refused); only when Spark will not replay batch B (the query is gone, or its "
+                        "checkpoint's commits/ holds B). A sink id starting with '-' goes after '--'")
     p.set_defaults(func=_sinks_unpin)
     p = sinks.add_parser("finish", help="a replay of batch B that differs is refused (SinkBatchMismatch): commit the "
                                         "rest of the pinned cut and let the replay through without its own rows")

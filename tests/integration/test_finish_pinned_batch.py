@@ -74,7 +74,7 @@ def test_a_replay_with_other_rows_is_refused_until_the_operator_finishes_the_pin
     assert "sink q batch 4 was pinned with t: 6 record(s) of 12 byte(s)" in message
     assert "this commit carries t: 6 record(s) of 30 byte(s)" in message
     assert "1 of the pinned cut's 3 slice(s) are committed (t[0]: 1 of 3)" in message
-    assert "llog sinks finish q --batch 4" in message
+    assert "llog sinks finish --batch 4 -- q" in message
     assert _log(config) == rows[:2]
     assert llog_main(["sinks", "unpin", "q"]) == 1  # a readable pin is kept: not the way out
 
@@ -137,9 +137,9 @@ def test_finish_refuses_a_pin_that_changed_while_it_was_read(parts, capsys, hook
     assert (now.batch_id, now.finished_at_ms) == (5, None) and _log(config) == [b"a", b"b"]
 
 
-def test_list_shows_pins_and_unpin_committed_removes_only_a_committed_one(parts, capsys, hooks):
+def test_list_shows_pins_and_unpin_committed_retires_only_a_committed_one(parts, capsys, hooks):
     """Pins of sink ids never written again stay (docs/protocol.md section 9.1, "How long a pin
-    lives"): the operator sees them and removes one whose cut is committed, by CAS."""
+    lives"): the operator sees them and retires one whose cut is committed, by CAS."""
     config, writer, coordination, objects = parts
     half = pin_batch(coordination, objects, config, "q.t.1", 2, _cut(config, objects, [b"a", b"b"], 2), writer.clock)
     writer.commit_staged(half[:1], SinkBatch("q.t.1", 2))
@@ -167,23 +167,24 @@ def test_list_shows_pins_and_unpin_committed_removes_only_a_committed_one(parts,
     assert _pin(coordination, config, "q.t.0").batch_id == 3
     hooks.clear()
     assert llog_main(["sinks", "unpin", "q.t.0", "--batch", "3", "--committed"]) == 0
-    assert coordination.get(sink_batch_key(config.root_prefix, "q.t.0"), SINKS_PARTITION_KEY) is None
+    retired = _pin(coordination, config, "q.t.0")
+    assert (retired.batch_id, retired.slices) == (3, ()) and retired.retired_at_ms is not None
     assert _pin(coordination, config, "q.t.1").batch_id == 2  # the other is kept
     assert sorted(_log(config)) == [b"a", b"c", b"d", b"e"]
 
 
 def test_unpin_committed_takes_a_partition_without_progress_as_done_only_past_the_progress_retention(parts):
-    """A partition whose progress entry of the sink is gone (or never was) holds nothing of the
-    batch by the progress: a replay writes its slices there with or without the pin once the entry
-    expired, so the pin may go when it is older than LLOG_SINK_PROGRESS_RETENTION_MS, not before."""
+    """A cut none of whose partitions holds progress of the batch (every entry expired, or none was
+    ever written): the pin may be retired when it is older than LLOG_SINK_PROGRESS_RETENTION_MS,
+    not before (a live entry of the batch elsewhere: test_retire_pinned_batch.py)."""
     config, writer, coordination, objects = parts
     pin_batch(coordination, objects, config, "gone", 0, _cut(config, objects, [b"a"], 1), writer.clock)
     with pytest.raises(SinkBatchNotCommitted, match=r"0 of the pinned cut's 1 slice\(s\) are committed"):
         unpin_committed(coordination, objects, config, "gone", 0, writer.clock)
     later = ShiftedClock(config.sink_progress_retention_ms / 1000 + 60)
-    assert unpin_committed(coordination, objects, config, "gone", 0, later).endswith(
-        "A replay of batch 0 from now on pins its own cut")
-    assert coordination.get(sink_batch_key(config.root_prefix, "gone"), SINKS_PARTITION_KEY) is None
+    assert ": retired (batch 0, 1 slice(s), all committed)" in unpin_committed(
+        coordination, objects, config, "gone", 0, later)
+    assert _pin(coordination, config, "gone").retired_at_ms is not None
 
 
 def test_a_query_whose_code_changed_before_its_replay_goes_on_after_the_operator_finishes_the_batch(
@@ -203,7 +204,7 @@ def test_a_query_whose_code_changed_before_its_replay_goes_on_after_the_operator
     assert first.returncode == -signal.SIGKILL, f"not killed after a committed slice: {first.stderr[-3000:]}"
     changed = run("--value-prefix", "v2-")
     assert changed.returncode != 0 and "SinkBatchMismatch" in changed.stderr, changed.stderr[-3000:]
-    command = re.search(r"`(llog sinks finish \S+ --batch 0)`", changed.stderr)
+    command = re.search(r"`(llog sinks finish --batch 0 -- \S+)`", changed.stderr)
     assert command, changed.stderr[-3000:]
     assert re.search(r"[1-9]\d* of the pinned cut's \d+ slice\(s\) are committed", changed.stderr)
 
@@ -237,7 +238,7 @@ def test_a_finished_pin_long_after_the_crash_commits_copies_and_stays_finished(p
     rows = [f"x{i}".encode() for i in range(6)]
     first = pin_batch(coordination, objects, config, "q", 2, _cut(config, objects, rows, 2), writer.clock, {"t": 12})
     later = ShiftedClock(config.gc_grace_ms / 1000 * 0.6)
-    finish_pinned(coordination, objects, "q", 2, config.root_prefix, later)
+    finish_pinned(coordination, objects, config, "q", 2, later)
     copies = pin_batch(coordination, objects, config, "q", 2, [], later, replay_only=True)
     assert {s.wal_uri for s in copies}.isdisjoint({s.wal_uri for s in first})
     assert _pin(coordination, config, "q").finished_at_ms is not None
