@@ -449,8 +449,9 @@ def pin_batch(coordination: Coordination, objects: ObjectStore, config: Config, 
     :class:`SinkBatchMismatch`, unless an operator finished it (then this commit's rows are
     dropped); a retired record of ``batch_id`` makes it a replay that commits nothing (``[]``;
     an earlier batch than the retired one is :class:`SinkBatchOutOfOrder`). Before ``slices`` are
-    pinned, each blob's age is checked by the S3 server's clock too (:func:`by_server_age`). ``replay_only``: pin nothing new, :class:`SinkBatchNotPinned` unless
-    batch ``batch_id`` is pinned (the operator's finish)."""
+    pinned, each blob's age is checked by the S3 server's clock too (:func:`by_server_age`).
+    ``replay_only``: pin nothing new, :class:`SinkBatchNotPinned` unless batch ``batch_id`` is
+    pinned (the operator's finish)."""
     key = sink_batch_key(config.root_prefix, sink_id)
     rows = rows_of(slices, sizes)
     uris = list(dict.fromkeys(s.wal_uri for s in slices))

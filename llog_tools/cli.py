@@ -144,7 +144,7 @@ def _sinks_unpin(args) -> int:
     from llog.sink_batches import unpin_committed, unpin_unreadable
 
     if args.committed != (args.batch is not None):
-        print("llog: error: sinks unpin: --batch and --committed go together (a readable pin is removed only when "
+        print("llog: error: sinks unpin: --batch and --committed go together (a readable pin is retired only when "
               "its cut is committed)", file=sys.stderr)
         return 2
     config = Config.load().require("oxia_service_address", "s3_bucket")
@@ -499,7 +499,7 @@ def build_parser() -> argparse.ArgumentParser:
     sinks = sub.add_parser("sinks", help="pinned sink batches (docs/protocol.md section 9.1)"
                            ).add_subparsers(dest="sinks_command", required=True)
     p = sinks.add_parser("unpin", help="delete a sink's pinned batch record that cannot be read (GC keeps every WAL "
-                                       "blob while one exists); a readable one only with --batch B --committed")
+                                       "blob while one exists); retire a readable one with --batch B --committed")
     p.add_argument("sink_id")
     p.add_argument("--batch", type=int, default=None, metavar="B",
                    help="with --committed: the batch the pin must hold (else nothing is deleted)")
