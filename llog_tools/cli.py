@@ -212,8 +212,8 @@ def _sinks_list(args) -> int:
             continue
         state = "finished" if p.finished else "committed" if p.committed == p.slices else "half-committed" \
             if p.committed else "not committed"
-        later = "" if not p.later else "  progress of a later batch (" + ", ".join(
-            f"{b}) in {tp}" for tp, b in p.later.items()) + ": not counted as this batch's"
+        later = "" if not p.later else "  progress of a later batch in " + ", ".join(
+            f"{tp} (batch {b})" for tp, b in p.later.items()) + ": not counted as this batch's"
         print(f"{p.sink_id}  batch {p.batch_id}  pinned {p.age_ms / 3_600_000:.1f} h ago  {p.committed} of "
               f"{p.slices} slice(s) committed  {state}{later}")
     return 0

@@ -137,7 +137,7 @@ def test_list_reports_progress_of_a_later_batch_as_such(parts, capsys):
     pin_batch(coordination, objects, config, "job", 0, _cut(config, objects, [b"n", b"m"], 2), writer.clock, {"t": 2})
     assert llog_main(["sinks", "list"]) == 0
     listed = capsys.readouterr().out
-    assert "0 of 2 slice(s) committed" in listed and "progress of a later batch (7) in t[0]" in listed, listed
+    assert "0 of 2 slice(s) committed" in listed and "progress of a later batch in t[0] (batch 7)" in listed, listed
 
 
 def test_unpin_committed_keeps_a_half_committed_pin_past_the_retention(parts):
