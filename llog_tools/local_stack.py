@@ -61,7 +61,9 @@ pause and resume. What it runs lives in :mod:`llog_tools.stack`, one module a ro
 (the binaries), ``oxia_server`` (standalone and cluster), ``s3_server``, ``brokers`` (and their
 Kafka listeners), ``haproxy`` (the balancer), ``network`` (address, ports, probes), ``state``
 (the stack directory and ``stack.json``), ``processes`` (start, check, stop; the lock) and
-``command`` (``llog stack``).
+``command`` (``llog stack``). Scripts that drive a stack import its entry points from here:
+``up``, ``down``, ``status``, ``install``, ``free_ports``, ``StackPorts`` and the builds'
+stamps ``OXIA_BUILD``, ``S3_SERVER_BUILD``.
 """
 
 from __future__ import annotations
@@ -84,8 +86,8 @@ from llog_tools.stack.brokers import (
     start_single_broker,
     stop_brokers,
 )
-from llog_tools.stack.build import S3_SERVER_VERSION, install
-from llog_tools.stack.network import HOST, PORT_LABELS, StackPorts, port_free, resolve_ports
+from llog_tools.stack.build import OXIA_BUILD, S3_SERVER_BUILD, S3_SERVER_VERSION, install  # noqa: F401 (API)
+from llog_tools.stack.network import HOST, PORT_LABELS, StackPorts, free_ports, port_free, resolve_ports  # noqa: F401
 from llog_tools.stack.oxia_server import (
     OXIA_CLUSTER_SHARDS,
     OXIA_COORDINATOR,
