@@ -235,8 +235,9 @@ class SinkBatchNotCommitted(LlogError):
 class SinkFinishUnsafe(LlogError):
     """An operator asked to finish a pin whose commit could write rows wrongly: a partition of
     its cut holds no progress of the batch past the progress retention (committed then evicted
-    cannot be told from never committed), or a topic of its cut was deleted since the pin (its
-    rows belonged to the deleted topic). Nothing is marked (docs/protocol.md section 9.1)."""
+    cannot be told from never committed), or a topic of its cut was created after the pin (if
+    deleted and created again, its rows belonged to the deleted topic). Nothing is marked
+    (docs/protocol.md section 9.1)."""
 
 
 class SinkProgressFull(LlogError):

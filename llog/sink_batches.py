@@ -302,12 +302,13 @@ def finish_pinned(coordination: Coordination, objects: ObjectStore, config: Conf
     if header is None or header.batch_id != batch_id or header.retired_at_ms is not None:
         raise _not_pinned(sink_id, header, batch_id)
     pinned = read_cut(objects, header, key)
+    if header.finished_at_ms is None:
+        hazard = finish_hazard(coordination, config, pinned, committed_slices(coordination, root, pinned), clock)
+        if hazard is not None:
+            raise SinkFinishUnsafe(f"sink {sink_id} batch {batch_id}: {hazard}; nothing marked, nothing committed")
+    _check_cut_partitions(coordination, root, pinned)
     if header.finished_at_ms is not None:
         return pinned
-    hazard = finish_hazard(coordination, config, pinned, committed_slices(coordination, root, pinned), clock)
-    if hazard is not None:
-        raise SinkFinishUnsafe(f"sink {sink_id} batch {batch_id}: {hazard}; nothing marked, nothing committed")
-    _check_cut_partitions(coordination, root, pinned)
     finished = replace(header, finished_at_ms=clock.now_ms())
     guard = None
     if header.cut_uri is not None:  # the same cut object: no reference is made or dropped
@@ -471,9 +472,9 @@ def unpin_committed(coordination: Coordination, objects: ObjectStore, config: Co
     RETIRED BATCH, which references nothing and keeps the batch id, so a commit of that batch
     commits nothing and an earlier one is refused. Committed: in each partition every pinned
     slice is covered by the sink's progress of the batch (:func:`retire_verdict`; absent
-    progress is not evidence, at any age: it cannot be told from evicted). Only the operator knows that Spark will not replay the batch
-    (the query is gone, or its checkpoint's ``commits/`` holds it). A record already retired at
-    that batch is left as it is. :class:`SinkBatchNotPinned`, :class:`SinkBatchNotCommitted`
+    progress is not evidence, at any age: it cannot be told from evicted). Only the operator
+    knows that Spark will not replay the batch (the query is gone, or its checkpoint's
+    ``commits/`` holds it). A record already retired at that batch is left as it is. :class:`SinkBatchNotPinned`, :class:`SinkBatchNotCommitted`
     (kept), :class:`SinkPinChanged`: nothing written; a lost reply of our own CAS is success."""
     root = config.root_prefix
     key = sink_batch_key(root, sink_id)
