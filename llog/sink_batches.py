@@ -474,8 +474,9 @@ def unpin_committed(coordination: Coordination, objects: ObjectStore, config: Co
     slice is covered by the sink's progress of the batch (:func:`retire_verdict`; absent
     progress is not evidence, at any age: it cannot be told from evicted). Only the operator
     knows that Spark will not replay the batch (the query is gone, or its checkpoint's
-    ``commits/`` holds it). A record already retired at that batch is left as it is. :class:`SinkBatchNotPinned`, :class:`SinkBatchNotCommitted`
-    (kept), :class:`SinkPinChanged`: nothing written; a lost reply of our own CAS is success."""
+    ``commits/`` holds it). A record already retired at that batch is left as it is.
+    :class:`SinkBatchNotPinned`, :class:`SinkBatchNotCommitted` (kept), :class:`SinkPinChanged`:
+    nothing written; a lost reply of our own CAS is success."""
     root = config.root_prefix
     key = sink_batch_key(root, sink_id)
     found = coordination.get(key, SINKS_PARTITION_KEY)

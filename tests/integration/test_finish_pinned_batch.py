@@ -277,7 +277,8 @@ def test_finish_refuses_a_pin_past_the_retention_with_a_partition_without_progre
     replay = stage(objects, config, [AppendGroup("u", 0, [b"other"])], clock=later)
     with pytest.raises(SinkBatchMismatch) as refused:
         pin_batch(coordination, objects, config, "g", 5, replay, later, {"u": 5})
-    assert "llog sinks finish --batch" not in str(refused.value) and "cannot be told" in str(refused.value), refused.value
+    message = str(refused.value)
+    assert "llog sinks finish --batch" not in message and "cannot be told" in message, message
     assert _u_log(config, 1) == [b"p1", b"x"]
 
 
