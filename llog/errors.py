@@ -232,6 +232,14 @@ class SinkBatchNotCommitted(LlogError):
     its batch still needs it, so it is kept (docs/protocol.md section 9.1)."""
 
 
+class SinkFinishUnsafe(LlogError):
+    """An operator asked to finish a pin whose commit could write rows wrongly: a partition of
+    its cut holds no progress of the batch past the progress retention (committed then evicted
+    cannot be told from never committed), or a topic of its cut was created after the pin (if
+    deleted and created again, its rows belonged to the deleted topic). Nothing is marked
+    (docs/protocol.md section 9.1)."""
+
+
 class SinkProgressFull(LlogError):
     """A partition's ``meta/control.sinks`` holds its most entries, all of sinks that committed
     within the progress retention: a new sink's first commit there is refused, nothing written

@@ -57,7 +57,7 @@ from llog.coordination import EXPECTED_ABSENT, Coordination
 from llog.deployment import MAX_SKEW_FRACTION
 from llog.errors import (
     ClockSkew, CorruptRecord, LlogError, MaxRetriesExceeded, ObjectNotFound, SinkBatchMismatch, SinkBatchNotCommitted,
-    SinkBatchNotPinned, SinkPinChanged, StaleBlob, StorageError, UnknownPartition, VersionConflict,
+    SinkBatchNotPinned, SinkFinishUnsafe, SinkPinChanged, StaleBlob, StorageError, UnknownPartition, VersionConflict,
 )
 from llog.keys import parse_s3_uri, partition_keys, shared_wal_object, sink_cut_object, validate_group
 from llog.objects import ObjectStore
@@ -292,8 +292,9 @@ def finish_pinned(coordination: Coordination, objects: ObjectStore, config: Conf
     cut (:func:`pin_batch` with ``replay_only``). :class:`SinkBatchNotPinned` unless the record
     holds that batch (a retired one does not); :class:`UnknownPartition` when a partition of the
     cut does not exist (nothing marked); :class:`SinkPinChanged` when it changed after it was
-    read. A pin already finished is returned as it is, and so is ours when the CAS's reply was
-    lost (:func:`_put_ours`)."""
+    read. :class:`SinkFinishUnsafe` (nothing marked) when finishing could write rows wrongly
+    (:func:`finish_hazard`). A pin already finished is returned as it is, and so is ours when the
+    CAS's reply was lost (:func:`_put_ours`)."""
     root = config.root_prefix
     key = sink_batch_key(root, sink_id)
     found = coordination.get(key, SINKS_PARTITION_KEY)
@@ -301,6 +302,10 @@ def finish_pinned(coordination: Coordination, objects: ObjectStore, config: Conf
     if header is None or header.batch_id != batch_id or header.retired_at_ms is not None:
         raise _not_pinned(sink_id, header, batch_id)
     pinned = read_cut(objects, header, key)
+    if header.finished_at_ms is None:
+        hazard = finish_hazard(coordination, config, pinned, committed_slices(coordination, root, pinned), clock)
+        if hazard is not None:
+            raise SinkFinishUnsafe(f"sink {sink_id} batch {batch_id}: {hazard}; nothing marked, nothing committed")
     _check_cut_partitions(coordination, root, pinned)
     if header.finished_at_ms is not None:
         return pinned
@@ -323,6 +328,66 @@ def finish_pinned(coordination: Coordination, objects: ObjectStore, config: Conf
     failpoints.hit("sink_batches.before_finish_cas")
     _put_ours(coordination, key, value, found.version_id, batch_id, "nothing done", guard)
     return read_cut(objects, finished, key)
+
+
+def finish_hazard(coordination: Coordination, config: Config, pinned: PinnedBatch,
+                  committed: Mapping[tuple[str, int], PartitionCommitted], clock: Clock) -> str | None:
+    """Why committing the rest of ``pinned``'s cut on an operator's word (``llog sinks finish``)
+    could write rows wrongly, or None (section 9.1, "The operator finishes a pinned cut"): a topic
+    of the cut created after the pin, beyond the clock-skew bound (deleted and created again, the
+    rows would go into another incarnation; "A pin does not name its incarnation"), or a pin older
+    than the progress retention less that bound with a partition that holds no progress of the
+    batch (committed then evicted cannot be told from never committed: the slice would be written
+    twice). A pin younger than that cannot have lost an entry of its batch."""
+    skew_ms = int(config.gc_grace_ms * MAX_SKEW_FRACTION)
+    for topic in sorted({s.topic for s in pinned.slices}):
+        found = read_topic(coordination, config.root_prefix, topic)
+        if found is not None and found.record.created_at_ms > pinned.pinned_at_ms + skew_ms:
+            return (f"topic {topic!r} was created {found.record.created_at_ms - pinned.pinned_at_ms} ms after the "
+                    f"batch was pinned (more than the {skew_ms} ms clock-skew bound): if it was deleted and created "
+                    f"again, the batch's rows belonged to the deleted topic and finishing would write them into the "
+                    f"new one (if the batch's own commit created it, the query's replay still commits them)")
+    age_ms = clock.now_ms() - pinned.pinned_at_ms
+    if age_ms <= config.sink_progress_retention_ms - skew_ms:
+        return None
+    unknown = [f"{t}[{p}]" for (t, p), c in sorted(committed.items()) if c.committed == 0 and c.later_batch is None]
+    if not unknown:
+        return None
+    return (f"the pin is {age_ms} ms old, past LLOG_SINK_PROGRESS_RETENTION_MS "
+            f"({config.sink_progress_retention_ms} ms), and {', '.join(unknown)} hold(s) no progress of batch "
+            f"{pinned.batch_id}: committed then evicted (another sink's commit drops an expired entry) cannot be told "
+            f"from never committed, and finishing would write a committed slice a second time")
+
+
+class RetireVerdict(NamedTuple):
+    """Whether a pin may be retired (``kept`` None) or why it is kept, in the words both
+    ``llog sinks unpin --committed`` and ``llog sinks list`` print (section 9.1)."""
+
+    committed: Mapping[tuple[str, int], PartitionCommitted]
+    kept: str | None
+
+
+def retire_verdict(coordination: Coordination, config: Config, pinned: PinnedBatch, clock: Clock) -> RetireVerdict:
+    """Retirable only when the sink's progress of the pinned batch covers every slice of the cut,
+    in every partition (section 9.1, "How long a pin lives"). Else why it is kept: what is proven,
+    that absent progress cannot be told from evicted progress, what the pin costs (its blobs held
+    from GC: their count and the pinned slices' bytes), that the sink's next batch replaces it, and
+    ``llog sinks finish`` only where :func:`finish_hazard` allows it."""
+    committed = committed_slices(coordination, config.root_prefix, pinned)
+    if all(c.committed == c.slices for c in committed.values()):
+        return RetireVerdict(committed, None)
+    blobs = len({s.wal_uri for s in pinned.slices}) + (pinned.cut_uri is not None)
+    size = sum(s.body_length for s in pinned.slices)
+    kept = (f"{describe_committed(committed)}; only the sink's progress of batch {pinned.batch_id} proves a slice "
+            f"committed: a partition without it may never have been committed there, or committed with its progress "
+            f"evicted later (an entry older than LLOG_SINK_PROGRESS_RETENTION_MS is dropped by another sink's commit "
+            f"there), and the two cannot be told apart. The pin is kept: it keeps {blobs} blob(s) from GC "
+            f"({size} byte(s) of pinned slices) until sink {pinned.sink_id} commits batch {pinned.batch_id + 1}, "
+            f"which replaces it")
+    if pinned.finished_at_ms is None and finish_hazard(coordination, config, pinned, committed, clock) is None:
+        kept += (f" (to commit the rest of the cut now, as a replay would: "
+                 f"`{sink_command('finish', pinned.sink_id, pinned.batch_id)}`)")
+    return RetireVerdict(committed, kept)
 
 
 def _check_cut_partitions(coordination: Coordination, root: str, pinned: PinnedBatch) -> None:
@@ -362,7 +427,9 @@ class PinSummary:
     its cut the sink's progress of that batch covers (``committed`` of ``slices``); ``later``: the
     partitions whose progress is of a later batch (``{"t[0]": 7}``: nothing of this batch is
     counted there, a commit of it would skip those slices); ``retired``: a RETIRED BATCH (no cut;
-    ``age_ms`` since it was retired); ``problem``: why it could not be read (then only ``key``)."""
+    ``age_ms`` since it was retired); ``problem``: why it could not be read (then only ``key``);
+    ``kept``: why ``llog sinks unpin --committed`` would keep it (:func:`retire_verdict`), None
+    when it may be retired."""
 
     key: str
     sink_id: str | None = None
@@ -374,23 +441,27 @@ class PinSummary:
     retired: bool = False
     later: dict[str, int] | None = None
     problem: str | None = None
+    kept: str | None = None
 
 
-def list_pins(coordination: Coordination, objects: ObjectStore, root: str, clock: Clock) -> list[PinSummary]:
-    """Every record under ``R/sinks/`` (section 9.1, "How long a pin lives"), by sink id."""
-    start, end = sink_keys_range(root)
+def list_pins(coordination: Coordination, objects: ObjectStore, config: Config, clock: Clock) -> list[PinSummary]:
+    """Every record under ``R/sinks/`` (section 9.1, "How long a pin lives"), by sink id, with
+    :func:`retire_verdict`'s words where a pin is kept."""
+    start, end = sink_keys_range(config.root_prefix)
     out = []
     for v in coordination.range_scan(start, end, SINKS_PARTITION_KEY):
         try:
             pinned = read_cut(objects, PinnedBatch.from_json(v.value, v.key), v.key)
-            committed = committed_slices(coordination, root, pinned)
+            verdict = retire_verdict(coordination, config, pinned, clock)
         except (CorruptRecord, StorageError) as e:
             out.append(PinSummary(v.key, problem=str(e)))
             continue
+        committed = verdict.committed
         later = {f"{t}[{p}]": c.later_batch for (t, p), c in sorted(committed.items()) if c.later_batch is not None}
         out.append(PinSummary(v.key, pinned.sink_id, pinned.batch_id, clock.now_ms() - pinned.pinned_at_ms,
                               len(pinned.slices), sum(c.committed for c in committed.values()),
-                              pinned.finished_at_ms is not None, pinned.retired_at_ms is not None, later or None))
+                              pinned.finished_at_ms is not None, pinned.retired_at_ms is not None, later or None,
+                              kept=None if pinned.retired_at_ms is not None else verdict.kept))
     return out
 
 
@@ -400,13 +471,12 @@ def unpin_committed(coordination: Coordination, objects: ObjectStore, config: Co
     ``llog sinks unpin --batch B --committed``): replace it, by CAS on the version read, with a
     RETIRED BATCH, which references nothing and keeps the batch id, so a commit of that batch
     commits nothing and an earlier one is refused. Committed: in each partition every pinned
-    slice is covered by the sink's progress of the batch (or the progress is of a later batch),
-    or the partition holds no progress of the sink while no partition of the cut holds live
-    progress of the batch and the pin is older than ``LLOG_SINK_PROGRESS_RETENTION_MS`` (every
-    entry of the batch expired). Only the operator knows that Spark will not replay the batch
-    (the query is gone, or its checkpoint's ``commits/`` holds it). A record already retired at
-    that batch is left as it is. :class:`SinkBatchNotPinned`, :class:`SinkBatchNotCommitted`
-    (kept), :class:`SinkPinChanged`: nothing written; a lost reply of our own CAS is success."""
+    slice is covered by the sink's progress of the batch (:func:`retire_verdict`; absent
+    progress is not evidence, at any age: it cannot be told from evicted). Only the operator
+    knows that Spark will not replay the batch (the query is gone, or its checkpoint's
+    ``commits/`` holds it). A record already retired at that batch is left as it is.
+    :class:`SinkBatchNotPinned`, :class:`SinkBatchNotCommitted` (kept), :class:`SinkPinChanged`:
+    nothing written; a lost reply of our own CAS is success."""
     root = config.root_prefix
     key = sink_batch_key(root, sink_id)
     found = coordination.get(key, SINKS_PARTITION_KEY)
@@ -415,19 +485,9 @@ def unpin_committed(coordination: Coordination, objects: ObjectStore, config: Co
         raise _not_pinned(sink_id, pinned, batch_id)
     if pinned.retired_at_ms is not None:
         return f"{key}: batch {batch_id} already retired; nothing done"
-    committed = committed_slices(coordination, root, pinned)
-    live = any(c.committed for c in committed.values())
-    expired = clock.now_ms() - pinned.pinned_at_ms > config.sink_progress_retention_ms
-    exempt = expired and not live
-    if any(c.later_batch is None and c.committed < c.slices and (c.committed or not exempt)
-           for c in committed.values()):
-        why = ("" if not expired or not live else
-               f"; a partition without progress counts as done past LLOG_SINK_PROGRESS_RETENTION_MS only when no "
-               f"partition of the cut holds live progress of batch {batch_id}, and one does: the driver died between "
-               f"them")
-        raise SinkBatchNotCommitted(f"sink {sink_id} batch {batch_id}: {describe_committed(committed)}{why}; a replay "
-                                    f"of the batch needs its pin, which is kept (a replay that differs: "
-                                    f"`{sink_command('finish', sink_id, batch_id)}`)")
+    verdict = retire_verdict(coordination, config, pinned, clock)
+    if verdict.kept is not None:
+        raise SinkBatchNotCommitted(f"sink {sink_id} batch {batch_id}: {verdict.kept}")
     retired = PinnedBatch.retired(sink_id, batch_id, clock.now_ms())
     failpoints.hit("sink_batches.before_unpin_cas")
     _put_ours(coordination, key, retired.retired_json(), found.version_id, batch_id, "nothing retired")
@@ -480,7 +540,7 @@ def pin_batch(coordination: Coordination, objects: ObjectStore, config: Config, 
             return []
         if current is not None and current.batch_id == batch_id:
             if current.finished_at_ms is None:
-                _check_replay(coordination, config.root_prefix, current, rows)
+                _check_replay(coordination, config, current, rows, clock)
             elif slices and _differs(current, rows):
                 log.warning("sink %s batch %d: its pinned cut was finished by an operator; this commit's rows (%s) are "
                             "dropped, the pinned ones (%s) are the batch's", sink_id, batch_id, _describe(rows),
@@ -532,16 +592,25 @@ def _differs(pinned: PinnedBatch, rows: Rows) -> bool:
         for t in before)
 
 
-def _check_replay(coordination: Coordination, root: str, pinned: PinnedBatch, rows: Rows) -> None:
+def _check_replay(coordination: Coordination, config: Config, pinned: PinnedBatch, rows: Rows, clock: Clock) -> None:
     """A commit of a pinned ``(sink_id, batch_id)`` is its replay only if it carries the same
     rows; else :class:`SinkBatchMismatch`, naming both, how much of the pinned cut is committed
-    and the operator's way out (section 9.1)."""
+    and the operator's way out, ``llog sinks finish``, unless :func:`finish_hazard` refuses it
+    (then why, and no command; section 9.1)."""
     if not _differs(pinned, rows):
         return
     try:
-        committed = describe_committed(committed_slices(coordination, root, pinned))
+        found = committed_slices(coordination, config.root_prefix, pinned)
+        committed, hazard = describe_committed(found), finish_hazard(coordination, config, pinned, found, clock)
     except LlogError as e:
-        committed = f"how much of the pinned cut is committed could not be read ({e})"
+        committed, hazard = f"how much of the pinned cut is committed could not be read ({e})", None
+    if hazard is not None:
+        raise SinkBatchMismatch(
+            f"sink {pinned.sink_id} batch {pinned.batch_id} was pinned with {_describe(_pinned_rows(pinned))}; this "
+            f"commit carries {_describe(rows)}: not a replay of it (a replay carries the same rows). {committed}. "
+            f"Nothing of this write is committed. `llog sinks finish` is refused for this pin: {hazard}. A replay "
+            f"with the pinned rows goes through; a query whose rows changed for good needs a new llog.sink.id "
+            f"(docs/spark-sink.md)")
     raise SinkBatchMismatch(
         f"sink {pinned.sink_id} batch {pinned.batch_id} was pinned with {_describe(_pinned_rows(pinned))}; this "
         f"commit carries {_describe(rows)}: not a replay of it (a replay carries the same rows). {committed}. Nothing "

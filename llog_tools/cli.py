@@ -190,13 +190,13 @@ def _sinks_finish(args) -> int:
 def _sinks_list(args) -> int:
     from llog.clock import SYSTEM
     from llog.objects import ObjectStore
-    from llog.sink_batches import list_pins
+    from llog.sink_batches import list_pins, sink_command
 
     config = Config.load().require("oxia_service_address", "s3_bucket")
     objects = ObjectStore(config)
     try:
         with Coordination(config) as coordination:
-            pins = list_pins(coordination, objects, config.root_prefix, SYSTEM)
+            pins = list_pins(coordination, objects, config, SYSTEM)
     finally:
         objects.close()
     if args.json:
@@ -214,8 +214,10 @@ def _sinks_list(args) -> int:
             if p.committed else "not committed"
         later = "" if not p.later else "  progress of a later batch in " + ", ".join(
             f"{tp} (batch {b})" for tp, b in p.later.items()) + ": not counted as this batch's"
+        verdict = (f"  can be retired: `{sink_command('unpin', p.sink_id, p.batch_id, '--committed')}`"
+                   if p.kept is None else f"  kept: {p.kept}")
         print(f"{p.sink_id}  batch {p.batch_id}  pinned {p.age_ms / 3_600_000:.1f} h ago  {p.committed} of "
-              f"{p.slices} slice(s) committed  {state}{later}")
+              f"{p.slices} slice(s) committed  {state}{later}{verdict}")
     return 0
 
 

@@ -16,13 +16,17 @@ import pytest
 from llog.clock import ShiftedClock
 from llog.coordination import Coordination
 from llog.discovery import topic_partitions
-from llog.errors import SinkBatchMismatch, SinkBatchNotCommitted, SinkBatchNotPinned
+from llog.deployment import MAX_SKEW_FRACTION
+from llog.errors import (
+    OffsetOutOfRange, SinkBatchMismatch, SinkBatchNotCommitted, SinkBatchNotPinned, SinkFinishUnsafe,
+)
 from llog.gc import gc_pass
 from llog.objects import ObjectStore
 from llog.reader import LogReader, ReadRequest
 from llog.sink_batches import (
     SINKS_PARTITION_KEY, PinnedBatch, finish_pinned, pin_batch, sink_batch_key, unpin_committed,
 )
+from llog.topics import create_topic, delete_topic
 from llog.writer import AppendGroup, LogWriter, SinkBatch, stage
 from llog_tools.cli import main as llog_main
 from tests.helpers import driver_process
@@ -173,20 +177,6 @@ def test_list_shows_pins_and_unpin_committed_retires_only_a_committed_one(parts,
     assert sorted(_log(config)) == [b"a", b"c", b"d", b"e"]
 
 
-def test_unpin_committed_takes_a_partition_without_progress_as_done_only_past_the_progress_retention(parts):
-    """A cut none of whose partitions holds progress of the batch (every entry expired, or none was
-    ever written): the pin may be retired when it is older than LLOG_SINK_PROGRESS_RETENTION_MS,
-    not before (a live entry of the batch elsewhere: test_retire_pinned_batch.py)."""
-    config, writer, coordination, objects = parts
-    pin_batch(coordination, objects, config, "gone", 0, _cut(config, objects, [b"a"], 1), writer.clock)
-    with pytest.raises(SinkBatchNotCommitted, match=r"0 of the pinned cut's 1 slice\(s\) are committed"):
-        unpin_committed(coordination, objects, config, "gone", 0, writer.clock)
-    later = ShiftedClock(config.sink_progress_retention_ms / 1000 + 60)
-    assert ": retired (batch 0, 1 slice(s), all committed)" in unpin_committed(
-        coordination, objects, config, "gone", 0, later)
-    assert _pin(coordination, config, "gone").retired_at_ms is not None
-
-
 def test_a_query_whose_code_changed_before_its_replay_goes_on_after_the_operator_finishes_the_batch(
         config, reader, tmp_path):
     """End to end with Spark: the driver dies after a slice of batch 0 is committed; the query is
@@ -249,3 +239,65 @@ def test_a_finished_pin_long_after_the_crash_commits_copies_and_stays_finished(p
     assert _log(config) == rows
     with pytest.raises(SinkBatchNotPinned, match="sink q has batch 2 pinned, not batch 3: nothing done"):
         pin_batch(coordination, objects, config, "q", 3, [], later, replay_only=True)
+
+
+def _u_committed(parts, sink_id: str, batch_id: int, partitions: int = 2) -> None:
+    """Topic u with ``partitions`` partitions; batch ``batch_id`` of ``sink_id`` (one row per
+    partition, ``p0``, ``p1``...) pinned and wholly committed."""
+    config, writer, coordination, objects = parts
+    create_topic(coordination, config.root_prefix, "u", partitions)
+    staged = stage(objects, config, [AppendGroup("u", p, [f"p{p}".encode()]) for p in range(partitions)])
+    writer.commit_staged(pin_batch(coordination, objects, config, sink_id, batch_id, staged, writer.clock,
+                                   {"u": 2 * partitions}), SinkBatch(sink_id, batch_id))
+
+
+def _u_log(config, partition: int) -> list[bytes]:
+    with LogReader(config) as reader:
+        try:
+            return reader.read_batches([ReadRequest("u", partition, 1)])[0].table().column("value").to_pylist()
+        except OffsetOutOfRange:  # nothing in it
+            return []
+
+
+def test_finish_refuses_a_pin_past_the_retention_with_a_partition_without_progress(parts, capsys):
+    """Batch 5 wholly committed; past LLOG_SINK_PROGRESS_RETENTION_MS another sink commits into
+    u[1], which drops g's entry there. Whether u[1]'s slice is committed cannot be told, so finish
+    refuses (nothing marked; it would write p1 again), and a replay that differs is refused
+    without naming finish."""
+    config, writer, coordination, objects = parts
+    _u_committed(parts, "g", 5)
+    later = ShiftedClock(config.sink_progress_retention_ms / 1000 + 3600)
+    with LogWriter(config, clock=later) as other:
+        staged = stage(objects, config, [AppendGroup("u", 1, [b"x"])], clock=later)
+        other.commit_staged(pin_batch(coordination, objects, config, "other", 0, staged, later, {"u": 1}),
+                            SinkBatch("other", 0))
+    with pytest.raises(SinkFinishUnsafe, match=r"u\[1\].*cannot be told.*nothing marked"):
+        finish_pinned(coordination, objects, config, "g", 5, later)
+    assert _pin(coordination, config, "g").finished_at_ms is None
+    replay = stage(objects, config, [AppendGroup("u", 0, [b"other"])], clock=later)
+    with pytest.raises(SinkBatchMismatch) as refused:
+        pin_batch(coordination, objects, config, "g", 5, replay, later, {"u": 5})
+    message = str(refused.value)
+    assert "llog sinks finish --batch" not in message and "cannot be told" in message, message
+    assert _u_log(config, 1) == [b"p1", b"x"]
+
+
+def test_finish_refuses_a_pin_whose_topic_was_created_after_it(parts, capsys):
+    """Batch 2 of sink s wholly committed into u, then u is deleted and created again: the new
+    incarnation holds no progress of batch 2, so unpin --committed keeps the pin, without naming
+    finish; finish itself refuses (nothing marked): the topic was created after the pin, and the
+    batch's rows may belong to the deleted topic."""
+    config, writer, coordination, objects = parts
+    _u_committed(parts, "s", 2, partitions=1)
+    delete_topic(coordination, objects, config.root_prefix, "u")
+    later = ShiftedClock(config.gc_grace_ms * MAX_SKEW_FRACTION / 1000 + 60)
+    create_topic(coordination, config.root_prefix, "u", 1, clock=later)
+    with pytest.raises(SinkBatchNotCommitted) as kept:
+        unpin_committed(coordination, objects, config, "s", 2, later)
+    assert "u[0]: 0 of 1" in str(kept.value) and "finish" not in str(kept.value), kept.value
+    assert llog_main(["sinks", "finish", "--batch", "2", "--", "s"]) == 1
+    err = capsys.readouterr().err
+    assert "created" in err and "after the batch was pinned" in err, err
+    assert "nothing marked" in err, err
+    assert _pin(coordination, config, "s").finished_at_ms is None
+    assert _u_log(config, 0) == []

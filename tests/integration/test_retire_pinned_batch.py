@@ -150,9 +150,9 @@ def test_unpin_committed_keeps_a_half_committed_pin_past_the_retention(parts):
     pinned = pin_batch(coordination, objects, config, "g", 5, first, writer.clock, {"u": 2})
     writer.commit_staged([s for s in pinned if s.partition == 0], SinkBatch("g", 5))
     later = ShiftedClock(config.sink_progress_retention_ms / 1000 + 3600)
-    [summary] = list_pins(coordination, objects, config.root_prefix, later)
+    [summary] = list_pins(coordination, objects, config, later)
     assert (summary.committed, summary.slices) == (1, 2)
-    with pytest.raises(SinkBatchNotCommitted, match=r"u\[1\]: 0 of 1.*live progress of batch 5"):
+    with pytest.raises(SinkBatchNotCommitted, match=r"u\[1\]: 0 of 1.*cannot be told apart"):
         unpin_committed(coordination, objects, config, "g", 5, later)
     assert _record(coordination, config, "g").retired_at_ms is None
     replay = stage(objects, config, [AppendGroup("u", 0, [b"b"]), AppendGroup("u", 1, [b"a"])])
@@ -250,3 +250,92 @@ def test_finish_moves_an_inline_cut_that_the_mark_would_push_past_the_budget_to_
     record = _record(coordination, config, "big")
     assert record.cut_uri is not None and record.finished_at_ms is not None
     assert finished.slices == pinned.slices
+
+
+def _past_retention(config) -> ShiftedClock:
+    return ShiftedClock(config.sink_progress_retention_ms / 1000 + 3600)
+
+
+def _another_sink_commits(config, objects, coordination, clock, partition: int) -> None:
+    """Sink ``other`` commits one row into ``u[partition]`` at ``clock``: the commit drops every
+    other sink's entry there that is older than LLOG_SINK_PROGRESS_RETENTION_MS (section 9.1)."""
+    with LogWriter(config, clock=clock) as other:
+        staged = stage(objects, config, [AppendGroup("u", partition, [b"x"])], clock=clock)
+        other.commit_staged(pin_batch(coordination, objects, config, "other", 0, staged, clock, {"u": 1}),
+                            SinkBatch("other", 0))
+
+
+def _pin_over_u(parts, commit_partitions: tuple[int, ...]) -> list:
+    """Sink g pins batch 5 over u[0] (row a) and u[1] (row b) and commits the slices of
+    ``commit_partitions``; then the driver is gone."""
+    config, writer, coordination, objects = parts
+    create_topic(coordination, config.root_prefix, "u", 2)
+    first = stage(objects, config, [AppendGroup("u", 0, [b"a"]), AppendGroup("u", 1, [b"b"])])
+    pinned = pin_batch(coordination, objects, config, "g", 5, first, writer.clock, {"u": 2})
+    writer.commit_staged([s for s in pinned if s.partition in commit_partitions], SinkBatch("g", 5))
+    return pinned
+
+
+def _replay_over_u(parts, clock) -> None:
+    config, _, coordination, objects = parts
+    with LogWriter(config, clock=clock) as back:
+        replay = stage(objects, config, [AppendGroup("u", 0, [b"a"]), AppendGroup("u", 1, [b"b"])], clock=clock)
+        back.commit_staged(pin_batch(coordination, objects, config, "g", 5, replay, clock, {"u": 2}), SinkBatch("g", 5))
+
+
+def test_unpin_committed_keeps_a_pin_never_committed_whatever_its_age(parts, capsys):
+    """The driver pinned batch 3 and died before its first reserving CAS; the query stays down past
+    LLOG_SINK_PROGRESS_RETENTION_MS. No partition holds progress of batch 3: absent progress cannot
+    be told from evicted progress, so the pin is kept (list says so in unpin's words) and the
+    query's replay writes the batch's rows."""
+    config, writer, coordination, objects = parts
+    rows = [b"r0", b"r1"]
+    pin_batch(coordination, objects, config, "q", 3, _cut(config, objects, rows, 2), writer.clock, _bytes(rows))
+    later = _past_retention(config)
+    with pytest.raises(SinkBatchNotCommitted) as kept:
+        unpin_committed(coordination, objects, config, "q", 3, later)
+    message = str(kept.value)
+    assert "0 of the pinned cut's 2 slice(s) are committed" in message, message
+    assert "cannot be told apart" in message and "2 blob(s)" in message and "from GC" in message, message
+    assert "replaces it" in message and "finish" not in message, message
+    assert _record(coordination, config, "q").retired_at_ms is None
+    [summary] = list_pins(coordination, objects, config, later)
+    assert summary.kept is not None and summary.kept in message
+    with LogWriter(config, clock=later) as back:  # the query comes back and replays batch 3
+        replay = [s for value in rows for s in stage(objects, config, [AppendGroup("t", 0, [value])], clock=later)]
+        back.commit_staged(pin_batch(coordination, objects, config, "q", 3, replay, later, _bytes(rows)),
+                           SinkBatch("q", 3))
+    assert _log(config) == rows
+
+
+def test_unpin_committed_keeps_a_half_committed_pin_whose_progress_was_evicted(parts):
+    """Batch 5's u[0] slice is committed, u[1]'s is not; past the retention another sink commits
+    into u[0], which drops g's entry there. No partition holds progress of batch 5 now: the pin is
+    kept, and the replay writes u[1]'s row (u[0]'s again too: the evicted progress is what a
+    query back after the retention loses, section 9.1)."""
+    config, writer, coordination, objects = parts
+    _pin_over_u(parts, (0,))
+    later = _past_retention(config)
+    _another_sink_commits(config, objects, coordination, later, 0)
+    with pytest.raises(SinkBatchNotCommitted, match=r"u\[0\]: 0 of 1, u\[1\]: 0 of 1.*cannot be told apart"):
+        unpin_committed(coordination, objects, config, "g", 5, later)
+    _replay_over_u(parts, later)
+    assert _log(config, "u", 1) == [b"b"]
+
+
+def test_a_committed_pin_whose_progress_was_evicted_in_one_partition_is_kept_naming_no_finish(parts, capsys):
+    """Batch 5 wholly committed; past the retention another sink commits into u[1], which drops
+    g's entry there. u[1]'s slice is not proven committed: the pin is kept, and neither unpin's
+    refusal nor the listing offers `llog sinks finish`, which would write u[1]'s row again."""
+    config, writer, coordination, objects = parts
+    _pin_over_u(parts, (0, 1))
+    later = _past_retention(config)
+    _another_sink_commits(config, objects, coordination, later, 1)
+    with pytest.raises(SinkBatchNotCommitted) as kept:
+        unpin_committed(coordination, objects, config, "g", 5, later)
+    message = str(kept.value)
+    assert "u[0]: 1 of 1, u[1]: 0 of 1" in message and "cannot be told apart" in message, message
+    assert "finish" not in message, message
+    [summary] = [p for p in list_pins(coordination, objects, config, later) if p.sink_id == "g"]
+    assert summary.kept is not None and summary.kept in message and "finish" not in summary.kept
+    assert _log(config, "u", 1) == [b"b", b"x"]
