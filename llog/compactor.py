@@ -19,6 +19,10 @@ the claim with a versioned delete. Each compaction:
    WRITING_COMPACTED_INDEX; it must not exist), and again before any retry of the create. A blob
    PUT more than half the GC grace period ago is not referenced (``StaleBlob``; GC collects it
    and the next run compacts again): the age rule of :mod:`llog.gc`, kept as writers keep it.
+   Then read the cursor and the log start: a cursor past the run's start and above the log
+   start means another compactor compacted from this run's cursor after the selection (this one
+   stalled past its claim): the record is deleted and the partition left, so no COMPACTED entry
+   of this run can land inside a run selected meanwhile, whose step 5 would delete it.
 4. CAS ``index/{end}`` from the run's last WAL entry to the COMPACTED entry; state DELETING_OLD.
    Readers now see the COMPACTED entry overlapping the WAL entries below it; both hold the same
    bytes, and the reader takes each offset from the first entry that covers it. If the entry
@@ -26,6 +30,7 @@ the claim with a versioned delete. Each compaction:
    run, or retention dropped it (this one stalled past its claim): the record is deleted again
    and the partition left. A run that a retention pass cut into meanwhile (the entry unchanged)
    is finished: its COMPACTED entry then starts below the log start, which section 10.3 allows.
+   (No other compactor can have compacted a first part of it after step 3's check.)
 5. ``delete_range(index/{start}, index/{end})``: the lower keys only; state UPDATING_CURSOR.
 6. Move the cursor to ``end + 1`` (only forward), delete ``meta/compaction``.
 
@@ -246,6 +251,9 @@ class Compactor(ClientUser):
         version = self.coordination.put(keys.compaction, record.to_json(), keys.partition_key,
                                         expected_version=EXPECTED_ABSENT, guard=age_check)
         failpoints.hit("compactor.after_record_create")
+        if self._cursor_passed(keys, record):
+            self._delete_record(keys, version)
+            return False
         if not self._finish(keys, record, version, run[-1][1]):
             return False
         done.compactions += 1
@@ -296,12 +304,29 @@ class Compactor(ClientUser):
         self._delete_record(keys, version)
         return True
 
+    def _cursor_passed(self, keys: PartitionKeys, record: CompactionRecord) -> bool:
+        """Section 6 step 3, read once the record exists: the cursor moved past the run's start
+        and is above the log start ``S``. Then a compactor compacted from the cursor this run
+        was selected at after the selection, and a run that started below this one may have
+        finished across its start (its COMPACTED entry inside this run's keys, the entries
+        below this run's start that it replaced gone): this run is left, so its step 5 never
+        deletes that entry. A cursor at or below ``S`` was moved by a retention pass, and the
+        run goes on (its COMPACTED entry may start below ``S``, section 10.3)."""
+        cursor, control = self._cursor_and_control(keys)
+        if cursor.offset <= record.start_offset or cursor.offset <= control.log_start_offset:
+            return False
+        log.warning("%s: compaction %s of %d..%d left: the cursor moved to %d (log start %d) after the run was "
+                    "selected, so another compactor compacted from its start meanwhile (this one stalled past its "
+                    "claim); deleting the record", keys.tp, record.compaction_id, record.start_offset,
+                    record.end_offset, cursor.offset, control.log_start_offset)
+        return True
+
     def _stale(self, keys: PartitionKeys, record: CompactionRecord) -> bool:
         """Section 6.0: a record whose run starts below the cursor and whose step 4 has not
         landed (``index/{end}`` is not its COMPACTED entry) is stale: another compactor or a
-        retention pass moved the cursor past its start before it swapped anything in. Resuming
-        it would swap in a run whose lower keys may now hold another compactor's COMPACTED entry
-        starting below it, which step 5 would delete. A record whose step 4 landed is resumed."""
+        retention pass moved the cursor past its start before it swapped anything in. Step 3's
+        check (:meth:`_cursor_passed`), more strictly, for a compactor that died or stalls after
+        creating its record. A record whose step 4 landed is resumed."""
         if record.state != WRITING_COMPACTED_INDEX or record.start_offset >= self._cursor(keys).offset:
             return False
         current = self.coordination.get(keys.index(record.end_offset), keys.partition_key)
