@@ -6,9 +6,10 @@ Per partition: take the ephemeral ``meta/compactor-claim`` (skip the partition i
 it), finish a pending append (:func:`llog.control.finish_pending`, with the materialization
 budget), resume a ``meta/compaction`` record left by a crashed compactor (step 4 deletes it
 instead if another compactor did its run meanwhile: its end entry changed and the cursor passed
-its start; one whose run starts below the cursor and whose step 4 has not landed is stale and
-deleted at once, section 6.0), then compact run after run until none is left or the deadline passes, and release
-the claim with a versioned delete. Each compaction:
+its start; one whose run the cursor passed while above the log start, step 3's rule, and whose
+step 4 has not landed is stale and deleted at once, section 6.0; one whose start a retention
+pass's cursor passed is resumed), then compact run after run until none is left or the deadline
+passes, and release the claim with a versioned delete. Each compaction:
 
 1. From ``meta/compaction-cursor``, select WAL entries starting exactly at the cursor, stopping
    at a gap, a COMPACTED entry, the offsets limit, the entry still named by ``pending``, or the
@@ -22,8 +23,13 @@ the claim with a versioned delete. Each compaction:
    Then read the cursor and the log start: a cursor past the run's start and above the log
    start means another compactor compacted from this run's cursor after the selection (this one
    stalled past its claim): the record is deleted and the partition left, so no COMPACTED entry
-   of this run can land inside a run selected meanwhile, whose step 5 would delete it.
+   of this run can land inside a run selected meanwhile, whose step 5 would delete it. Last, a
+   CAS of the record at its version (value unchanged): a conflict (another compactor's step 0
+   deleted it as stale or resumed it) leaves the partition, so no COMPACTED entry lands without
+   its record.
 4. CAS ``index/{end}`` from the run's last WAL entry to the COMPACTED entry; state DELETING_OLD.
+   A conflict after a lost reply (outcome unknown) with this run's COMPACTED entry in place is
+   the CAS itself, landed: go on.
    Readers now see the COMPACTED entry overlapping the WAL entries below it; both hold the same
    bytes, and the reader takes each offset from the first entry that covers it. If the entry
    changed since step 1 and the cursor moved past the run's start, another compactor did this
@@ -251,8 +257,8 @@ class Compactor(ClientUser):
         version = self.coordination.put(keys.compaction, record.to_json(), keys.partition_key,
                                         expected_version=EXPECTED_ABSENT, guard=age_check)
         failpoints.hit("compactor.after_record_create")
-        if self._cursor_passed(keys, record):
-            self._delete_record(keys, version)
+        version = self._may_go_on(keys, record, version)
+        if version is None:
             return False
         if not self._finish(keys, record, version, run[-1][1]):
             return False
@@ -304,36 +310,55 @@ class Compactor(ClientUser):
         self._delete_record(keys, version)
         return True
 
-    def _cursor_passed(self, keys: PartitionKeys, record: CompactionRecord) -> bool:
-        """Section 6 step 3, read once the record exists: the cursor moved past the run's start
-        and is above the log start ``S``. Then a compactor compacted from the cursor this run
-        was selected at after the selection, and a run that started below this one may have
-        finished across its start (its COMPACTED entry inside this run's keys, the entries
-        below this run's start that it replaced gone): this run is left, so its step 5 never
-        deletes that entry. A cursor at or below ``S`` was moved by a retention pass, and the
-        run goes on (its COMPACTED entry may start below ``S``, section 10.3)."""
+    def _may_go_on(self, keys: PartitionKeys, record: CompactionRecord, version: int) -> int | None:
+        """Section 6 step 3, once the record exists: the cursor and ``S``, then a CAS of the
+        record at ``version``, its value unchanged; returns the record's new version, or None if
+        the run is left. A cursor past the run's start and above ``S`` (:func:`_cursor_passed`):
+        the record is deleted and the run left. The CAS conflicts: another compactor's step 0
+        deleted the record as stale (this one stalled between its create and here) or resumed
+        it; the run is left and nothing deleted. Step 0 deletes a stale record at the version it
+        read, so of that delete and this CAS one lands; and a record that was there from a
+        cursor read that passed is never found stale (while it exists the cursor moves only by a
+        retention pass, to ``S``): no COMPACTED entry of this run lands without its record."""
         cursor, control = self._cursor_and_control(keys)
-        if cursor.offset <= record.start_offset or cursor.offset <= control.log_start_offset:
-            return False
-        log.warning("%s: compaction %s of %d..%d left: the cursor moved to %d (log start %d) after the run was "
-                    "selected, so another compactor compacted from its start meanwhile (this one stalled past its "
-                    "claim); deleting the record", keys.tp, record.compaction_id, record.start_offset,
-                    record.end_offset, cursor.offset, control.log_start_offset)
-        return True
+        if _cursor_passed(record, cursor.offset, control.log_start_offset):
+            log.warning("%s: compaction %s of %d..%d left: the cursor moved to %d (log start %d) after the run was "
+                        "selected, so another compactor compacted from its start meanwhile (this one stalled past its "
+                        "claim); deleting the record", keys.tp, record.compaction_id, record.start_offset,
+                        record.end_offset, cursor.offset, control.log_start_offset)
+            self._delete_record(keys, version)
+            return None
+        try:
+            return self.coordination.put(keys.compaction, record.to_json(), keys.partition_key,
+                                         expected_version=version)
+        except VersionConflict:
+            log.warning("%s: compaction %s of %d..%d left: its record (version %d) was deleted as stale or resumed by "
+                        "another compactor's recovery while this one stalled past its claim", keys.tp,
+                        record.compaction_id, record.start_offset, record.end_offset, version)
+            return None
 
     def _stale(self, keys: PartitionKeys, record: CompactionRecord) -> bool:
-        """Section 6.0: a record whose run starts below the cursor and whose step 4 has not
-        landed (``index/{end}`` is not its COMPACTED entry) is stale: another compactor or a
-        retention pass moved the cursor past its start before it swapped anything in. Step 3's
-        check (:meth:`_cursor_passed`), more strictly, for a compactor that died or stalls after
-        creating its record. A record whose step 4 landed is resumed."""
-        if record.state != WRITING_COMPACTED_INDEX or record.start_offset >= self._cursor(keys).offset:
+        """Section 6.0: a record whose run the cursor passed while above ``S`` (step 3's rule,
+        :func:`_cursor_passed`) and whose step 4 has not landed is stale: another compactor
+        compacted from its start, and its own compactor died or stalls before its check (whose
+        CAS of the record then conflicts, and it leaves). A record whose start a cursor at or below ``S``
+        passed (a retention pass moved it) is resumed: its compactor may have passed its check
+        and its step 4 may still land, and without the record that entry would stay over its
+        lower keys at rest. A record whose step 4 landed is resumed."""
+        if record.state != WRITING_COMPACTED_INDEX:
             return False
+        cursor, control = self._cursor_and_control(keys)
+        if not _cursor_passed(record, cursor.offset, control.log_start_offset):
+            return False
+        return not self._end_entry_is_ours(keys, record)
+
+    def _end_entry_is_ours(self, keys: PartitionKeys, record: CompactionRecord) -> bool:
+        """``index/{end}`` is this record's COMPACTED entry (its ``data_key``): step 4 landed."""
         current = self.coordination.get(keys.index(record.end_offset), keys.partition_key)
         if current is None:
-            return True
+            return False
         entry = IndexEntry.from_json(current.value, current.key)
-        return not (entry.type == COMPACTED and entry.data_key == record.data_key)
+        return entry.type == COMPACTED and entry.data_key == record.data_key
 
     def _delete_record(self, keys: PartitionKeys, version: int) -> None:
         """Delete ``meta/compaction`` only at ``version`` (a record someone else wrote since stays)."""
@@ -359,7 +384,14 @@ class Compactor(ClientUser):
                                         f"{entry.type} of {entry.msg_count} offsets")
         if version is not None and version != current.version_id:
             raise InconsistentReadState(f"{keys.tp}: {key} changed while compaction {record.compaction_id} ran")
-        self.coordination.put(key, record.index_entry().to_json(), pk, expected_version=current.version_id)
+        try:
+            self.coordination.put(key, record.index_entry().to_json(), pk, expected_version=current.version_id)
+        except VersionConflict as e:
+            # An attempt whose reply was lost may have landed: then the conflict is with itself
+            # (section 6 step 4); this record's data_key is in no other entry.
+            if not (e.outcome_unknown and self._end_entry_is_ours(keys, record)):
+                raise
+            log.info("%s: compaction %s: the swap of %s landed, its reply was lost", keys.tp, record.compaction_id, key)
 
     def _cursor_and_control(self, keys: PartitionKeys) -> tuple["_CursorState", ControlRecord]:
         """The cursor and ``meta/control``, in one read."""
@@ -378,6 +410,17 @@ class Compactor(ClientUser):
         if found is None:
             raise CorruptRecord(f"{keys.compaction_cursor} is missing (the partition was not initialized)")
         return _CursorState(CompactionCursor.from_json(found.value, found.key).offset, found.version_id)
+
+
+def _cursor_passed(record: CompactionRecord, cursor: int, log_start_offset: int) -> bool:
+    """Section 6 step 3's rule, also step 0's: the cursor moved past the run's start and is
+    above the log start ``S``. Then a compactor compacted from the cursor this run was selected
+    at after the selection, and a run that started below this one may have finished across its
+    start (its COMPACTED entry inside this run's keys, the entries below this run's start that
+    it replaced gone): this run is left, so its step 5 never deletes that entry. A cursor at or
+    below ``S`` was moved by a retention pass, and the run goes on (its COMPACTED entry may
+    start below ``S``, section 10.3)."""
+    return cursor > record.start_offset and cursor > log_start_offset
 
 
 @dataclass(frozen=True)

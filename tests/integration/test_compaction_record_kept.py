@@ -1,0 +1,254 @@
+"""A COMPACTED entry never lands without its ``meta/compaction`` record (docs/protocol.md section
+6, steps 0, 3 and 4): otherwise its lower keys are never deleted and the cursor stays below it,
+an overlap at rest that no run passes.
+
+Three ways a stalled compactor ``X`` of run 1..30 (entries 1..10, 11..20, 21..30) got there on
+0e97f59, each with a retention pass that moved the cursor into the run (``S = 11``):
+
+- ``X`` passed its step 3 check, and its step 4 CAS was still on its way when a retention pass
+  stalled since before ``X``'s claim moved the cursor to 11 and another compactor's step 0 deleted
+  ``X``'s record as stale (its start below the cursor): the CAS then landed. Step 0 now deletes a
+  record as stale only when the cursor is above ``S`` too, step 3's rule; here it resumes it.
+- ``X`` stalled between creating its record and its check, a compactor having compacted 1..10
+  since ``X``'s selection: a retention pass's step 0 deleted the record as stale (right), then
+  moved ``S`` to the cursor, 11, and ``X``'s check passed. The check now ends with a CAS of the
+  record at its version: it conflicts, ``X`` leaves.
+- ``X``'s step 4 CAS landed and its reply was lost; before the retry, the stalled pass moved the
+  cursor to 11, and the retry's conflict (its outcome unknown) made ``X`` delete its record as if
+  another compactor had done the run. ``X`` now reads ``index/{end}`` again: its own entry, go on.
+
+``X``'s step 4 CAS is held in transit by a wrapper of its own client's ``_send_puts`` (as
+tests/integration/test_outcomes.py holds a Write back), the only way to stop it between its
+check and the CAS it sends.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable
+
+import grpc
+import pytest
+
+from llog.clock import ShiftedClock
+from llog.compactor import Compactor
+from llog.errors import VersionConflict
+from llog.records import COMPACTED, WAL
+from llog.topics import alter_topic, create_topic
+from tests.helpers.invariants import check_partition
+from tests.helpers.retention import current_keys, index_entries
+
+T = "kept"
+#: Every actor's clock runs this far ahead: every entry written now is older than G.
+AHEAD_S = 3600
+
+
+def _values(first: int, last: int) -> list[bytes]:
+    return [f"r{n}".encode() for n in range(first, last + 1)]
+
+
+def _compactor(config, name: str, writer=None, max_offsets: int = 1000) -> Compactor:
+    """A compactor with its own Oxia and S3 clients unless it shares ``writer``'s."""
+    shared = {} if writer is None else {"coordination": writer.coordination, "objects": writer.objects}
+    return Compactor(config, compactor_id=name, max_offsets=max_offsets, clock=ShiftedClock(AHEAD_S), **shared)
+
+
+def _shape(writer, keys):
+    return [(e.entry.type, e.start_offset, e.end_offset) for e in index_entries(writer.coordination, keys)]
+
+
+def _claim_lost(writer, keys) -> None:
+    """What a session expiring during a long stall does: the claim key goes."""
+    writer.coordination.delete(keys.compactor_claim, keys.partition_key)
+
+
+@pytest.fixture
+def three_entries(config, writer):
+    """``T`` with entries 1..10, 11..20, 21..30, and ``retention.bytes`` that drops exactly the first."""
+    create_topic(writer.coordination, config.root_prefix, T, 1)
+    for first in (1, 11, 21):
+        writer.append(T, 0, _values(first, first + 9))
+    keys = current_keys(writer.coordination, config.root_prefix, T, 0)
+    size = index_entries(writer.coordination, keys)[0].entry.byte_length
+    alter_topic(writer.coordination, config.root_prefix, T, set_config={"retention.bytes": 2 * size})
+    return keys
+
+
+class _LostReply(grpc.RpcError):
+    def code(self):
+        return grpc.StatusCode.UNAVAILABLE
+
+    def __str__(self):
+        return "injected: the reply of a write was lost"
+
+
+class _InTransit:
+    """Wraps ``compactor``'s own ``Coordination._send_puts`` (before its first write): the first
+    Write of ``key`` runs ``before()``, is sent, runs ``after()``, and with ``lose_reply`` its
+    reply is lost (the retry finds the key changed, outcome unknown). Later Writes go through."""
+
+    def __init__(self, compactor: Compactor, key: str, before: Callable[[], None] = lambda: None,
+                 after: Callable[[], None] = lambda: None, lose_reply: bool = False):
+        self.key, self.before, self.after, self.lose_reply = key, before, after, lose_reply
+        self.send = compactor.coordination._send_puts
+        self.seen = False
+        compactor.coordination._send_puts = self
+
+    def __call__(self, shard: int, requests: list) -> list:
+        if self.seen or not any(r.key == self.key for r in requests):
+            return self.send(shard, requests)
+        self.seen = True
+        self.before()
+        results = self.send(shard, requests)
+        self.after()
+        if self.lose_reply:
+            raise _LostReply()
+        return results
+
+
+class _StalledRetention:
+    """A retention pass (its own compactor ``R``) that chose to cut at 11 and stalls before moving
+    ``S`` (docs/protocol.md section 10.3 step 3), in a thread of its own, its claim lost;
+    :meth:`finish` lets it go on (``S`` and the cursor to 11, ``index/10`` deleted)."""
+
+    def __init__(self, config, writer, keys, hooks):
+        self.go, paused = threading.Event(), threading.Event()
+        self.done: list = []
+
+        def stall():
+            hooks.pop("retention.before_control_update")
+            paused.set()
+            assert self.go.wait(60)
+
+        hooks["retention.before_control_update"] = stall
+        self.compactor = _compactor(config, "R", writer)
+        self.thread = threading.Thread(target=lambda: self.done.append(self.compactor.retain_partition(T, 0)),
+                                       name="R")
+        self.thread.start()
+        assert paused.wait(60)
+        _claim_lost(writer, keys)
+
+    def finish(self) -> None:
+        self.go.set()
+        self.thread.join(60)
+        assert not self.thread.is_alive() and self.done[0].log_start_offset == 11
+        self.compactor.close()
+
+
+def _compact(compactor: Compactor) -> tuple[int | None, BaseException | None]:
+    """Compactions done by one pass of ``compactor``, or the error it ended with."""
+    try:
+        return compactor.compact_partition(T, 0).compactions, None
+    except VersionConflict as e:  # a record CAS after another compactor took the record over
+        return None, e
+
+
+def _assert_finished_across_the_cut(config, writer, reader, keys) -> None:
+    """Run 1..30 is one COMPACTED entry with no record left, ``S = 11`` and the cursor past it, and
+    compaction goes on after it."""
+    shape = _shape(writer, keys)
+    assert shape == [(COMPACTED, 1, 30)], f"index {shape}: a COMPACTED entry over WAL entries at rest"
+    assert writer.coordination.get(keys.compaction, keys.partition_key) is None
+    snapshot = check_partition(writer.coordination, config.root_prefix, T, 0)
+    assert (snapshot.log_start_offset, snapshot.cursor) == (11, 31)
+    assert [r.value for r in reader.read_range(T, 0, 11)] == _values(11, 30)
+    writer.append(T, 0, _values(31, 40))
+    with _compactor(config, "next", writer) as c:
+        assert c.compact_partition(T, 0).compactions == 1
+    assert _shape(writer, keys) == [(COMPACTED, 1, 30), (COMPACTED, 31, 40)]
+    assert check_partition(writer.coordination, config.root_prefix, T, 0).cursor == 41
+
+
+def test_a_record_whose_compactor_passed_step_3_is_resumed_when_retention_moved_the_cursor(
+        config, writer, reader, hooks, three_entries):
+    """X selected 1..30 at cursor 1 and passed its check; its step 4 CAS is in transit while the
+    stalled pass R moves S and the cursor to 11 and Y's step 0 finds X's record. The cursor is not
+    above S (no compactor passed the run): Y resumes the record and finishes it; X's CAS then finds
+    the entry changed and X leaves. On 0e97f59 Y deleted the record as stale, X's CAS landed and
+    left COMPACTED 1..30 over WAL 11..20 at rest, the cursor at 11 for good."""
+    keys = three_entries
+    retention = _StalledRetention(config, writer, keys, hooks)
+    y_did = []
+
+    def retention_then_y():
+        _claim_lost(writer, keys)  # X's session expired while it stalled
+        retention.finish()
+        with _compactor(config, "Y", writer) as y:
+            y_did.append(y.retain_partition(T, 0))  # step 0; nothing more to drop
+
+    with _compactor(config, "X") as x:
+        _InTransit(x, keys.index(30), before=retention_then_y)
+        compactions, error = _compact(x)
+    _assert_finished_across_the_cut(config, writer, reader, keys)
+    assert (y_did[0].recoveries, y_did[0].resumed_compactions) == (1, 1)
+    assert (compactions, error) == (0, None)
+
+
+def test_a_compactor_whose_record_step_0_deleted_leaves_even_if_its_check_passes(
+        config, writer, reader, hooks, three_entries):
+    """X selected 1..30 at cursor 1; B compacted 1..10 (cursor 11) while X stalled; X created its
+    record and stalled before its check. Y's retention pass: its step 0 deletes X's record as
+    stale (cursor 11 above S = 1), then it moves S to 11 = the cursor. X's check of the cursor
+    alone now passes (11 is not above S); its CAS of its record conflicts, and it leaves. On 0e97f59
+    X's step 4 landed with no record: COMPACTED 1..30 over WAL 11..20 at rest, the cursor at 11."""
+    keys = three_entries
+
+    def b_compacts_1_to_10():
+        hooks.pop("compactor.after_age_check")
+        _claim_lost(writer, keys)
+        selections = []
+
+        def stop_b_after_one_run():
+            selections.append(1)
+            if len(selections) == 2:
+                raise _BStops()
+
+        hooks["compactor.after_select"] = stop_b_after_one_run
+        with _compactor(config, "B", writer, max_offsets=10) as b, pytest.raises(_BStops):
+            b.compact_partition(T, 0)
+        hooks.pop("compactor.after_select")
+        assert _shape(writer, keys) == [(COMPACTED, 1, 10), (WAL, 11, 20), (WAL, 21, 30)]
+        hooks["compactor.after_record_create"] = y_retention_pass  # X's, next
+
+    y_did = []
+
+    def y_retention_pass():
+        hooks.pop("compactor.after_record_create")
+        _claim_lost(writer, keys)
+        with _compactor(config, "Y", writer) as y:
+            y_did.append(y.retain_partition(T, 0))
+
+    hooks["compactor.after_age_check"] = b_compacts_1_to_10
+    with _compactor(config, "X") as x:
+        compactions, error = _compact(x)
+    assert (y_did[0].recoveries, y_did[0].resumed_compactions, y_did[0].log_start_offset) == (1, 0, 11)
+    shape = _shape(writer, keys)
+    assert shape == [(WAL, 11, 20), (WAL, 21, 30)], f"index {shape}: a COMPACTED entry over WAL entries at rest"
+    assert (compactions, error) == (0, None)
+    assert writer.coordination.get(keys.compaction, keys.partition_key) is None
+    snapshot = check_partition(writer.coordination, config.root_prefix, T, 0)
+    assert (snapshot.log_start_offset, snapshot.cursor) == (11, 11)
+    with _compactor(config, "next", writer) as c:
+        assert c.compact_partition(T, 0).compactions == 1
+    assert _shape(writer, keys) == [(COMPACTED, 11, 30)]
+    assert [r.value for r in reader.read_range(T, 0, 11)] == _values(11, 30)
+
+
+class _BStops(Exception):
+    """Ends compactor B at its second selection (nothing of that run written)."""
+
+
+def test_a_step_4_whose_reply_was_lost_goes_on_when_retention_moved_the_cursor(
+        config, writer, reader, hooks, three_entries):
+    """X's step 4 CAS lands and its reply is lost; before the retry, the stalled pass R moves S and
+    the cursor to 11. The retry's conflict has an unknown outcome: X reads index/30, finds its own
+    COMPACTED entry, and goes on to steps 5 and 6. On 0e97f59 X took the conflict for another
+    compactor's run (the cursor past its start) and deleted its record: COMPACTED 1..30 over WAL
+    11..20 at rest, the cursor at 11 for good."""
+    keys = three_entries
+    retention = _StalledRetention(config, writer, keys, hooks)
+    with _compactor(config, "X") as x:
+        _InTransit(x, keys.index(30), after=retention.finish, lose_reply=True)
+        compactions, error = _compact(x)
+    _assert_finished_across_the_cut(config, writer, reader, keys)
+    assert (compactions, error) == (1, None)
