@@ -341,10 +341,10 @@ class Compactor(ClientUser):
         """Section 6.0: a record whose run the cursor passed while above ``S`` (step 3's rule,
         :func:`_cursor_passed`) and whose step 4 has not landed is stale: another compactor
         compacted from its start, and its own compactor died or stalls before its check (whose
-        CAS of the record then conflicts, and it leaves). A record whose start a cursor at or below ``S``
-        passed (a retention pass moved it) is resumed: its compactor may have passed its check
-        and its step 4 may still land, and without the record that entry would stay over its
-        lower keys at rest. A record whose step 4 landed is resumed."""
+        CAS of the record then conflicts, and it leaves). A record whose start a cursor at or
+        below ``S`` passed (a retention pass moved it) is resumed: its compactor may have passed
+        its check and its step 4 may still land, and without the record that entry would stay
+        over its lower keys at rest. A record whose step 4 landed is resumed."""
         if record.state != WRITING_COMPACTED_INDEX:
             return False
         cursor, control = self._cursor_and_control(keys)
