@@ -17,7 +17,19 @@ Three ways a stalled compactor ``X`` of run 1..30 (entries 1..10, 11..20, 21..30
   cursor to 11, and the retry's conflict (its outcome unknown) made ``X`` delete its record as if
   another compactor had done the run. ``X`` now reads ``index/{end}`` again: its own entry, go on.
 
-``X``'s step 4 CAS is held in transit by a wrapper of its own client's ``_send_puts`` (as
+Review C's (against 4207a64): a step 4 that lands after its record went, sent by whoever holds a
+copy of the record (its compactor, or one that resumed it at step 0); the record now keeps the
+version each step 4 CASes at, and a record goes before its step 5 only after a fence of that
+version:
+
+- R1: a compactor ``Z`` leaving at step 3 deleted its record while ``Y``, which had resumed it,
+  still sent its step 4: with a GC pass between, a COMPACTED entry naming a collected blob; the
+  other way round (``Y``'s step 4 first), an orphan the cursor stays below.
+- R2: a resumer whose step 4 lost to the record's own compactor took the real conflict for
+  another compactor's run and deleted the record. Any conflict now reads the key again.
+- R4: the oracle accepted a cursor below a COMPACTED entry at rest.
+
+A step 4 CAS is held in transit by a wrapper of its compactor's own client's ``_send_puts`` (as
 tests/integration/test_outcomes.py holds a Write back), the only way to stop it between its
 check and the CAS it sends.
 """
@@ -33,7 +45,8 @@ import pytest
 from llog.clock import ShiftedClock
 from llog.compactor import Compactor
 from llog.errors import VersionConflict
-from llog.records import COMPACTED, WAL
+from llog.gc import gc_pass
+from llog.records import COMPACTED, WAL, CompactionCursor, CompactionRecord
 from llog.topics import alter_topic, create_topic
 from tests.helpers.invariants import check_partition
 from tests.helpers.retention import current_keys, index_entries
@@ -55,6 +68,11 @@ def _compactor(config, name: str, writer=None, max_offsets: int = 1000) -> Compa
 
 def _shape(writer, keys):
     return [(e.entry.type, e.start_offset, e.end_offset) for e in index_entries(writer.coordination, keys)]
+
+
+def _cursor(writer, keys) -> int:
+    found = writer.coordination.get(keys.compaction_cursor, keys.partition_key)
+    return CompactionCursor.from_json(found.value, found.key).offset
 
 
 def _claim_lost(writer, keys) -> None:
@@ -163,8 +181,9 @@ def test_a_record_whose_compactor_passed_step_3_is_resumed_when_retention_moved_
         config, writer, reader, hooks, three_entries):
     """X selected 1..30 at cursor 1 and passed its check; its step 4 CAS is in transit while the
     stalled pass R moves S and the cursor to 11 and Y's step 0 finds X's record. The cursor is not
-    above S (no compactor passed the run): Y resumes the record and finishes it; X's CAS then finds
-    the entry changed and X leaves. On 0e97f59 Y deleted the record as stale, X's CAS landed and
+    above S (no compactor passed the run): Y resumes the record and finishes it; X's CAS then
+    conflicts, X finds its run's entry (Y's swap) and goes on, and its record's CAS conflicts (Y
+    finished it): X leaves it to Y. On 0e97f59 Y deleted the record as stale, X's CAS landed and
     left COMPACTED 1..30 over WAL 11..20 at rest, the cursor at 11 for good."""
     keys = three_entries
     retention = _StalledRetention(config, writer, keys, hooks)
@@ -252,3 +271,219 @@ def test_a_step_4_whose_reply_was_lost_goes_on_when_retention_moved_the_cursor(
         compactions, error = _compact(x)
     _assert_finished_across_the_cut(config, writer, reader, keys)
     assert (compactions, error) == (1, None)
+
+
+class _AfterStep3Read:
+    """Wraps ``compactor``'s own ``Coordination.get_many``: once :meth:`arm` was called, the
+    first read after the next record create (step 3's read of the cursor and ``S``) returns, then
+    runs ``between()`` before the compactor acts on it (leaves, or goes on)."""
+
+    def __init__(self, compactor: Compactor, between: Callable[[], None]):
+        self.get_many, self.between, self.armed = compactor.coordination.get_many, between, False
+        compactor.coordination.get_many = self
+
+    def arm(self, hooks) -> None:
+        def created():
+            hooks.pop("compactor.after_record_create")
+            self.armed = True
+
+        hooks["compactor.after_record_create"] = created
+
+    def __call__(self, *args, **kwargs):
+        found = self.get_many(*args, **kwargs)
+        if self.armed:
+            self.armed = False
+            self.between()
+        return found
+
+
+class _Resumer:
+    """Compactor ``Y`` running step 0 alone (a deadline already passed) in a thread of its own,
+    its claim lost once it is in: it resumes the record it finds, and its step 4 CAS of ``key``
+    is held before it is sent (:meth:`at_cas` waits for that) until :meth:`release`; with
+    ``after`` set, that runs once the CAS landed, before Y's next write."""
+
+    def __init__(self, config, writer, keys, key: str, after: Callable[[], None] | None = None):
+        self.at, self.go = threading.Event(), threading.Event()
+        self.done: list = []
+        self.compactor = _compactor(config, "Y")
+
+        def hold():
+            self.at.set()
+            assert self.go.wait(60)
+
+        _InTransit(self.compactor, key, before=hold, after=after or (lambda: None))
+
+        def run():
+            try:
+                self.done.append(self.compactor.compact_partition(T, 0, deadline=0))
+            except BaseException as e:  # noqa: BLE001 - asserted by the test
+                self.done.append(e)
+
+        self.thread = threading.Thread(target=run, name="Y")
+        self.thread.start()
+        assert self.at.wait(60)
+        _claim_lost(writer, keys)
+
+    def release(self):
+        self.go.set()
+        self.thread.join(60)
+        assert not self.thread.is_alive()
+        self.compactor.close()
+        return self.done[0]
+
+
+def _stall_after_selecting_then_b_compacts_1_to_10(config, writer, keys, hooks, then: Callable[[], None]) -> None:
+    """At Z's blob age check (Z selected 1..20 at cursor 1): Z's claim is lost, B (max 10)
+    compacts 1..10 (cursor 11), then ``then()``."""
+    def b_compacts():
+        hooks.pop("compactor.after_age_check")
+        _claim_lost(writer, keys)
+        selections = []
+
+        def stop_b_after_one_run():
+            selections.append(1)
+            if len(selections) == 2:
+                raise _BStops()
+
+        hooks["compactor.after_select"] = stop_b_after_one_run
+        with _compactor(config, "B", writer, max_offsets=10) as b, pytest.raises(_BStops):
+            b.compact_partition(T, 0)
+        hooks.pop("compactor.after_select")
+        assert _shape(writer, keys) == [(COMPACTED, 1, 10), (WAL, 11, 20), (WAL, 21, 30)]
+        then()
+
+    hooks["compactor.after_age_check"] = b_compacts
+
+
+def test_a_leaving_compactors_run_never_lands_through_a_resumer_after_its_record_went(
+        config, writer, reader, hooks, three_entries):
+    """Review C, R1. Z (max 20) selects 1..20 at cursor 1 and stalls; B compacts 1..10 (cursor 11);
+    a retention pass R chooses S = 11 and stalls before moving it; Z creates its record, reads the
+    cursor 11 above S = 1 and will leave, but stalls; R moves S to 11; Y's step 0 resumes Z's record
+    (the cursor is not above S) and its step 4 CAS of index/20 is held in transit; Z leaves (deletes
+    its record); a GC pass collects Z's blob, named by nothing; Y's CAS goes out. It must not land:
+    on 4207a64 it did, COMPACTED 1..20 naming a deleted blob, and offsets 11..20 (>= S) were lost.
+    Z's leave now fences index/20 (the version Y's CAS names) before deleting the record."""
+    keys = three_entries
+    parts: dict = {}
+
+    def retention_stalls():
+        parts["retention"] = _StalledRetention(config, writer, keys, hooks)
+        parts["z_read"].arm(hooks)
+
+    def retention_then_y_resumes():
+        found = writer.coordination.get(keys.compaction, keys.partition_key)
+        parts["z_blob"] = CompactionRecord.from_json(found.value, found.key).data_key
+        parts["retention"].finish()
+        parts["y"] = _Resumer(config, writer, keys, keys.index(20))
+
+    _stall_after_selecting_then_b_compacts_1_to_10(config, writer, keys, hooks, then=retention_stalls)
+    with _compactor(config, "Z", max_offsets=20) as z:
+        parts["z_read"] = _AfterStep3Read(z, between=retention_then_y_resumes)
+        compactions, error = _compact(z)
+    assert (compactions, error) == (0, None)
+    assert writer.coordination.get(keys.compaction, keys.partition_key) is None
+    gc_pass(writer.coordination, writer.objects, config.root_prefix, config.gc_grace_ms, clock=ShiftedClock(AHEAD_S))
+    assert writer.objects.last_modified_ms(parts["z_blob"]) is None  # collected: nothing named it
+    y_did = parts["y"].release()
+    shape = _shape(writer, keys)
+    try:
+        got = [r.value for r in reader.read_range(T, 0, 11)]
+    except Exception as e:  # noqa: BLE001 - the failure is the finding
+        got = e
+    assert got == _values(11, 30), f"acknowledged offsets >= S = 11 lost: index {shape}, read {got!r}, Y: {y_did!r}"
+    assert shape == [(WAL, 11, 20), (WAL, 21, 30)]
+    assert (y_did.recoveries, y_did.resumed_compactions) == (1, 1)
+    snapshot = check_partition(writer.coordination, config.root_prefix, T, 0)
+    assert (snapshot.log_start_offset, snapshot.cursor) == (11, 11)
+    with _compactor(config, "next", writer) as c:
+        assert c.compact_partition(T, 0).compactions == 1
+    assert _shape(writer, keys) == [(COMPACTED, 11, 30)]
+    assert [r.value for r in reader.read_range(T, 0, 11)] == _values(11, 30)
+
+
+def test_a_leaving_compactor_finishes_its_run_when_a_resumer_swapped_it_in(
+        config, writer, reader, hooks, three_entries):
+    """Review C, R1 the other way round: as above, but Y's step 4 CAS lands before Z leaves (Y
+    stalls before its record's CAS). Z's fence of index/20 then fails and finds its own COMPACTED
+    entry: Z goes on to steps 5 and 6 instead of deleting the record. On 4207a64 Z deleted it:
+    COMPACTED 1..20 at rest with the cursor at 11, below it for good (no overlap left once R
+    dropped index/10, so only the cursor showed it)."""
+    keys = three_entries
+    parts: dict = {}
+
+    def retention_stalls():
+        parts["retention"] = _StalledRetention(config, writer, keys, hooks)
+        parts["z_read"].arm(hooks)
+
+    def y_lands_then_stalls():
+        parts["y_landed"].set()
+        assert parts["y_go"].wait(60)
+
+    def retention_then_y_swaps():
+        parts["retention"].finish()
+        parts["y_landed"], parts["y_go"] = threading.Event(), threading.Event()
+        parts["y"] = _Resumer(config, writer, keys, keys.index(20), after=y_lands_then_stalls)
+        parts["y"].go.set()
+        assert parts["y_landed"].wait(60)
+
+    _stall_after_selecting_then_b_compacts_1_to_10(config, writer, keys, hooks, then=retention_stalls)
+    with _compactor(config, "Z", max_offsets=20) as z:
+        parts["z_read"] = _AfterStep3Read(z, between=retention_then_y_swaps)
+        compactions, error = _compact(z)
+    parts["y_go"].set()
+    y_did = parts["y"].release()
+    shape = _shape(writer, keys)
+    assert writer.coordination.get(keys.compaction, keys.partition_key) is None
+    # Z finished 1..20, then compacted the rest, 21..30 (on 4207a64 it stopped with its record gone).
+    assert (shape, compactions, error) == ([(COMPACTED, 1, 20), (COMPACTED, 21, 30)], 2, None), (
+        f"index {shape}, cursor {_cursor(writer, keys)}; Z: {(compactions, error)!r}, Y: {y_did!r}")
+    assert (y_did.recoveries, y_did.resumed_compactions, y_did.compactions) == (1, 1, 0)  # Z finished it under Y
+    snapshot = check_partition(writer.coordination, config.root_prefix, T, 0)
+    assert (snapshot.log_start_offset, snapshot.cursor) == (11, 31)
+    assert [r.value for r in reader.read_range(T, 0, 11)] == _values(11, 30)
+
+
+def test_a_resumer_that_loses_step_4_to_the_records_own_compactor_finishes_the_run(
+        config, writer, reader, hooks, three_entries):
+    """Review C, R2. A retention pass R chooses S = 11 and stalls; X selects 1..30 at cursor 1,
+    passes its check, and its step 4 CAS is held in transit; Y's step 0 resumes X's record and its
+    own CAS is held too; X's CAS lands (X stalls before its record's CAS); R moves S and the cursor
+    to 11; Y's CAS goes out and conflicts, a real conflict with X's landed swap. Y re-reads
+    index/30, finds this run's COMPACTED entry and finishes the run. On 4207a64 Y took the conflict
+    for another compactor's run (the cursor past its start) and deleted the record: COMPACTED
+    1..30 over WAL 11..20 at rest, the cursor at 11 for good."""
+    keys = three_entries
+    retention = _StalledRetention(config, writer, keys, hooks)
+    parts: dict = {}
+
+    def y_resumes():
+        _claim_lost(writer, keys)  # X's session expired while it stalled
+        parts["y"] = _Resumer(config, writer, keys, keys.index(30))
+
+    def retention_then_y_conflicts():
+        retention.finish()
+        parts["y_did"] = parts["y"].release()
+
+    with _compactor(config, "X") as x:
+        _InTransit(x, keys.index(30), before=y_resumes, after=retention_then_y_conflicts)
+        compactions, error = _compact(x)
+    assert parts["y_did"].resumed_compactions == 1, parts["y_did"]
+    assert (compactions, error) == (0, None)  # Y finished X's record under it
+    _assert_finished_across_the_cut(config, writer, reader, keys)
+
+
+def test_the_oracle_refuses_a_cursor_below_a_compacted_entry_at_rest(config, writer, reader, three_entries):
+    """Review C, R4: at rest (no ``meta/compaction``) the cursor is past the end of every COMPACTED
+    entry (docs/protocol.md section 8.1, "Monotonic"): one the cursor is not past is an orphan,
+    which no run passes. On 4207a64 ``check_partition`` accepted it when nothing overlapped."""
+    keys = three_entries
+    with _compactor(config, "C", writer) as c:
+        assert c.compact_partition(T, 0).compactions == 1
+    assert check_partition(writer.coordination, config.root_prefix, T, 0).cursor == 31
+    found = writer.coordination.get(keys.compaction_cursor, keys.partition_key)
+    writer.coordination.put(keys.compaction_cursor, CompactionCursor(11).to_json(), keys.partition_key,
+                            expected_version=found.version_id)  # what an orphan COMPACTED 1..30 leaves
+    with pytest.raises(AssertionError, match="cursor 11 is not past the COMPACTED entry 1..30"):
+        check_partition(writer.coordination, config.root_prefix, T, 0)
