@@ -36,6 +36,7 @@ check and the CAS it sends.
 
 from __future__ import annotations
 
+import json
 import threading
 from collections.abc import Callable
 
@@ -487,3 +488,62 @@ def test_the_oracle_refuses_a_cursor_below_a_compacted_entry_at_rest(config, wri
                             expected_version=found.version_id)  # what an orphan COMPACTED 1..30 leaves
     with pytest.raises(AssertionError, match="cursor 11 is not past the COMPACTED entry 1..30"):
         check_partition(writer.coordination, config.root_prefix, T, 0)
+
+
+class _Dies(Exception):
+    """Ends a compactor right after it created its record."""
+
+
+def _record_from_before_v1_3(config, writer, keys, hooks) -> CompactionRecord:
+    """A compactor of run 1..30 dies after creating its record; the record is then written back
+    without ``end_entry_version``, as a compactor before v1.3 wrote it."""
+    def die():
+        raise _Dies()
+
+    hooks["compactor.after_record_create"] = die
+    with _compactor(config, "old", writer) as old, pytest.raises(_Dies):
+        old.compact_partition(T, 0)
+    hooks.clear()
+    found = writer.coordination.get(keys.compaction, keys.partition_key)
+    record = CompactionRecord.from_json(found.value, found.key)
+    assert record.end_entry_version is not None
+    old_form = json.loads(record.to_json())
+    del old_form["end_entry_version"]
+    writer.coordination.put(keys.compaction, json.dumps(old_form).encode(), keys.partition_key,
+                            expected_version=found.version_id)
+    return record
+
+
+def test_a_record_from_before_v1_3_is_given_its_end_entry_version_and_resumed(
+        config, writer, reader, hooks, three_entries):
+    """docs/protocol.md section 6.0: step 0 reads index/{end}, the run's last WAL entry, puts its
+    version into the record (a CAS of the record) and resumes it like any other."""
+    keys = three_entries
+    _record_from_before_v1_3(config, writer, keys, hooks)
+    with _compactor(config, "Y", writer) as y:
+        done = y.compact_partition(T, 0)
+    assert (done.recoveries, done.resumed_compactions, done.compactions) == (1, 1, 0)
+    assert _shape(writer, keys) == [(COMPACTED, 1, 30)]
+    assert writer.coordination.get(keys.compaction, keys.partition_key) is None
+    assert check_partition(writer.coordination, config.root_prefix, T, 0).cursor == 31
+    assert [r.value for r in reader.read_range(T, 0, 1)] == _values(1, 30)
+
+
+def test_a_record_from_before_v1_3_whose_end_entry_went_is_deleted(config, writer, reader, hooks, three_entries):
+    """docs/protocol.md section 6.0: index/{end} no longer the run's last WAL entry (here a
+    retention pass dropped the whole run meanwhile, S = 31): no step 4 of the record can land any
+    more, and step 0 deletes it."""
+    keys = three_entries
+    _record_from_before_v1_3(config, writer, keys, hooks)
+    writer.append(T, 0, _values(31, 40))
+    writer.coordination.delete_range(keys.index(1), keys.index(31), keys.partition_key)  # what the pass deleted
+    found = writer.coordination.get(keys.control, keys.partition_key)
+    control = json.loads(found.value)
+    writer.coordination.put(keys.control, json.dumps({**control, "log_start_offset": 31}).encode(),
+                            keys.partition_key, expected_version=found.version_id)
+    with _compactor(config, "Y", writer) as y:
+        done = y.compact_partition(T, 0)
+    assert (done.recoveries, done.resumed_compactions, done.compactions) == (1, 0, 1)
+    assert _shape(writer, keys) == [(COMPACTED, 31, 40)]
+    assert writer.coordination.get(keys.compaction, keys.partition_key) is None
+    assert check_partition(writer.coordination, config.root_prefix, T, 0).cursor == 41
