@@ -547,3 +547,46 @@ def test_a_record_from_before_v1_3_whose_end_entry_went_is_deleted(config, write
     assert _shape(writer, keys) == [(COMPACTED, 31, 40)]
     assert writer.coordination.get(keys.compaction, keys.partition_key) is None
     assert check_partition(writer.coordination, config.root_prefix, T, 0).cursor == 41
+
+
+def test_a_run_selected_at_the_version_a_fence_took_is_left_and_compacted_again(
+        config, writer, reader, hooks, three_entries):
+    """docs/protocol.md section 6.0, a fence's cost: Z (max 20) selects 1..20 at cursor 1 and
+    stalls; B compacts 1..10 (cursor 11); X (max 10) selects 11..20 at cursor 11, at the same
+    version of index/20 as Z, and stalls before its record; Z creates its record, finds the
+    cursor passed and leaves, fencing index/20. X's record then passes step 3 (the cursor at its
+    start), and its step 4 conflicts with the fence: index/20 still holds the run's last WAL
+    entry, so X deletes its record and leaves (no InconsistentReadState, no record left to wedge
+    every step 0); the next compactor compacts the run."""
+    keys = three_entries
+    x_at, x_go, x_did, parts = threading.Event(), threading.Event(), [], {}
+
+    def x_stalls():
+        if threading.current_thread().name == "X":
+            hooks.pop("compactor.after_age_check")
+            x_at.set()
+            assert x_go.wait(60)
+
+    def x_selects_11_to_20():
+        hooks["compactor.after_age_check"] = x_stalls
+        parts["x"] = x = _compactor(config, "X", writer, max_offsets=10)
+        parts["thread"] = threading.Thread(target=lambda: x_did.append(x.compact_partition(T, 0)), name="X")
+        parts["thread"].start()
+        assert x_at.wait(60)
+        _claim_lost(writer, keys)
+
+    _stall_after_selecting_then_b_compacts_1_to_10(config, writer, keys, hooks, then=x_selects_11_to_20)
+    with _compactor(config, "Z", max_offsets=20) as z:
+        assert _compact(z) == (0, None)
+    assert writer.coordination.get(keys.compaction, keys.partition_key) is None
+    x_go.set()
+    parts["thread"].join(60)
+    parts["x"].close()
+    assert x_did and x_did[0].compactions == 0, x_did
+    assert writer.coordination.get(keys.compaction, keys.partition_key) is None
+    assert _shape(writer, keys) == [(COMPACTED, 1, 10), (WAL, 11, 20), (WAL, 21, 30)]
+    with _compactor(config, "next", writer) as c:
+        assert c.compact_partition(T, 0).compactions == 1
+    assert _shape(writer, keys) == [(COMPACTED, 1, 10), (COMPACTED, 11, 30)]
+    assert check_partition(writer.coordination, config.root_prefix, T, 0).cursor == 31
+    assert [r.value for r in reader.read_range(T, 0, 1)] == _values(1, 30)
