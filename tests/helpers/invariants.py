@@ -63,9 +63,6 @@ def check_partition(coordination: Coordination, root: str, topic: str, partition
     assert start <= cursor <= control.sequence_counter, (
         f"{keys.tp}: cursor {cursor} outside {start}..{control.sequence_counter}")
 
-    # No duplicates / no overlap, and no gaps: entries tile S..n exactly, in key order. The first
-    # may be a COMPACTED entry that starts below S and covers it: a compaction that finished
-    # across a retention pass's cut (docs/protocol.md sections 6 and 10.3); offsets below S are gone.
     # At rest the cursor is past every COMPACTED entry (section 8.1): one it is not past has no
     # record behind it (an orphan, review C), and no compaction run ever passes it.
     if coordination.get(keys.compaction, keys.partition_key) is None:
@@ -74,6 +71,9 @@ def check_partition(coordination: Coordination, root: str, topic: str, partition
                 f"{keys.tp}: cursor {cursor} is not past the COMPACTED entry {e.start_offset}..{e.end_offset} at rest "
                 f"(no meta/compaction): an entry with no record behind it, which no compaction passes")
 
+    # No duplicates / no overlap, and no gaps: entries tile S..n exactly, in key order. The first
+    # may be a COMPACTED entry that starts below S and covers it: a compaction that finished
+    # across a retention pass's cut (docs/protocol.md sections 6 and 10.3); offsets below S are gone.
     expected_start = start
     for i, e in enumerate(entries):
         assert e.entry.msg_count >= 1, f"{keys.tp}: entry at {e.end_offset} has msg_count {e.entry.msg_count}"
