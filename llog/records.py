@@ -486,7 +486,10 @@ COMPACTION_STATES = (WRITING_COMPACTED_INDEX, DELETING_OLD, UPDATING_CURSOR)
 
 @dataclass(frozen=True)
 class CompactionRecord:
-    """``P/meta/compaction``: the compaction in flight, the record any compactor resumes from."""
+    """``P/meta/compaction``: the compaction in flight, the record any compactor resumes from
+    (docs/protocol.md section 6). ``end_entry_version``: the version of ``index/{end_offset}``
+    read in step 1, at which every step 4 of the record CASes; None in a record written before
+    v1.3 (step 0 gives it one, and it is then left out of the JSON)."""
 
     compaction_id: str
     state: str
@@ -497,9 +500,16 @@ class CompactionRecord:
     encoding: str
     created_at_ms: int
     last_entry_start_offset: int
+    end_entry_version: int | None = None
 
     def to_json(self) -> bytes:
-        return _dump(asdict(self))
+        fields = asdict(self)
+        if self.end_entry_version is None:
+            del fields["end_entry_version"]
+        return _dump(fields)
+
+    def with_end_entry_version(self, version: int) -> "CompactionRecord":
+        return replace(self, end_entry_version=version)
 
     def with_state(self, state: str) -> "CompactionRecord":
         return replace(self, state=state)
@@ -521,6 +531,7 @@ class CompactionRecord:
             encoding=_field(obj, "encoding", str, key),
             created_at_ms=_field(obj, "created_at_ms", int, key),
             last_entry_start_offset=_field(obj, "last_entry_start_offset", int, key),
+            end_entry_version=_field(obj, "end_entry_version", int, key, optional=True),
         )
         if record.state not in COMPACTION_STATES:
             raise CorruptRecord(f"{key}: unknown compaction state {record.state!r}")
@@ -528,6 +539,8 @@ class CompactionRecord:
                 or record.msg_count != record.end_offset - record.start_offset + 1:
             raise CorruptRecord(f"{key}: inconsistent offsets {record.start_offset}..{record.end_offset} "
                                 f"(last entry from {record.last_entry_start_offset}, msg_count {record.msg_count})")
+        if record.end_entry_version is not None and record.end_entry_version < 0:
+            raise CorruptRecord(f"{key}: end_entry_version must be >= 0, got {record.end_entry_version}")
         return record
 
 

@@ -2,7 +2,8 @@
 
 One checker for every test (and chaos's ``check_at_rest``): ``check_partition`` asserts no
 overlap, no gaps (from the log start ``S``; the first entry may be a COMPACTED one that starts
-below ``S``, docs/protocol.md section 10.3), cursor bounds and entry sanity for a quiescent
+below ``S``, docs/protocol.md section 10.3), cursor bounds, the cursor past every COMPACTED
+entry when no ``meta/compaction`` record is in flight, and entry sanity for a quiescent
 partition and returns a :class:`Snapshot`; ``check_monotonic`` compares two snapshots;
 ``check_acked_readable`` reads acknowledged appends back.
 """
@@ -38,7 +39,9 @@ class Snapshot:
 def check_partition(coordination: Coordination, root: str, topic: str, partition: int,
                     topic_id: str | None = None) -> Snapshot:
     """Assert the section 8 invariants that one partition's state must satisfy at rest, in the
-    incarnation ``topic_id`` (default: the topic's current one, from its record)."""
+    incarnation ``topic_id`` (default: the topic's current one, from its record). With a
+    ``meta/compaction`` record the partition is not at rest, and the cursor may be below the
+    COMPACTED entry of the record's own run (between its steps 4 and 6); the rest is checked."""
     if topic_id is None:
         found = topic_records(coordination, root, [topic])
         assert found, f"topic {topic!r} has no topic record"
@@ -59,6 +62,14 @@ def check_partition(coordination: Coordination, root: str, topic: str, partition
     assert 1 <= start <= hw + 1, f"{keys.tp}: log start offset {start} outside 1..{hw + 1}"
     assert start <= cursor <= control.sequence_counter, (
         f"{keys.tp}: cursor {cursor} outside {start}..{control.sequence_counter}")
+
+    # At rest the cursor is past every COMPACTED entry (section 8.1): one it is not past has no
+    # record behind it (an orphan, review C), and no compaction run ever passes it.
+    if coordination.get(keys.compaction, keys.partition_key) is None:
+        for e in entries:
+            assert e.entry.type != COMPACTED or e.end_offset < cursor, (
+                f"{keys.tp}: cursor {cursor} is not past the COMPACTED entry {e.start_offset}..{e.end_offset} at rest "
+                f"(no meta/compaction): an entry with no record behind it, which no compaction passes")
 
     # No duplicates / no overlap, and no gaps: entries tile S..n exactly, in key order. The first
     # may be a COMPACTED entry that starts below S and covers it: a compaction that finished

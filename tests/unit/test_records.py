@@ -14,6 +14,7 @@ from llog.records import (
     OPEN,
     WAL,
     CompactionCursor,
+    CompactionRecord,
     ControlRecord,
     IndexEntry,
     LocatedEntry,
@@ -315,3 +316,34 @@ def test_sink_progress_refuses_a_new_sink_when_the_partition_holds_its_most_live
     assert updated.sink_progress("q7") == SinkProgress(5, 1, now)
     later = control.with_sink_progress("me", SinkProgress(5, 1, now + 8 * DAY_MS), retention_ms=7 * DAY_MS)
     assert set(json.loads(later.to_json())["sinks"]) == {"me", "not-progress"}  # the expired ones went
+
+
+# --- CompactionRecord ----------------------------------------------------------------------------
+
+def compaction_dict(**changes) -> dict:
+    obj = {"compaction_id": "0c1d2e3f-1111-2222-3333-444455556666", "state": "WRITING_COMPACTED_INDEX",
+           "start_offset": 1, "end_offset": 30, "msg_count": 30, "data_key": DATA_KEY, "encoding": "bytes-batch-v1",
+           "created_at_ms": 5, "last_entry_start_offset": 21, "end_entry_version": 42, **changes}
+    return {k: v for k, v in obj.items() if v is not None}
+
+
+def test_a_compaction_record_keeps_the_version_its_step_4_cases_at():
+    record = CompactionRecord.from_json(json.dumps(compaction_dict()).encode())
+    assert record.end_entry_version == 42
+    assert CompactionRecord.from_json(record.to_json()) == record
+    assert json.loads(record.with_state("DELETING_OLD").to_json())["end_entry_version"] == 42
+
+
+def test_a_compaction_record_from_before_v1_3_has_no_end_entry_version():
+    """docs/protocol.md section 6: step 0 gives such a record one; until then it is None, and
+    written back without the field."""
+    record = CompactionRecord.from_json(json.dumps(compaction_dict(end_entry_version=None)).encode())
+    assert record.end_entry_version is None
+    assert "end_entry_version" not in json.loads(record.to_json())
+    assert record.with_end_entry_version(7).end_entry_version == 7
+
+
+@pytest.mark.parametrize("version", [-1, "42", True, 1.5])
+def test_a_compaction_record_with_a_bad_end_entry_version_is_refused(version):
+    with pytest.raises(CorruptRecord, match="end_entry_version"):
+        CompactionRecord.from_json(json.dumps(compaction_dict(end_entry_version=version)).encode())
