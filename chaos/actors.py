@@ -403,7 +403,9 @@ def producer(args, config: Config) -> None:
     as an idempotent producer (``POST /producers``, a sequence per partition), sending a batch
     again until it is answered (the broker writes it once and answers with its first offsets).
     A plain producer never sends a batch twice (its outcome unknown, it may be in the log,
-    unacknowledged). A 200 result with offsets is an acknowledgement."""
+    unacknowledged). A result with ``ok`` and offsets, in a 200 or a 409 (some groups written,
+    others not) answer, is an acknowledgement. After any group not written, an idempotent producer
+    takes a new producer id: a sequence is never reused for other records."""
     rng, acks, activity = random.Random(args.seed), _Lines(args.dir / "acks" / f"{args.name}.jsonl"), _activity(args)
     producer_id, sequences = None, {}
     for seq in range(1_000_000_000):
@@ -437,15 +439,20 @@ def producer(args, config: Config) -> None:
                 if answer.status_code != 200 and args.idempotent and answer.status_code >= 500:
                     time.sleep(0.3)
                     continue
-                results = answer.json().get("results", []) if answer.status_code == 200 else []
+                # 200: every group written; 409: some written (their results say ok), others not.
+                results = answer.json().get("results", []) if answer.status_code in (200, 409) else []
                 for r in results:
                     if r.get("ok"):
                         _ack(acks, args.name, seq, r["topic"], r["index_key"].rsplit("/", 5)[1], r["partition"],
                              r["start_offset"], r["count"], sent_at)
                         if args.idempotent:
                             sequences[r["partition"]] = sequences.get(r["partition"], 0) + r["count"]
-                    elif args.idempotent:  # refused: the producer's sequences are off; start as a new one
-                        producer_id = None
+                if args.idempotent and sum(1 for r in results if r.get("ok")) < len(groups):
+                    # A group not written (refused, or the whole request): its partition's sequence
+                    # now stands for records never sent again; new records under it would be taken
+                    # for a resend (section 9.4) and answered with the old batch's offsets. A new
+                    # producer id starts every partition again at 0.
+                    producer_id = None
                 did.update(acked=sum(1 for r in results if r.get("ok")), of=len(groups), status=answer.status_code)
                 break
             else:
