@@ -22,21 +22,13 @@ from llog.process_clients import log_writer
 from llog_sink.commit import commit_batch
 from llog_sink.task_writer import SinkCommitMessage
 from tests.helpers.clocks import past_the_lag
+from tests.helpers.pins import cut as _cut, pin_clients
 
 
 @pytest.fixture
 def parts(config):
-    objects = ObjectStore(config)
-    with LogWriter(config, auto_initialize=True) as writer, Coordination(config) as coordination:
-        writer.initialize_partition("t", 0)
-        yield config, writer, coordination, objects
-    objects.close()
-
-
-def _cut(config, objects, values: list[bytes], pieces: int):
-    """``values`` staged as ``pieces`` slices of partition 0 (one blob each): one cut of a batch."""
-    size = -(-len(values) // pieces)
-    return [s for i in range(0, len(values), size) for s in stage(objects, config, [AppendGroup("t", 0, values[i:i + size])])]
+    with pin_clients(config) as clients:
+        yield clients
 
 
 def _log(config) -> list[bytes]:

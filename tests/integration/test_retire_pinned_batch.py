@@ -13,10 +13,8 @@ import grpc
 import pytest
 
 from llog.clock import ShiftedClock
-from llog.coordination import Coordination
 from llog.errors import SinkBatchMismatch, SinkBatchNotCommitted
 from llog.gc import gc_pass
-from llog.objects import ObjectStore
 from llog.reader import LogReader, ReadRequest
 from llog.sink_batches import (
     SINKS_PARTITION_KEY, PinnedBatch, SinkBatchOutOfOrder, list_pins, pin_batch, sink_batch_key, unpin_committed,
@@ -25,25 +23,15 @@ from llog.topics import create_topic
 from llog.writer import AppendGroup, LogWriter, SinkBatch, stage
 from llog_tools.cli import main as llog_main
 from tests.helpers.clocks import past_the_lag
+from tests.helpers.pins import cli_reaches, cut as _cut, pin_clients
 
 
 @pytest.fixture
 def parts(config, monkeypatch):
     """A writer, clients and partition ``t[0]``; the ``llog`` command reaches the same root prefix."""
-    monkeypatch.setenv("LLOG_SETTINGS_FILE", "/nonexistent")
-    for name, value in config.to_options().items():
-        monkeypatch.setenv(name, value)
-    objects = ObjectStore(config)
-    with LogWriter(config, auto_initialize=True) as writer, Coordination(config) as coordination:
-        writer.initialize_partition("t", 0)
-        yield config, writer, coordination, objects
-    objects.close()
-
-
-def _cut(config, objects, values: list[bytes], pieces: int):
-    size = -(-len(values) // pieces)
-    return [s for i in range(0, len(values), size)
-            for s in stage(objects, config, [AppendGroup("t", 0, values[i:i + size])])]
+    cli_reaches(config, monkeypatch)
+    with pin_clients(config) as clients:
+        yield clients
 
 
 def _log(config, topic: str = "t", partition: int = 0) -> list[bytes]:
