@@ -12,6 +12,7 @@ from llog.discovery import topic_records
 from llog.keys import TOPICS_PARTITION_KEY, PartitionKeys, TopicPartition, s3_uri, topic_key
 from llog.objects import ObjectStore
 from llog.records import ACTIVE, ControlRecord, IndexEntry, LocatedEntry, TopicRecord
+from llog.topics import alter_topic, create_topic
 
 
 def current_keys(coordination: Coordination, root: str, topic: str, partition: int) -> PartitionKeys:
@@ -76,3 +77,15 @@ def first_kept_by_size(sizes: Sequence[int], retention_bytes: int) -> int:
     while first < len(sizes) and sum(sizes[first + 1:]) >= retention_bytes:
         first += 1
     return first
+
+
+def three_entries_retaining_two(writer, root: str, topic: str) -> PartitionKeys:
+    """``topic`` created with one partition holding entries 1..10, 11..20, 21..30 (values
+    ``r1``..``r30``), and ``retention.bytes`` that drops exactly the first; its keys."""
+    create_topic(writer.coordination, root, topic, 1)
+    for first in (1, 11, 21):
+        writer.append(topic, 0, [f"r{n}".encode() for n in range(first, first + 10)])
+    keys = current_keys(writer.coordination, root, topic, 0)
+    size = index_entries(writer.coordination, keys)[0].entry.byte_length
+    alter_topic(writer.coordination, root, topic, set_config={"retention.bytes": 2 * size})
+    return keys

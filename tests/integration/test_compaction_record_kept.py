@@ -48,9 +48,8 @@ from llog.compactor import Compactor
 from llog.errors import VersionConflict
 from llog.gc import gc_pass
 from llog.records import COMPACTED, WAL, CompactionCursor, CompactionRecord
-from llog.topics import alter_topic, create_topic
 from tests.helpers.invariants import check_partition
-from tests.helpers.retention import current_keys, index_entries
+from tests.helpers.retention import three_entries_retaining_two, index_entries
 
 T = "kept"
 #: Every actor's clock runs this far ahead: every entry written now is older than G.
@@ -84,13 +83,7 @@ def _claim_lost(writer, keys) -> None:
 @pytest.fixture
 def three_entries(config, writer):
     """``T`` with entries 1..10, 11..20, 21..30, and ``retention.bytes`` that drops exactly the first."""
-    create_topic(writer.coordination, config.root_prefix, T, 1)
-    for first in (1, 11, 21):
-        writer.append(T, 0, _values(first, first + 9))
-    keys = current_keys(writer.coordination, config.root_prefix, T, 0)
-    size = index_entries(writer.coordination, keys)[0].entry.byte_length
-    alter_topic(writer.coordination, config.root_prefix, T, set_config={"retention.bytes": 2 * size})
-    return keys
+    return three_entries_retaining_two(writer, config.root_prefix, T)
 
 
 class _LostReply(grpc.RpcError):
@@ -215,19 +208,7 @@ def test_a_compactor_whose_record_step_0_deleted_leaves_even_if_its_check_passes
 
     def b_compacts_1_to_10():
         hooks.pop("compactor.after_age_check")
-        _claim_lost(writer, keys)
-        selections = []
-
-        def stop_b_after_one_run():
-            selections.append(1)
-            if len(selections) == 2:
-                raise _BStops()
-
-        hooks["compactor.after_select"] = stop_b_after_one_run
-        with _compactor(config, "B", writer, max_offsets=10) as b, pytest.raises(_BStops):
-            b.compact_partition(T, 0)
-        hooks.pop("compactor.after_select")
-        assert _shape(writer, keys) == [(COMPACTED, 1, 10), (WAL, 11, 20), (WAL, 21, 30)]
+        _b_compacts_1_to_10(config, writer, keys, hooks)
         hooks["compactor.after_record_create"] = y_retention_pass  # X's, next
 
     y_did = []
@@ -334,24 +315,29 @@ class _Resumer:
         return self.done[0]
 
 
+def _b_compacts_1_to_10(config, writer, keys, hooks) -> None:
+    """The stalled compactor's claim is lost, and B (max 10) compacts 1..10 (cursor 11), one run."""
+    _claim_lost(writer, keys)
+    selections = []
+
+    def stop_b_after_one_run():
+        selections.append(1)
+        if len(selections) == 2:
+            raise _BStops()
+
+    hooks["compactor.after_select"] = stop_b_after_one_run
+    with _compactor(config, "B", writer, max_offsets=10) as b, pytest.raises(_BStops):
+        b.compact_partition(T, 0)
+    hooks.pop("compactor.after_select")
+    assert _shape(writer, keys) == [(COMPACTED, 1, 10), (WAL, 11, 20), (WAL, 21, 30)]
+
+
 def _stall_after_selecting_then_b_compacts_1_to_10(config, writer, keys, hooks, then: Callable[[], None]) -> None:
     """At Z's blob age check (Z selected 1..20 at cursor 1): Z's claim is lost, B (max 10)
     compacts 1..10 (cursor 11), then ``then()``."""
     def b_compacts():
         hooks.pop("compactor.after_age_check")
-        _claim_lost(writer, keys)
-        selections = []
-
-        def stop_b_after_one_run():
-            selections.append(1)
-            if len(selections) == 2:
-                raise _BStops()
-
-        hooks["compactor.after_select"] = stop_b_after_one_run
-        with _compactor(config, "B", writer, max_offsets=10) as b, pytest.raises(_BStops):
-            b.compact_partition(T, 0)
-        hooks.pop("compactor.after_select")
-        assert _shape(writer, keys) == [(COMPACTED, 1, 10), (WAL, 11, 20), (WAL, 21, 30)]
+        _b_compacts_1_to_10(config, writer, keys, hooks)
         then()
 
     hooks["compactor.after_age_check"] = b_compacts

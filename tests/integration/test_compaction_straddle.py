@@ -23,9 +23,9 @@ from llog.compactor import Compactor
 from llog.errors import OffsetOutOfRange
 from llog.gc import gc_pass
 from llog.records import COMPACTED
-from llog.topics import alter_topic, create_topic
+from llog.topics import alter_topic
 from tests.helpers.invariants import check_partition
-from tests.helpers.retention import current_keys, index_entries
+from tests.helpers.retention import three_entries_retaining_two, index_entries
 
 T = "straddled"
 #: The compactors' clock runs this far ahead: every entry written now is older than G.
@@ -43,13 +43,7 @@ def _values(first: int, last: int) -> list[bytes]:
 @pytest.fixture
 def three_entries(config, writer):
     """``T`` with entries 1..10, 11..20, 21..30, and ``retention.bytes`` that drops exactly the first."""
-    create_topic(writer.coordination, config.root_prefix, T, 1)
-    for first in (1, 11, 21):
-        writer.append(T, 0, _values(first, first + 9))
-    keys = current_keys(writer.coordination, config.root_prefix, T, 0)
-    size = index_entries(writer.coordination, keys)[0].entry.byte_length
-    alter_topic(writer.coordination, config.root_prefix, T, set_config={"retention.bytes": 2 * size})
-    return keys
+    return three_entries_retaining_two(writer, config.root_prefix, T)
 
 
 def _claim_lost(writer, keys) -> None:
