@@ -42,11 +42,15 @@ from llog_tools.describe import format_descriptions
 CHECKOUT = Path(__file__).resolve().parents[1]
 #: The quality gate's suite (jobs/quality_gate.py).
 EXPECTATIONS = CHECKOUT / "conf" / "expectations" / "events.json"
+#: The topics the demo writes: the core writer's (``--topics``) and the one Spark streams into.
+#: The front page's examples use others, so that they print what the page shows after a demo.
+CORE_TOPICS = "orders,payments"
+EVENTS_TOPIC = "events"
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--topics", default="orders,payments")
+    parser.add_argument("--topics", default=CORE_TOPICS)
     parser.add_argument("--partitions", type=int, default=3)
     parser.add_argument("--batches", type=int, default=5)
     parser.add_argument("--records", type=int, default=1000, help="records per partition per batch")
@@ -185,7 +189,7 @@ def stream_through_spark(spark, config: Config, partitions: int, batches: int = 
     print(f"streaming {batches} micro-batches of {rows:,} events through writeStream.format('llog') ...")
     started = time.perf_counter()
     with LogReader(config) as reader, tempfile.TemporaryDirectory(prefix="llog-demo-ck-") as checkpoint:
-        before = _high_watermarks(reader, config, "events")
+        before = _high_watermarks(reader, config, EVENTS_TOPIC)
         events = (spark.readStream.format("rate-micro-batch").option("rowsPerBatch", rows)
                   .option("startTimestamp", int(time.time() * 1000)).load()  # event times of today, not 1970
                   # batch b holds values b*rows .. b*rows+rows-1: a batch that starts before stop()
@@ -193,7 +197,7 @@ def stream_through_spark(spark, config: Config, partitions: int, batches: int = 
                   .where(F.col("value") < batches * rows)
                   .select(F.to_json(F.struct(F.col("value").alias("seq"), F.col("timestamp").cast("string").alias("ts")))
                           .alias("value")))
-        query = (events.writeStream.format("llog").option("topic", "events").option("partitions", partitions)
+        query = (events.writeStream.format("llog").option("topic", EVENTS_TOPIC).option("partitions", partitions)
                  .option("checkpointLocation", checkpoint).trigger(processingTime="0 seconds").start())
         with progress.task("streaming micro-batches into llog", total=batches, unit="batches") as advance:
             while not query.recentProgress or query.recentProgress[-1]["batchId"] < batches - 1:
@@ -210,7 +214,7 @@ def stream_through_spark(spark, config: Config, partitions: int, batches: int = 
         for p in batch_progress:
             print(f"  batch {p['batchId']}: {p['numInputRows']:,} rows in "
                   f"{p['durationMs'].get('triggerExecution', 0) / 1000:.2f}s")
-        after = _high_watermarks(reader, config, "events")
+        after = _high_watermarks(reader, config, EVENTS_TOPIC)
     print(f"events: {sum(after.values()) - sum(before.values()):,} records committed in "
           f"{time.perf_counter() - started:.1f}s; offsets per partition: "
           + ", ".join(f"events[{p}] {before.get(p, 0) + 1}..{hw}" if hw > before.get(p, 0) else f"events[{p}] -"
@@ -231,7 +235,7 @@ def add_bad_events(config: Config, after: dict[int, int]) -> dict[int, int]:
     with LogWriter(config) as writer:
         for i, value in enumerate(BAD_EVENTS):
             partition = sorted(after)[i % len(after)]
-            after[partition] = writer.append("events", partition, [value]).end_offset
+            after[partition] = writer.append(EVENTS_TOPIC, partition, [value]).end_offset
     print(f"added {len(BAD_EVENTS)} bad events to topic events (not JSON, a seq that is no integer, no ts, a ts in "
           "2999) for the quality gate to catch")
     return after
@@ -265,8 +269,8 @@ def events_to_delta(spark, config: Config, before: dict[int, int], after: dict[i
     for path in (table, checkpoint, quarantine, Path(f"{quarantine}_results")):
         shutil.rmtree(path, ignore_errors=True)
     starting = {p: before.get(p, 0) + 1 for p in sorted(after)}  # every partition of the topic
-    job = Job(table=str(table), checkpoint=str(checkpoint), topics=("events",),
-              starting_offsets=json.dumps({"events": {str(p): o for p, o in starting.items()}}),
+    job = Job(table=str(table), checkpoint=str(checkpoint), topics=(EVENTS_TOPIC,),
+              starting_offsets=json.dumps({EVENTS_TOPIC: {str(p): o for p, o in starting.items()}}),
               max_offsets_per_trigger=max_per_batch, group_id=group, expectations=str(EXPECTATIONS),
               quarantine=str(quarantine))
     print(f"llog -> Delta: readStream.format('llog') from those offsets, availableNow, at most {max_per_batch:,} "
@@ -290,7 +294,7 @@ def events_to_delta(spark, config: Config, before: dict[int, int], after: dict[i
     print("  " + "\n  ".join(f"{r.topic}[{r.partition}]@{r.offset}  {r.value}  {r.timestamp}" for r in sample))
     print(gate_summary(spark, job))
     print()
-    print(group_lag(config, group, ["events"]))
+    print(group_lag(config, group, [EVENTS_TOPIC]))
     samples = sampler.samples
     return DeltaOutcome(group, batches, samples, rows, quarantined, samples[-1][1] if samples else 0, complete)
 
@@ -322,7 +326,7 @@ class LagSampler:
         from llog.coordination import Coordination
         from llog.keys import TopicPartition
 
-        partitions = [TopicPartition("events", p) for p in sorted(self.starting)]
+        partitions = [TopicPartition(EVENTS_TOPIC, p) for p in sorted(self.starting)]
         with Coordination(self.config) as coordination, LogReader(self.config) as reader:
             while True:
                 committed = committed_offsets(coordination, self.config.root_prefix, self.group, partitions)
