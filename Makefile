@@ -6,7 +6,7 @@ PY     := $(VENV)/bin/python
 # Reinstall when setup.py changes.
 STAMP  := $(VENV)/.installed-$(shell sha1sum setup.py | cut -c1-12)
 
-.PHONY: install debian-packages demo test docs bench compat chaos loadtest proto stack-up stack-down stack-status observe
+.PHONY: install debian-packages demo test test-fast test-durations docs bench compat chaos loadtest proto stack-up stack-down stack-status observe
 
 $(STAMP): setup.py
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -34,8 +34,28 @@ debian-packages:
 	  if [ "$$(id -u)" = 0 ]; then SUDO=; else SUDO="sudo -n"; fi; \
 	  $$SUDO apt-get update -q >/dev/null && $$SUDO apt-get install -y -q $(DEBIAN_PACKAGES) >/dev/null; }
 
+# The suite in two stages. First every module but the soak ones on TEST_WORKERS pytest-xdist
+# workers, each with its own local stack: a module's tests stay on one worker, in order (its
+# fixtures, a broker or a Spark session, start once), the longest modules first, as
+# tests/durations.json has them (the scheduler in tests/conftest.py). Then the soak modules (the
+# chaos run, the Oxia cluster's kills, brokers under load, the load test) alone: under the first
+# stage's load the chaos run found a Kafka group member starting past its commits (closing note of
+# issue 39). Each stage ends with its slowest tests; their JUnit reports go to .cache/ (`make
+# test-durations` records the times).
+TEST_WORKERS ?= 3
+PYTEST_PARALLEL := -n $(TEST_WORKERS) --no-loadscope-reorder --durations=20
 test: install debian-packages
-	$(PY) -m pytest
+	$(PY) -m pytest $(PYTEST_PARALLEL) -m "not soak" --junitxml=.cache/test-results.xml
+	$(PY) -m pytest -m soak --durations=10 --junitxml=.cache/test-results-soak.xml
+
+# The inner loop, before the whole suite: the unit tests and the integration modules that took
+# under 12 s in a whole run (not `slow`), no soak test. A few minutes.
+test-fast: install debian-packages
+	$(PY) -m pytest $(PYTEST_PARALLEL) -m "not slow and not soak"
+
+# tests/durations.json from the last `make test`'s reports: the order of the next runs, and what is slow.
+test-durations: $(STAMP)
+	$(PY) -m tests.durations
 
 # The documentation site from docs/ (mkdocs.yml) into .cache/site: open .cache/site/index.html. Strict, as
 # tests/unit/test_docs_site.py builds it in `make test`: a broken link or anchor, or a page left out of

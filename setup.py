@@ -55,10 +55,10 @@ setup(
         # The data-quality gate of jobs/llog_to_delta.py (--expectations); plain, as its [spark]
         # extra pins an older pyspark.
         "quality": ["great-expectations==1.24.1"],
-        # The test tools (pyyaml: the databricks.yml test; httpx:
+        # The test tools (pytest-xdist: `make test` on several workers; pyyaml: the databricks.yml test; httpx:
         # the broker's tests; schemathesis: fuzzing the broker against its OpenAPI document, which
         # openapi-spec-validator checks).
-        "dev": ["pytest", "chispa", "hypothesis", "grpcio-tools", "pyyaml", "httpx==0.28.1",
+        "dev": ["pytest", "pytest-xdist==3.8.0", "chispa", "hypothesis", "grpcio-tools", "pyyaml", "httpx==0.28.1",
                 # Real Kafka clients against the Kafka listener: librdkafka's, and a pure-Python one.
                 "confluent-kafka==2.16.1", "kafka-python==3.0.12",
                 "schemathesis==4.32.5", "openapi-spec-validator==0.9.0",

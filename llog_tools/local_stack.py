@@ -402,8 +402,13 @@ def restart_service(stack_dir: Path | None, service: str, timeout_s: float = 60,
     paths = StackPaths(stack_dir)
     with locked(paths.lock, timeout_s + down_s + 30, "`llog stack up` or `down`"):
         record, service = _service(paths, service)
-        if not status(paths.root)["running"]:
-            raise LlogError(f"no running stack in {paths.root} (`llog stack up` starts one)")
+        # A health check can miss on a loaded machine, or just after another service restarted:
+        # the stack gets up to timeout_s to answer before it counts as not running.
+        deadline = time.monotonic() + timeout_s
+        while not status(paths.root)["running"]:
+            if time.monotonic() >= deadline:
+                raise LlogError(f"no running stack in {paths.root} (`llog stack up` starts one)")
+            time.sleep(0.5)
         entry = record[service]
         if kill:
             kill_process(service, entry)

@@ -95,7 +95,7 @@ def test_topic_partition_validates_and_prints():
         partition_keys("llog", "", 0, TID)
 
 
-@pytest.mark.parametrize("topic_id", [TID, str(uuid.uuid4()), "a", "A-1", "x" * 64])
+@pytest.mark.parametrize("topic_id", [TID, str(uuid.UUID(int=2**128 - 1)), "a", "A-1", "x" * 64])
 def test_valid_topic_ids(topic_id):
     assert validate_topic_id(topic_id) == topic_id
     assert partition_keys("llog", "orders", 0, topic_id).topic_id == topic_id
