@@ -49,7 +49,7 @@ test: install debian-packages
 	$(PY) -m pytest -m soak --durations=10 --junitxml=.cache/test-results-soak.xml
 
 # The inner loop, before the whole suite: the unit tests and the integration modules that took
-# under 12 s in a whole run (not `slow`), no soak test. A few minutes.
+# under 8 s in a whole run (not `slow`), no soak test. A few minutes.
 test-fast: install debian-packages
 	$(PY) -m pytest $(PYTEST_PARALLEL) -m "not slow and not soak"
 

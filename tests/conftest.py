@@ -25,7 +25,7 @@ _INTEGRATION_DIR = _TESTS_DIR / "integration"
 DURATIONS_FILE = _TESTS_DIR / "durations.json"
 #: A module that took longer than this is ``slow``: ``make test-fast`` (``-m "not slow and not
 #: soak"``) leaves it out. A module not in :data:`DURATIONS_FILE` (a new one) is not slow.
-SLOW_MODULE_S = 12.0
+SLOW_MODULE_S = 8.0
 #: The modules of long runs under load or faults (the chaos run, the Oxia cluster's kills, brokers
 #: behind HAProxy under load, the load test, the Kafka front-door bench): marked ``soak``. ``make
 #: test`` runs them alone after the rest (the Makefile says why); in one xdist run, one worker
