@@ -16,7 +16,9 @@ written next to them (:data:`RESOLVED_JARS_FILE`). Later sessions load those jar
 ``spark.jars``: no network, no Ivy run, and none of the ~20 lines Ivy prints on every resolution
 (its console logger is fixed at INFO; nothing in Spark or Ivy's settings turns it off). A session
 that asks for more ``packages`` (say Spark's Kafka connector, for ``bench.kafka``) has them
-resolved, cached and recorded the same way.
+resolved, cached and recorded the same way. Sessions that start together in several processes
+(pytest's workers on a fresh clone) take turns: one resolves, under a lock in ``.cache/ivy``, and
+the others load what it recorded.
 
 Spark puts ``$SPARK_HOME/python/lib/pyspark.zip`` first on the path of every Python process it
 starts (the planner of each streaming query and of each Python data source read, the workers'
@@ -31,6 +33,7 @@ sooner (the first trigger 1.0 s after ``start()`` instead of 2.8 s).
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import os
@@ -44,6 +47,7 @@ from urllib.parse import unquote, urlparse
 
 from llog.config import llog_home
 from llog.errors import ConfigError
+from llog_tools.stack.processes import locked
 
 CHECKOUT = Path(__file__).resolve().parents[1]
 #: The local session's Spark settings, in Spark's ``key  value`` format (conf/README.md).
@@ -59,6 +63,11 @@ DELTA_KEYS = ("spark.jars.", "spark.sql.extensions", "spark.sql.catalog.spark_ca
 #: with more ``packages`` keeps its record in a file of its own (:func:`resolved_jars_file`), so
 #: that sessions with and without them each find theirs, whichever ran last.
 RESOLVED_JARS_FILE = "llog-resolved-jars.json"
+#: In the ``spark.jars.ivy`` directory: the lock a process holds while its Ivy resolves and it
+#: records the jars (:func:`local_spark`), and how long another waits for it (a first resolution
+#: downloads the Delta jar and its dependencies from Maven Central).
+RESOLVE_LOCK_FILE = ".llog-resolve.lock"
+RESOLVE_TIMEOUT_S = 600.0
 #: A class of the Delta jar: whether a running JVM has it.
 _DELTA_PROBE_CLASS = "io.delta.sql.DeltaSparkSessionExtension"
 _PLACEHOLDER = re.compile(r"\{(\w+)\}")
@@ -91,17 +100,27 @@ def local_spark(app: str, cores: int = 2, task_retries: int = 1, delta: bool = F
     probe_classes = [*([_DELTA_PROBE_CLASS] if delta else []), *packages.values()]
     record = resolved_jars_file(settings) if packages else RESOLVED_JARS_FILE
     jars = None
+    resolving = contextlib.nullcontext()
     if probe_classes:
         _stop_jvm_without(probe_classes)
         if "spark.jars.ivy" in settings:
             Path(settings["spark.jars.ivy"]).mkdir(parents=True, exist_ok=True)
         jars = resolved_jars(settings, record)
-    builder = SparkSession.builder.master(f"local[{cores},{task_retries}]").appName(app)
-    for key, value in (with_resolved_jars(settings, jars) if jars else settings).items():
-        builder = builder.config(key, value)
-    spark = builder.getOrCreate()
-    if probe_classes and jars is None and "spark.jars.packages" in settings and "spark.jars.ivy" in settings:
-        record_resolved_jars(settings, spark.sparkContext.getConf().get("spark.jars", ""), record)
+        if jars is None and "spark.jars.packages" in settings and "spark.jars.ivy" in settings:
+            # Ivy's cache is not safe for two resolutions at once: on a fresh checkout, sessions
+            # started together (pytest's workers) made JVMs that exited before Spark started. One
+            # process resolves; the others wait for it and then load what it recorded.
+            resolving = locked(Path(settings["spark.jars.ivy"]) / RESOLVE_LOCK_FILE, RESOLVE_TIMEOUT_S,
+                               "Ivy to resolve the Spark session's jars")
+    with resolving:
+        if jars is None and probe_classes:
+            jars = resolved_jars(settings, record)  # another process may have resolved them meanwhile
+        builder = SparkSession.builder.master(f"local[{cores},{task_retries}]").appName(app)
+        for key, value in (with_resolved_jars(settings, jars) if jars else settings).items():
+            builder = builder.config(key, value)
+        spark = builder.getOrCreate()
+        if probe_classes and jars is None and "spark.jars.packages" in settings and "spark.jars.ivy" in settings:
+            record_resolved_jars(settings, spark.sparkContext.getConf().get("spark.jars", ""), record)
     return spark
 
 

@@ -6,16 +6,21 @@ touched)."""
 
 from __future__ import annotations
 
+import fcntl
 import json
+import os
+import shutil
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
 
 import pyspark
 
-from jobs.local_spark import CHECKOUT, is_delta_key, resolved_jars, spark_defaults, spark_home_without_zip
+from jobs.local_spark import (CHECKOUT, RESOLVE_LOCK_FILE, RESOLVED_JARS_FILE, _resolution_key, is_delta_key,
+                              resolved_jars, spark_defaults, spark_home_without_zip)
 
 #: Started in a subprocess: a session, then one JSON line of what the test checks.
 SESSION_SCRIPT = """
@@ -133,3 +138,65 @@ def test_spark_home_without_zip_links_the_installed_pyspark(tmp_path):
     assert spark_home_without_zip(tmp_path) == home and (home / "jars").resolve() == (package / "jars").resolve()
     (tmp_path / "file").touch()
     assert spark_home_without_zip(tmp_path / "file" / "below") is None  # cannot be made
+
+
+#: Started in a subprocess of a copy of the checkout: a Delta session, and the jars it loaded.
+WAITING_SESSION_SCRIPT = """
+import json
+from jobs.local_spark import local_spark
+
+spark = local_spark("llog-conf-test-waits", delta=True)
+conf = dict(spark.sparkContext.getConf().getAll())
+spark.stop()
+print("REPORT " + json.dumps({"jars": conf.get("spark.jars", ""), "packages": conf.get("spark.jars.packages")}),
+      flush=True)
+"""
+
+
+def opened_by(pid: int, path: Path) -> bool:
+    try:
+        return any(Path(f"/proc/{pid}/fd/{fd}").resolve() == path for fd in os.listdir(f"/proc/{pid}/fd"))
+    except OSError:
+        return False
+
+
+def test_a_session_waits_for_another_processs_resolution_and_loads_what_it_recorded(warm_ivy_cache, tmp_path):
+    """Ivy's cache is not safe for two resolutions at once: on a fresh clone, pytest's workers
+    started Delta sessions together and each JVM exited before Spark started (``unresolved
+    dependency``, a ``.part`` file another resolution had moved). A session that finds no record
+    waits for the process resolving, then loads the jars it recorded without running Ivy."""
+    checkout = tmp_path / "checkout"
+    for part in ("jobs", "conf"):
+        shutil.copytree(CHECKOUT / part, checkout / part)
+    ivy = checkout / ".cache" / "ivy"
+    (ivy / "jars").mkdir(parents=True)
+    lock = ivy / RESOLVE_LOCK_FILE
+    with open(lock, "a") as held:
+        fcntl.flock(held, fcntl.LOCK_EX)  # as a session resolving in another process holds it
+        session = subprocess.Popen([sys.executable, "-c", WAITING_SESSION_SCRIPT], cwd=checkout,
+                                   env={**os.environ, "PYTHONPATH": os.pathsep.join([str(checkout), str(CHECKOUT)])},
+                                   stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        try:
+            deadline = time.monotonic() + 120
+            while not opened_by(session.pid, lock.resolve()):
+                assert session.poll() is None, "the session did not wait: " + session.stdout.read()[-3000:]
+                assert time.monotonic() < deadline, "the session did not take the resolution lock in 120 s"
+                time.sleep(0.1)
+            time.sleep(1)  # it waits: nothing resolves while the lock is held
+            assert session.poll() is None and not (ivy / "cache").exists()
+            # What the other process's resolution leaves: the jars, and the record of them.
+            for jar in warm_ivy_cache:
+                (ivy / "jars" / jar.name).symlink_to(jar)
+            resolved_for = {k: v.replace(str(CHECKOUT), str(checkout))
+                            for k, v in _resolution_key(spark_defaults(delta=True)).items()}
+            (ivy / RESOLVED_JARS_FILE).write_text(json.dumps(
+                {"resolved_for": resolved_for, "jars": [f"jars/{jar.name}" for jar in warm_ivy_cache]}))
+        except BaseException:
+            session.kill()
+            raise
+    output, _ = session.communicate(timeout=600)
+    assert session.returncode == 0, output[-4000:]
+    assert ":: resolving" not in output and not (ivy / "cache").exists(), output  # Ivy did not run
+    report = json.loads(next(line for line in output.splitlines() if line.startswith("REPORT "))[len("REPORT "):])
+    assert report["packages"] is None
+    assert all(str(ivy / "jars" / jar.name) in report["jars"] for jar in warm_ivy_cache), report
