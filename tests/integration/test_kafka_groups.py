@@ -7,7 +7,6 @@ killing it costs the members a rebalance, never a committed offset."""
 from __future__ import annotations
 
 import datetime
-import shutil
 import struct
 import subprocess
 import time
@@ -19,6 +18,7 @@ from confluent_kafka import Consumer, KafkaError, KafkaException, Producer, Topi
 from confluent_kafka.admin import AdminClient
 from kio.schema.errors import ErrorCode
 
+from bench.kafka_broker import _java, kafka_jars
 from llog.consumer_groups import describe_group
 from llog.coordination import Coordination
 from llog.topics import create_topic
@@ -398,13 +398,10 @@ def test_generations_fence_commits_and_a_silent_member_is_removed_after_its_sess
 
 
 def _kafka_tool(main: str, *args: str) -> str:
-    """Run one of Kafka 4.4's own tools (its jars, as the benches resolve them); its output."""
-    from bench.kafka_broker import KAFKA_CACHE, KAFKA_VERSION
-
-    jars = KAFKA_CACHE / KAFKA_VERSION
-    if shutil.which("java") is None or not any(jars.glob("*.jar")):
-        pytest.skip(f"needs java and Kafka's jars in {jars} (python -m bench resolves them)")
-    done = subprocess.run(["java", "-cp", f"{jars}/*", main, *args], capture_output=True, text=True, timeout=180)
+    """Run one of Kafka 4.4's own tools (its jars, as the benches resolve them: from Maven Central
+    the first time on a machine); its output."""
+    classpath = ":".join(str(jar) for jar in kafka_jars())
+    done = subprocess.run([_java(), "-cp", classpath, main, *args], capture_output=True, text=True, timeout=180)
     assert done.returncode == 0, done.stderr[-3000:]
     return done.stdout
 
@@ -594,8 +591,6 @@ def test_the_claim_goes_when_the_last_member_leaves_and_the_group_is_joined_agai
 
 def _groups_tool(*args: str) -> str:
     """``kafka-consumer-groups`` (Kafka 4.4's, as test_kafka_cli.py runs it): its stdout and stderr."""
-    from bench.kafka_broker import _java, kafka_jars
-
     classpath = ":".join(str(jar) for jar in kafka_jars())
     done = subprocess.run([_java(), "-cp", classpath, "org.apache.kafka.tools.consumer.group.ConsumerGroupCommand",
                            *args], capture_output=True, text=True, timeout=120)
