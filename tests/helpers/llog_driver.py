@@ -50,6 +50,8 @@ def session(args):
             .config("spark.executorEnv.PYTHONPATH", str(CHECKOUT)).config("spark.executorEnv.PYSPARK_PYTHON", sys.executable)
             .config("spark.executorEnv.SPARK_LOCAL_IP", "127.0.0.1")
             .config("spark.driver.extraJavaOptions", f"-Dlog4j2.configurationFile={LOG4J}")
+            # The executors start as quickly as the tests' drivers (tests/helpers/jvm_startup.py).
+            .config("spark.executor.extraJavaOptions", os.environ.get("SPARK_SUBMIT_OPTS", ""))
             .getOrCreate())
 
 

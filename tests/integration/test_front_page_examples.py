@@ -80,7 +80,10 @@ def _env(stack, **more) -> dict[str, str]:
     config = stack.replace(root_prefix=f"t{uuid4().hex[:12]}")
     env = {k: v for k, v in os.environ.items()
            if not k.startswith(("LLOG_", "PYSPARK_", "SPARK_")) and k != "PYTHONPATH"}
-    return {**env, **config.to_options(), "LLOG_SETTINGS_FILE": os.devnull, **more}
+    # But the tests' JVM flags, which make a Spark driver start on less CPU and print nothing more
+    # (tests/helpers/jvm_startup.py).
+    quick = {"SPARK_SUBMIT_OPTS": os.environ["SPARK_SUBMIT_OPTS"]} if os.environ.get("SPARK_SUBMIT_OPTS") else {}
+    return {**env, **quick, **config.to_options(), "LLOG_SETTINGS_FILE": os.devnull, **more}
 
 
 def _written_topics(text: str) -> set[str]:
