@@ -5,14 +5,14 @@ lists and describes a topic, ``kafka-console-producer`` writes lines that
 
 from __future__ import annotations
 
-import subprocess
 import uuid
 
 import pytest
 
-from bench.kafka_broker import _java, kafka_jars
+from bench.kafka_broker import kafka_jars
 from llog.reader import LogReader
 from tests.helpers.broker_process import free_port, run_broker
+from tests.helpers.kafka_tools import run_kafka_tool
 
 TOPICS = "org.apache.kafka.tools.TopicCommand"
 CONSOLE_PRODUCER = "org.apache.kafka.tools.ConsoleProducer"
@@ -28,9 +28,7 @@ def bootstrap(module_config):
 
 
 def _tool(main: str, *args: str, stdin: str | None = None) -> str:
-    classpath = ":".join(str(jar) for jar in kafka_jars())
-    done = subprocess.run([_java(), "-cp", classpath, main, *args], input=stdin, capture_output=True, text=True,
-                          timeout=120)
+    done = run_kafka_tool(main, *args, stdin=stdin, timeout_s=120)
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
     return done.stdout
 

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import datetime
 import struct
-import subprocess
 import time
 import uuid
 from contextlib import ExitStack
@@ -18,11 +17,11 @@ from confluent_kafka import Consumer, KafkaError, KafkaException, Producer, Topi
 from confluent_kafka.admin import AdminClient
 from kio.schema.errors import ErrorCode
 
-from bench.kafka_broker import _java, kafka_jars
 from llog.consumer_groups import describe_group
 from llog.coordination import Coordination
 from llog.topics import create_topic
 from tests.helpers.broker_process import free_port, run_broker
+from tests.helpers.kafka_tools import run_kafka_tool
 from tests.helpers.kafka_wire import Pipeline, request
 
 PARTITIONS = 4
@@ -400,8 +399,7 @@ def test_generations_fence_commits_and_a_silent_member_is_removed_after_its_sess
 def _kafka_tool(main: str, *args: str) -> str:
     """Run one of Kafka 4.4's own tools (its jars, as the benches resolve them: from Maven Central
     the first time on a machine); its output."""
-    classpath = ":".join(str(jar) for jar in kafka_jars())
-    done = subprocess.run([_java(), "-cp", classpath, main, *args], capture_output=True, text=True, timeout=180)
+    done = run_kafka_tool(main, *args)
     assert done.returncode == 0, done.stderr[-3000:]
     return done.stdout
 
@@ -591,9 +589,7 @@ def test_the_claim_goes_when_the_last_member_leaves_and_the_group_is_joined_agai
 
 def _groups_tool(*args: str) -> str:
     """``kafka-consumer-groups`` (Kafka 4.4's, as test_kafka_cli.py runs it): its stdout and stderr."""
-    classpath = ":".join(str(jar) for jar in kafka_jars())
-    done = subprocess.run([_java(), "-cp", classpath, "org.apache.kafka.tools.consumer.group.ConsumerGroupCommand",
-                           *args], capture_output=True, text=True, timeout=120)
+    done = run_kafka_tool("org.apache.kafka.tools.consumer.group.ConsumerGroupCommand", *args, timeout_s=120)
     return done.stdout + done.stderr
 
 
