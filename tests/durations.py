@@ -1,25 +1,23 @@
-"""Write tests/durations.json from the JUnit reports of a whole run of the suite (``make test``
-writes ``.cache/test-results.xml`` and ``.cache/test-results-soak.xml``; ``make test-durations``
-runs this on them):
+"""Write tests/durations.json from the JUnit report of a whole run of the suite (``make test``
+writes ``.cache/test-results.xml``; ``make test-durations`` runs this on it):
 
     python -m tests.durations [REPORT ...]
 
 Per test module, the seconds its tests took (setup, call and teardown: a module's fixtures count
-in its first test), its ``soak`` tests apart, by test. tests/conftest.py orders the xdist groups
-by it and marks the modules over ``SLOW_MODULE_S`` ``slow``."""
+in its first test). tests/conftest.py orders the xdist units by it and marks the modules over
+``SLOW_MODULE_S`` ``slow``."""
 
 from __future__ import annotations
 
 import argparse
 import json
-import subprocess
 import sys
 import xml.etree.ElementTree as ET
 from collections import defaultdict
 from pathlib import Path
 
 CHECKOUT = Path(__file__).resolve().parents[1]
-DEFAULT_REPORTS = [CHECKOUT / ".cache" / "test-results.xml", CHECKOUT / ".cache" / "test-results-soak.xml"]
+DEFAULT_REPORTS = [CHECKOUT / ".cache" / "test-results.xml"]
 
 
 def _module_of(classname: str) -> str:
@@ -33,24 +31,11 @@ def _module_of(classname: str) -> str:
     raise ValueError(f"no test module for JUnit classname {classname!r}")
 
 
-def _soak_tests() -> set[str]:
-    listed = subprocess.run([sys.executable, "-m", "pytest", "--collect-only", "-q", "-m", "soak"],
-                            cwd=CHECKOUT, capture_output=True, text=True, check=True)
-    return {line.strip() for line in listed.stdout.splitlines() if "::" in line}
-
-
-def durations(reports: list[Path], soak: set[str]) -> dict[str, dict[str, float]]:
+def durations(reports: list[Path]) -> dict[str, dict[str, float]]:
     modules: dict[str, float] = defaultdict(float)
-    soaks: dict[str, float] = {}
     for case in (case for report in reports for case in ET.parse(report).iter("testcase")):
-        module = _module_of(case.get("classname", ""))
-        nodeid = f"{module}::{case.get('name')}"
-        seconds = float(case.get("time", 0))
-        if nodeid in soak:
-            soaks[nodeid] = round(seconds, 1)
-        else:
-            modules[module] += seconds
-    return {"modules": {m: round(s, 1) for m, s in sorted(modules.items())}, "soak": dict(sorted(soaks.items()))}
+        modules[_module_of(case.get("classname", ""))] += float(case.get("time", 0))
+    return {"modules": {m: round(s, 1) for m, s in sorted(modules.items())}}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -61,12 +46,12 @@ def main(argv: list[str] | None = None) -> int:
     if missing:
         parser.error(f"no JUnit report at {', '.join(missing)}: run `make test` first")
     out = CHECKOUT / "tests" / "durations.json"
-    recorded = durations(args.reports, _soak_tests())
+    recorded = durations(args.reports)
     if len(recorded["modules"]) < 50:
         parser.error(f"the reports hold {len(recorded['modules'])} modules: not a whole run of the suite")
     out.write_text(json.dumps(recorded, indent=1) + "\n")
-    total = sum(recorded["modules"].values()) + sum(recorded["soak"].values())
-    print(f"wrote {out}: {len(recorded['modules'])} modules, {len(recorded['soak'])} soak tests, {total:,.0f} s in all")
+    total = sum(recorded["modules"].values())
+    print(f"wrote {out}: {len(recorded['modules'])} modules, {total:,.0f} s in all")
     return 0
 
 
