@@ -27,9 +27,9 @@ DURATIONS_FILE = _TESTS_DIR / "durations.json"
 #: soak"``) leaves it out. A module not in :data:`DURATIONS_FILE` (a new one) is not slow.
 SLOW_MODULE_S = 8.0
 #: The modules of long runs under load or faults (the chaos run, the Oxia cluster's kills, brokers
-#: behind HAProxy under load, the load test, the Kafka front-door bench): marked ``soak``. In an
-#: xdist run (``make test``) they are one unit: one worker runs them one after another while the
-#: others run the rest.
+#: behind HAProxy under load, the load test, the Kafka front-door bench): marked ``soak``. ``make
+#: test`` runs them alone after the rest (the Makefile says why); in one xdist run they are one
+#: unit, which one worker runs one after another.
 SOAK_MODULES = frozenset(f"tests/integration/{name}.py" for name in (
     "test_chaos", "test_oxia_cluster", "test_broker_scaleout", "test_loadtest", "test_bench_kafka_front_door"))
 #: What the scheduler calls the soak modules together.
@@ -39,7 +39,7 @@ SOAK_GROUP = "soak"
 def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line("markers", "integration: needs real processes (Oxia, S3, Spark)")
     config.addinivalue_line("markers", "soak: in a module of long runs under load or faults (SOAK_MODULES); "
-                                       "`make test` runs them on one worker, one after another")
+                                       "`make test` runs them alone, after the rest")
     config.addinivalue_line("markers", f"slow: in a module that took over {SLOW_MODULE_S:.0f} s in a whole run "
                                        "(tests/durations.json); left out of `make test-fast`")
     if not os.environ.get("SPARK_SUBMIT_OPTS") and not config.option.collectonly:

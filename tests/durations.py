@@ -1,5 +1,6 @@
-"""Write tests/durations.json from the JUnit report of a whole run of the suite (``make test``
-writes ``.cache/test-results.xml``; ``make test-durations`` runs this on it):
+"""Write tests/durations.json from the JUnit reports of a whole run of the suite (``make test``
+writes ``.cache/test-results.xml`` and, for the soak modules, ``.cache/test-results-soak.xml``;
+``make test-durations`` runs this on them):
 
     python -m tests.durations [REPORT ...]
 
@@ -17,7 +18,7 @@ from collections import defaultdict
 from pathlib import Path
 
 CHECKOUT = Path(__file__).resolve().parents[1]
-DEFAULT_REPORTS = [CHECKOUT / ".cache" / "test-results.xml"]
+DEFAULT_REPORTS = [CHECKOUT / ".cache" / "test-results.xml", CHECKOUT / ".cache" / "test-results-soak.xml"]
 
 
 def _module_of(classname: str) -> str:
