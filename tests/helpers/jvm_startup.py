@@ -71,3 +71,10 @@ def spark_submit_opts() -> str:
     if not archive.is_file():
         return QUICK_START
     return f"{QUICK_START} -XX:SharedArchiveFile={archive} -Xlog:disable"
+
+
+def quick_start_env() -> dict[str, str]:
+    """The tests' ``SPARK_SUBMIT_OPTS`` (set by tests/conftest.py), for an environment built
+    without the caller's ``SPARK_*`` variables: empty when it is not set."""
+    opts = os.environ.get("SPARK_SUBMIT_OPTS")
+    return {"SPARK_SUBMIT_OPTS": opts} if opts else {}

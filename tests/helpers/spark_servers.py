@@ -27,6 +27,7 @@ from llog.coordination import Coordination
 from llog.discovery import topic_partitions
 from llog.reader import ReadRequest
 from tests.helpers.invariants import check_partition
+from tests.helpers.jvm_startup import quick_start_env
 from jobs.local_spark import CHECKOUT, spark_home_without_zip
 
 LOOPBACK = "127.0.0.1"
@@ -53,8 +54,7 @@ def spark_env(config: Config | None = None, extra: Mapping[str, str] | None = No
     """The environment of a Spark JVM and its Python processes: this Python, the checkout
     importable, loopback only, ``config``'s LLOG_* settings (no settings file)."""
     env = {k: v for k, v in os.environ.items() if not k.startswith(("LLOG_", "SPARK_", "PYSPARK_"))}
-    if os.environ.get("SPARK_SUBMIT_OPTS"):  # the tests' quick start (tests/helpers/jvm_startup.py)
-        env["SPARK_SUBMIT_OPTS"] = os.environ["SPARK_SUBMIT_OPTS"]
+    env.update(quick_start_env())
     env.update(SPARK_HOME=str(spark_home()), PYSPARK_PYTHON=sys.executable, PYSPARK_DRIVER_PYTHON=sys.executable,
                SPARK_LOCAL_IP=LOOPBACK, LLOG_SETTINGS_FILE="/nonexistent",
                PYTHONPATH=os.pathsep.join(p for p in (str(CHECKOUT), os.environ.get("PYTHONPATH")) if p))
@@ -233,7 +233,8 @@ def standalone_cluster(log_dir: Path, workers: int = 2, cores: int = 1, memory: 
     on free ports, running until the block ends. Executors run this Python with the checkout
     importable."""
     # The master's and workers' own JVMs, started as quickly as the tests' drivers.
-    env = {**spark_env(), "SPARK_DAEMON_MEMORY": "256m", "SPARK_DAEMON_JAVA_OPTS": os.environ.get("SPARK_SUBMIT_OPTS", "")}
+    env = {**spark_env(), "SPARK_DAEMON_MEMORY": "256m"}
+    env["SPARK_DAEMON_JAVA_OPTS"] = env.get("SPARK_SUBMIT_OPTS", "")
     spark_class = str(Path(env["SPARK_HOME"]) / "bin" / "spark-class")
     cluster = _start_master(log_dir, env, spark_class)
     try:

@@ -272,10 +272,11 @@ def test_the_kafka_group_check_sees_a_member_begin_past_the_groups_commits_and_c
     key = (T, "A", 0)
     log = {key: {o: f"p:{o}:chaos:0:0".encode() for o in range(10, 40)}}
     values = lambda offsets: [f"p:{o}:chaos:0:0" for o in offsets]  # noqa: E731
+    kc1_first = _consumed("kc1.1", 1, [15, 16], values([15, 16]), at=14.0)
     events = [_assign("kc0.1", 1, 10.0, [0]), _consumed("kc0.1", 1, [10, 11], values([10, 11]), at=10.5),
               *_commit("kc0.1", 1, 11.0, 12),
               # kc1 takes the partition over at 13: the group's offset is 12 at most, yet it begins at 15.
-              _assign("kc1.1", 1, 13.0, [0]), _consumed("kc1.1", 1, [15, 16], values([15, 16]), at=14.0),
+              _assign("kc1.1", 1, 13.0, [0]), kc1_first,
               # kc0's commit of 20, sent after kc1's assignment began, cannot have set where kc1 began.
               *_commit("kc0.1", 1, 13.5, 20, error="ILLEGAL_GENERATION")]
     judge = lambda log_starts, acked, retention_s: judge_kafka_group(  # noqa: E731
@@ -296,10 +297,9 @@ def test_the_kafka_group_check_sees_a_member_begin_past_the_groups_commits_and_c
     # The member looks up where to start after the assignment begins, before its first record: on
     # a loaded machine seconds later (a chaos run beside the suite: 1795 of 1796). Its first
     # record at 19.0, retention may have taken 14 (sent 6.5 s before) meanwhile.
-    late = events[events.index(_consumed("kc1.1", 1, [15, 16], values([15, 16]), at=14.0))]
-    late["at"] = 19.0
+    kc1_first["at"] = 19.0
     assert judge({key: 15}, acked, 5.0)["kafka_started_past_commit"] == 0
-    late["at"] = 14.0
+    kc1_first["at"] = 14.0
     # A commit of 15 sent before the assignment and answered with an error may have landed (an
     # earlier attempt of it, sent again after a timeout): the group's offset may have been 15.
     events.insert(3, _commit("kc0.1", 1, 12.5, 15, error="ILLEGAL_GENERATION")[0])

@@ -27,6 +27,7 @@ import pytest
 
 from jobs import demo
 from tests.helpers.broker_process import run_broker
+from tests.helpers.jvm_startup import quick_start_env
 
 REPO = Path(__file__).resolve().parents[2]
 PAGES = ("README.md", "docs/getting-started.md")
@@ -82,8 +83,7 @@ def _env(stack, **more) -> dict[str, str]:
            if not k.startswith(("LLOG_", "PYSPARK_", "SPARK_")) and k != "PYTHONPATH"}
     # But the tests' JVM flags, which make a Spark driver start on less CPU and print nothing more
     # (tests/helpers/jvm_startup.py).
-    quick = {"SPARK_SUBMIT_OPTS": os.environ["SPARK_SUBMIT_OPTS"]} if os.environ.get("SPARK_SUBMIT_OPTS") else {}
-    return {**env, **quick, **config.to_options(), "LLOG_SETTINGS_FILE": os.devnull, **more}
+    return {**env, **quick_start_env(), **config.to_options(), "LLOG_SETTINGS_FILE": os.devnull, **more}
 
 
 def _written_topics(text: str) -> set[str]:
