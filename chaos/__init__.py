@@ -69,7 +69,8 @@ got assignments again after that (``kafka_assignments_after_coordinator_kill``) 
 (``kafka_consumed_after_coordinator_kill``). One JSON line on
 stdout, with what the run did by the actors' own accounts (``records_acked``,
 ``compactions_completed``, ``gc_deleted_blobs``, ``topic_recreations``, ``retention_passes``
-(passes that moved a log start), ``group_commits``, ``lost_responses``, ``broker_kills``,
+(passes that moved a log start; while there was none yet, the chaos goes on past ``--seconds``,
+up to 20 s, until one has), ``group_commits``, ``lost_responses``, ``broker_kills``,
 ``kills`` and ``killed_mid_operation`` by role, ``compactions_resumed``, ``exits``); exit 0 only
 if nothing was lost, double acknowledged, duplicated, mixed or broken, the run did what its
 checks need (``not_exercised`` lists what it did not: any of those counters 0, nothing
