@@ -66,7 +66,9 @@ setup(
                 # wheel built by the packaging test.
                 "nbclient==0.11.0", "nbformat==5.11.1", "ipykernel==7.4.0", "matplotlib==3.11.2", "build==1.6.1",
                 # The documentation site from docs/ (mkdocs.yml; `make docs`, tests/unit/test_docs_site.py).
-                "mkdocs==1.6.1", "mkdocs-material==9.8.2", "pymdown-extensions==13.1.2"],
+                "mkdocs==1.6.1", "mkdocs-material==9.8.2", "pymdown-extensions==13.1.2",
+                # Where make test's CPU goes, by process (tests/cpu_census.py).
+                "psutil==7.2.2"],
     },
     # The S3 price table `llog topics describe` estimates costs with (llog_tools/pricing.py finds it
     # in <prefix>/share/llog when installed, in conf/ in a checkout).

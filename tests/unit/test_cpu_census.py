@@ -1,0 +1,31 @@
+"""tests/cpu_census.py: what it calls each kind of process, and a census of a real command."""
+
+from __future__ import annotations
+
+import sys
+
+from tests.cpu_census import census, kind, module_of
+
+SPARK_CLASSPATH = ["/usr/lib/jvm/java-17/bin/java", "-cp", "/x/jars/*", "-Xmx1g"]
+
+
+def test_kinds_from_command_lines():
+    assert kind(SPARK_CLASSPATH + ["org.apache.spark.deploy.SparkSubmit", "pyspark-shell"]) == "spark driver JVM"
+    assert kind(SPARK_CLASSPATH[:3] + ["org.apache.spark.launcher.Main", "org.apache.spark.deploy.SparkSubmit"]) \
+        == "spark launcher JVM"
+    assert kind(SPARK_CLASSPATH + ["org.apache.spark.executor.CoarseGrainedExecutorBackend"]) == "spark executor JVM"
+    assert kind(["/venv/bin/python", "-m", "pyspark.daemon", "pyspark.worker"]) == "spark python worker"
+    assert kind(["/venv/bin/python3.11", "-u", "-c", "import sys;exec(eval(sys.stdin.readline()))"]) == "pytest worker"
+    assert kind(["/venv/bin/python", "-m", "broker_lite", "--port", "1"]) == "broker"
+    assert kind(["/venv/bin/python", "-m", "jobs.demo"]) == "python (other)"
+    assert kind(["/repo/.cache/bin/oxia", "standalone"]) == "oxia"
+    assert kind([]) == "other" and kind(["/bin/sh", "-c", "true"]) == "other"
+    assert module_of("tests/integration/test_x.py::test_y[a::b] (call)") == "tests/integration/test_x.py"
+
+
+def test_a_census_files_a_busy_childs_cpu_under_its_kind():
+    status, summary, rows = census([sys.executable, "-c", "import time\nt = time.process_time()\n"
+                                    "while time.process_time() - t < 1.0: pass"], every_s=0.1)
+    assert status == 0
+    assert 0.8 <= summary["by_kind"]["python (other)"] <= 1.5, summary
+    assert summary["machine_cpu_s"] >= summary["by_kind"]["python (other)"] - 0.2, summary
