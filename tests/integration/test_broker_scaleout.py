@@ -301,4 +301,10 @@ def test_the_load_test_through_the_balancer_keeps_partitions_on_their_brokers(st
         assert sum(n for k, n in routed.items() if not k.endswith("_5xx")) == phase["requests"], name
         assert {"broker-0", "broker-1", "balancer", "vegeta"} <= phase["cpu_cores"].keys(), name
     consume = summary["phases"]["consume-hit"]
-    assert consume["tail_cache_misses"] == 0 and consume["tail_cache_hits"] == consume["requests"] > 0
+    # Each consume reaches the broker that produced its partition, so its tail cache answers;
+    # but a broker answers from the cache only with the partition's log start read within
+    # LOG_START_MAX_AGE_S (1 s), and on a loaded machine one consume of a run found it older and
+    # read the log. A partition routed to the wrong broker would miss on a sixth of them.
+    allowed = max(3, consume["requests"] // 50)
+    assert consume["requests"] > 0 and consume["tail_cache_misses"] <= allowed, consume
+    assert consume["tail_cache_hits"] >= consume["requests"] - allowed, consume
