@@ -96,7 +96,7 @@ def census(command: list[str], every_s: float = 0.5) -> tuple[int, dict, list[di
     for r in rows:
         by_kind[r["kind"]] += r["cpu"]
         by_module[module_of(r["test"])] += r["cpu"]
-    summary = {"command": command, "status": proc.returncode, "wall_s": round(time.monotonic() - began, 1),
+    summary = {"command": command, "pid": proc.pid, "status": proc.returncode, "wall_s": round(time.monotonic() - began, 1),
                "machine_cpu_s": round(_machine_cpu_s() - machine_began, 1),
                "processes_cpu_s": round(sum(r["cpu"] for r in rows), 1), "processes": len(rows),
                "by_kind": {k: round(v, 1) for k, v in sorted(by_kind.items(), key=lambda kv: -kv[1])},
