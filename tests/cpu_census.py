@@ -39,6 +39,11 @@ _PYTHON_KINDS = (("pyspark.daemon", "spark python worker"),
                  ("-m pytest", "pytest"))
 
 
+#: Programs that may exec another (spark-class's bash becomes the JVM): what they are is read again
+#: at every sample; any other process's once.
+_SHELLS = ("sh", "bash", "dash", "env")
+
+
 def kind(cmdline: list[str]) -> str:
     """What a process is, from its command line."""
     if not cmdline:
@@ -80,8 +85,10 @@ def census(command: list[str], every_s: float = 0.5) -> tuple[int, dict, list[di
                     row = seen.get(key)
                     if row is None:
                         row = seen[key] = {"pid": p.pid, "kind": "", "test": "", "base": cpu if first else 0.0}
-                    if row["kind"] in ("", "other"):  # a fork that has not exec'd yet, a shell that will
-                        row["kind"] = kind(p.cmdline())
+                    if not row["kind"] or row.pop("shell", False):  # new, or a shell that may exec since
+                        cmdline = p.cmdline()
+                        row["kind"] = kind(cmdline)
+                        row["shell"] = bool(cmdline) and cmdline[0].rsplit("/", 1)[-1] in _SHELLS
                         row["test"] = p.environ().get("PYTEST_CURRENT_TEST", "")
                     row["cpu"] = cpu - row["base"]
             except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
@@ -90,7 +97,7 @@ def census(command: list[str], every_s: float = 0.5) -> tuple[int, dict, list[di
         if done:
             break
         time.sleep(every_s)
-    rows = [r for r in seen.values() if r.get("cpu", 0) > 0]
+    rows = [{k: v for k, v in r.items() if k != "shell"} for r in seen.values() if r.get("cpu", 0) > 0]
     by_kind: dict[str, float] = defaultdict(float)
     by_module: dict[str, float] = defaultdict(float)
     for r in rows:

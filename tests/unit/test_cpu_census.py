@@ -34,3 +34,12 @@ def test_a_census_files_a_busy_childs_cpu_under_its_kind():
     assert 0.5 <= child[0]["cpu"] <= 1.5, child  # its last sample may be a loaded machine's moment before its end
     assert summary["by_kind"]["python (other)"] >= child[0]["cpu"] - 0.05, summary  # totals are rounded
     assert summary["machine_cpu_s"] >= child[0]["cpu"] - 0.2, summary
+
+
+def test_a_shell_that_execs_is_filed_as_what_it_became():
+    """spark-class is a bash script that execs the JVM: the process is read again after the exec."""
+    busy = f"sleep 0.3; exec {sys.executable} -c 'import time\nt = time.process_time()\nwhile time.process_time() - t < 0.5: pass'"
+    status, summary, rows = census(["bash", "-c", busy], every_s=0.05)
+    assert status == 0
+    child = [r for r in rows if r["pid"] == summary["pid"]]
+    assert len(child) == 1 and child[0]["kind"] == "python (other)" and child[0]["cpu"] >= 0.25, child
